@@ -1,12 +1,18 @@
 """One entry point that gathers the hardware facts, live or from a recorded dump."""
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.facts.cpu import CpuInfo
-from service.facts.limits import Limits
-from service.facts.topology import Topology
+from service.facts.cpu import CpuInfo, read_cpuinfo
+from service.facts.limits import Limits, read_limits
+from service.facts.topology import Topology, read_topology
+
+_CGROUP_MOUNT = Path("/sys/fs/cgroup")
+# "MemTotal:  263856880 kB" in /proc/meminfo, "Node 0 MemTotal:  263856880 kB" in node meminfo.
+_MEMTOTAL = re.compile(r"^(?:Node \d+ )?MemTotal:\s+(\d+) kB$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -22,5 +28,78 @@ def read_hardware(cpuinfo_path: Path | None = None, sysfs_root: Path | None = No
 
     Recorded layout: `sysfs_root` is laid out like /sys (devices/system/cpu/..., devices/system/node/...,
     optional fs/cgroup/{cpuset.cpus.effective,cpu.max,memory.max}); node meminfo gives MemTotal.
+    With only `sysfs_root`, the cpuinfo is taken from sysfs_root/../proc/cpuinfo.
     """
-    raise NotImplementedError
+    if cpuinfo_path is None and sysfs_root is None:
+        return _read_live()
+    if sysfs_root is None:
+        return _read_recorded_cpuinfo(Path(cpuinfo_path))
+    return _read_recorded_sysfs(Path(sysfs_root), _recorded_cpuinfo_path(cpuinfo_path, Path(sysfs_root)))
+
+
+def _read_live() -> HardwareFacts:
+    cpu = read_cpuinfo(Path("/proc/cpuinfo"))
+    topology = read_topology(Path("/sys"), cpu)
+    limits = read_limits(
+        topology.online_cpus,
+        cgroup_root=cgroup_dir(Path("/proc/self/cgroup").read_text(), _CGROUP_MOUNT),
+        cgroup_mount=_CGROUP_MOUNT,
+        meminfo_total=memtotal_bytes(Path("/proc/meminfo").read_text()),
+        affinity=frozenset(os.sched_getaffinity(0)),
+    )
+    return HardwareFacts(cpu=cpu, topology=topology, limits=limits, source="live")
+
+
+def _read_recorded_cpuinfo(cpuinfo_path: Path) -> HardwareFacts:
+    """A cpuinfo alone: topology from its fields, every processor allowed, memory unknown."""
+    cpu = read_cpuinfo(cpuinfo_path)
+    topology = read_topology(None, cpu)
+    limits = read_limits(topology.online_cpus, cgroup_root=None, meminfo_total=None, affinity=None)
+    return HardwareFacts(cpu=cpu, topology=topology, limits=limits, source=f"recorded: cpuinfo {cpuinfo_path}")
+
+
+def _recorded_cpuinfo_path(cpuinfo_path: Path | None, sysfs_root: Path) -> Path:
+    if cpuinfo_path is not None:
+        return Path(cpuinfo_path)
+    beside = sysfs_root / ".." / "proc" / "cpuinfo"
+    if not beside.is_file():
+        raise ValueError(
+            f"no cpuinfo recorded beside the sysfs dump (looked for {beside}); pass --cpuinfo with the "
+            "recorded /proc/cpuinfo of that machine"
+        )
+    return beside
+
+
+def _read_recorded_sysfs(sysfs_root: Path, cpuinfo_path: Path) -> HardwareFacts:
+    cpu = read_cpuinfo(cpuinfo_path)
+    topology = read_topology(sysfs_root, cpu)
+    cgroup = sysfs_root / "fs" / "cgroup"
+    limits = read_limits(
+        topology.online_cpus,
+        cgroup_root=cgroup if cgroup.is_dir() else None,
+        meminfo_total=node_memtotal_bytes(sysfs_root),
+        affinity=None,
+    )
+    source = f"recorded: cpuinfo {cpuinfo_path}, sysfs {sysfs_root}"
+    return HardwareFacts(cpu=cpu, topology=topology, limits=limits, source=source)
+
+
+def memtotal_bytes(meminfo_text: str) -> int | None:
+    """MemTotal of a /proc/meminfo (or one node's meminfo) text, in bytes."""
+    match = _MEMTOTAL.search(meminfo_text)
+    return int(match[1]) * 1024 if match else None
+
+
+def node_memtotal_bytes(sysfs_root: Path) -> int | None:
+    """The machine's MemTotal as the sum over the NUMA nodes' meminfo; None when none is recorded."""
+    files = sorted((sysfs_root / "devices" / "system" / "node").glob("node[0-9]*/meminfo"))
+    totals = [total for f in files if (total := memtotal_bytes(f.read_text())) is not None]
+    return sum(totals) if totals else None
+
+
+def cgroup_dir(proc_self_cgroup: str, mount: Path) -> Path | None:
+    """The cgroup v2 directory of a process from its /proc/PID/cgroup text ("0::/path" line)."""
+    for line in proc_self_cgroup.splitlines():
+        if line.startswith("0::"):
+            return mount / line.removeprefix("0::").lstrip("/")
+    return None

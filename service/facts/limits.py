@@ -1,8 +1,14 @@
 """What this process may use: affinity + cgroup v2 cpuset, CPU quota and memory limit."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+from service.cpulist import parse_cpulist
+
+_Number = TypeVar("_Number", int, float)
 
 
 @dataclass(frozen=True)
@@ -21,6 +27,78 @@ def read_limits(
     cgroup_root: Path | None,
     meminfo_total: int | None,
     affinity: frozenset[int] | None,
+    cgroup_mount: Path | None = None,
 ) -> Limits:
-    """Combine affinity, cgroup files under cgroup_root (cpuset.cpus.effective, cpu.max, memory.max)."""
-    raise NotImplementedError
+    """Combine affinity, cgroup files under cgroup_root (cpuset.cpus.effective, cpu.max, memory.max).
+
+    cpu.max and memory.max bind from every ancestor too: with `cgroup_mount` given, the tightest
+    value over cgroup_root and its parents up to cgroup_mount counts. cpuset.cpus.effective already
+    folds in the ancestors, so only cgroup_root's is read.
+    """
+    cgroup_dirs = _cgroup_chain(cgroup_root, cgroup_mount)
+    allowed, allowed_source = _allowed_cpus(online_cpus, affinity, cgroup_root)
+    memory_limit = _tightest(_memory_max(d) for d in cgroup_dirs)
+    memory_bytes, memory_source = _memory(memory_limit, meminfo_total)
+    return Limits(
+        allowed_cpus=allowed,
+        allowed_cpus_source=allowed_source,
+        cpu_quota=_tightest(_cpu_max(d) for d in cgroup_dirs),
+        memory_bytes=memory_bytes,
+        memory_total_bytes=meminfo_total,
+        memory_source=memory_source,
+    )
+
+
+def _cgroup_chain(cgroup_root: Path | None, cgroup_mount: Path | None) -> list[Path]:
+    """cgroup_root, then its parents up to and including cgroup_mount."""
+    if cgroup_root is None:
+        return []
+    if cgroup_mount is None or not cgroup_root.is_relative_to(cgroup_mount):
+        return [cgroup_root]
+    depth = len(cgroup_root.relative_to(cgroup_mount).parts)
+    return [cgroup_root, *list(cgroup_root.parents)[:depth]]
+
+
+def _allowed_cpus(
+    online: frozenset[int], affinity: frozenset[int] | None, cgroup_root: Path | None
+) -> tuple[frozenset[int], str]:
+    """online ∩ affinity ∩ cpuset.cpus.effective; the source names every list that took part."""
+    allowed, sources = online, ["online CPUs"]
+    if affinity is not None:
+        allowed, sources = allowed & affinity, [*sources, "sched_getaffinity"]
+    cpuset = _read_value(cgroup_root / "cpuset.cpus.effective") if cgroup_root is not None else None
+    # An empty file means the cpuset controller states nothing here, not "no CPUs at all".
+    if cpuset:
+        allowed, sources = allowed & parse_cpulist(cpuset), [*sources, "cgroup cpuset.cpus.effective"]
+    return allowed, " & ".join(sources)
+
+
+def _read_value(path: Path) -> str | None:
+    return path.read_text().strip() if path.is_file() else None
+
+
+def _cpu_max(cgroup_dir: Path) -> float | None:
+    """cpu.max "QUOTA PERIOD" -> QUOTA/PERIOD CPUs; "max PERIOD" or no file -> None."""
+    value = _read_value(cgroup_dir / "cpu.max")
+    if value is None:
+        return None
+    quota, _, period = value.partition(" ")
+    return None if quota == "max" else int(quota) / int(period or 100000)
+
+
+def _memory_max(cgroup_dir: Path) -> int | None:
+    value = _read_value(cgroup_dir / "memory.max")
+    return None if value in (None, "max") else int(value)
+
+
+def _tightest(values: Iterable[_Number | None]) -> _Number | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _memory(limit: int | None, total: int | None) -> tuple[int | None, str]:
+    if limit is not None and (total is None or limit < total):
+        return limit, "cgroup memory.max"
+    if total is not None:
+        return total, "MemTotal"
+    return None, "unknown"

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
-from service.facts.cpu import CpuInfo
+from service.cpulist import parse_cpulist
+from service.facts.cpu import CpuInfo, LogicalCpu
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,89 @@ class Topology:
     def smt(self) -> bool:
         return any(len(c.cpus) > 1 for c in self.cores)
 
+    @property
+    def cpu_nodes(self) -> dict[int, frozenset[int]]:
+        """The NUMA nodes that have online CPUs (memory-only nodes, e.g. CXL or HBM, left out)."""
+        return {node: cpus for node, cpus in self.nodes.items() if cpus}
+
 
 def read_topology(sys_root: Path | None, cpuinfo: CpuInfo) -> Topology:
     """Topology from a /sys-like tree; from the cpuinfo fields when sys_root is None or lacks CPU topology."""
-    raise NotImplementedError
+    if sys_root is not None and _has_cpu_topology(sys_root):
+        return _from_sysfs(sys_root)
+    return _from_cpuinfo(cpuinfo)
+
+
+def _cpu_dir(sys_root: Path) -> Path:
+    return sys_root / "devices" / "system" / "cpu"
+
+
+def _has_cpu_topology(sys_root: Path) -> bool:
+    cpu_dir = _cpu_dir(sys_root)
+    return (cpu_dir / "online").is_file() and (cpu_dir / "cpu0" / "topology").is_dir()
+
+
+def _read_cpulist(path: Path) -> frozenset[int]:
+    return parse_cpulist(path.read_text())
+
+
+def _from_sysfs(sys_root: Path) -> Topology:
+    cpu_dir = _cpu_dir(sys_root)
+    online = _read_cpulist(cpu_dir / "online")
+    nodes = _sysfs_nodes(sys_root, online)
+    node_of = {cpu: node for node, cpus in nodes.items() for cpu in cpus}
+    packages: dict[int, int] = {}
+    siblings: set[frozenset[int]] = set()
+    for cpu in online:
+        topology = cpu_dir / f"cpu{cpu}" / "topology"
+        packages[cpu] = int((topology / "physical_package_id").read_text())
+        siblings.add(_siblings(topology) & online)
+    cores = _sorted_cores(Core(packages[min(cpus)], node_of[min(cpus)], tuple(sorted(cpus))) for cpus in siblings)
+    return Topology(
+        online_cpus=online,
+        sockets=len(set(packages.values())),
+        nodes=nodes,
+        cores=cores,
+        source="sysfs",
+    )
+
+
+def _sorted_cores(cores: Iterable[Core]) -> tuple[Core, ...]:
+    return tuple(sorted(cores, key=lambda core: core.cpus[0]))
+
+
+def _siblings(topology: Path) -> frozenset[int]:
+    # The kernel's own grouping of SMT threads; core_cpus_list is the newer name (Linux 5.4+).
+    newer = topology / "core_cpus_list"
+    return _read_cpulist(newer if newer.is_file() else topology / "thread_siblings_list")
+
+
+def _sysfs_nodes(sys_root: Path, online: frozenset[int]) -> dict[int, frozenset[int]]:
+    """NUMA node -> online CPUs; memory-only nodes keep an empty set; no node dirs -> one node 0."""
+    node_dirs = (sys_root / "devices" / "system" / "node").glob("node[0-9]*")
+    nodes = {int(d.name.removeprefix("node")): _read_cpulist(d / "cpulist") & online for d in node_dirs}
+    return dict(sorted(nodes.items())) or {0: online}
+
+
+def _from_cpuinfo(cpuinfo: CpuInfo) -> Topology:
+    """One NUMA node per socket; Arm cpuinfo has no socket/core fields: one core per processor, socket 0."""
+    groups: dict[tuple[int, int | str], list[int]] = defaultdict(list)
+    for cpu in cpuinfo.cpus:
+        groups[_core_key(cpu)].append(cpu.processor)
+    cores = _sorted_cores(Core(socket, socket, tuple(sorted(cpus))) for (socket, _), cpus in groups.items())
+    nodes: dict[int, set[int]] = defaultdict(set)
+    for core in cores:
+        nodes[core.socket].update(core.cpus)
+    return Topology(
+        online_cpus=frozenset(cpu.processor for cpu in cpuinfo.cpus),
+        sockets=len(nodes),
+        nodes={node: frozenset(cpus) for node, cpus in sorted(nodes.items())},
+        cores=cores,
+        source="cpuinfo",
+    )
+
+
+def _core_key(cpu: LogicalCpu) -> tuple[int, int | str]:
+    """(socket, core): core ids repeat across sockets; without one the processor is its own core."""
+    socket = cpu.physical_id if cpu.physical_id is not None else 0
+    return (socket, cpu.core_id) if cpu.core_id is not None else (socket, f"processor {cpu.processor}")
