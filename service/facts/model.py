@@ -115,6 +115,10 @@ LINEAR = "linear_attention"
 FULL = "full_attention"
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
 def _first(cfg: Config, keys: tuple[str, ...]) -> Any:
     return next((cfg[k] for k in keys if cfg.get(k) is not None), None)
 
@@ -201,6 +205,15 @@ def _head_dim(lm: Config, uses_mla: bool) -> int | None:
     return int(hidden) // int(heads) if heads and hidden else None
 
 
+def _max_context(directory: Path, lm: Config) -> int | None:
+    declared = _first(lm, _MAX_CONTEXT_KEYS)
+    # sentence-transformers caps the sequence below the position table (MiniLM: 256 of 512), and vLLM follows it.
+    st_config = directory / "sentence_bert_config.json"
+    st_cap = _read_json(st_config).get("max_seq_length") if st_config.is_file() else None
+    limits = [int(v) for v in (declared, st_cap) if v]
+    return min(limits) if limits else None
+
+
 def _is_embedding(directory: Path, architecture: str, model_type: str) -> bool:
     # sentence-transformers layout (also LLM-based embedders such as Qwen3-Embedding), a bare *Model
     # (no LM head), or an encoder-only family.
@@ -220,10 +233,6 @@ _WEIGHT_FORMATS = (
     ("*.safetensors", "model.safetensors.index.json"),
     ("pytorch_model*.bin", "pytorch_model.bin.index.json"),
 )
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
 
 
 def _weight_bytes(directory: Path) -> int:
@@ -263,7 +272,6 @@ def _facts_from_config(cfg: Config, directory: Path) -> ModelFacts:
     linear = sum(t == LINEAR for t in layer_types)
     uses_mla = lm.get("kv_lora_rank") is not None
     kv_heads = _first(lm, _NUM_KV_HEAD_KEYS) or _first(lm, _NUM_HEAD_KEYS)
-    max_context = _first(lm, _MAX_CONTEXT_KEYS)
     return ModelFacts(
         path=str(directory),
         architecture=architecture,
@@ -275,7 +283,7 @@ def _facts_from_config(cfg: Config, directory: Path) -> ModelFacts:
         uses_mla=uses_mla,
         quantization=_quantization(lm),
         declared_dtype=_first(lm, _DTYPE_KEYS),
-        max_context=int(max_context) if max_context else None,
+        max_context=_max_context(directory, lm),
         weight_bytes=_weight_bytes(directory),
         num_layers=_num_layers(lm),
         num_kv_heads=int(kv_heads) if kv_heads else None,

@@ -185,6 +185,7 @@ def test_packaged_minilm_model():
     assert f.is_embedding
     assert (f.architecture, f.model_type, f.num_layers) == ("BertModel", "bert", 6)
     assert f.weight_bytes > 80_000_000
+    assert f.max_context == 256  # sentence_bert_config.json caps the 512 positions
     assert f.path == str(path.resolve())
 
 
