@@ -180,8 +180,6 @@ def _compatible(arch: str, info: Microarchitecture, target: Microarchitecture) -
 
 def _microarchitecture(arch: str, info: Microarchitecture) -> str:
     """archspec.cpu.host()'s selection, applied to the parsed info instead of the host's."""
-    if arch not in (X86_64, AARCH64):
-        return generic_microarchitecture(arch).name
     candidates = [t for t in TARGETS.values() if _compatible(arch, info, t)]
     if not candidates:
         return generic_microarchitecture(arch).name

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.facts.limits import read_limits
+
+ONLINE = frozenset(range(32))
+GIB = 2**30
+
+
+def _cgroup(directory: Path, **files: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, value in files.items():
+        (directory / name.replace("_", ".")).write_text(value + "\n")  # cpu_max -> cpu.max
+    return directory
+
+
+def test_nothing_but_online_cpus() -> None:
+    limits = read_limits(ONLINE, cgroup_root=None, meminfo_total=None, affinity=None)
+    assert limits.allowed_cpus == ONLINE
+    assert limits.allowed_cpus_source == "online CPUs"
+    assert (limits.cpu_quota, limits.memory_bytes, limits.memory_source) == (None, None, "unknown")
+
+
+def test_allowed_is_online_and_affinity_and_cpuset(tmp_path: Path) -> None:
+    root = _cgroup(tmp_path, cpuset_cpus_effective="2-5,18-21")
+    limits = read_limits(frozenset(range(20)), cgroup_root=root, meminfo_total=None, affinity=frozenset(range(4, 32)))
+    assert limits.allowed_cpus == frozenset({4, 5, 18, 19})
+    assert limits.allowed_cpus_source == "online CPUs & sched_getaffinity & cgroup cpuset.cpus.effective"
+
+
+@pytest.mark.parametrize(("cpu_max", "quota"), [("max 100000", None), ("800000 100000", 8.0), ("50000 100000", 0.5)])
+def test_cpu_max(tmp_path: Path, cpu_max: str, quota: float | None) -> None:
+    limits = read_limits(ONLINE, cgroup_root=_cgroup(tmp_path, cpu_max=cpu_max), meminfo_total=None, affinity=None)
+    assert limits.cpu_quota == quota
+
+
+def test_memory_max_below_memtotal_wins(tmp_path: Path) -> None:
+    root = _cgroup(tmp_path, memory_max=str(16 * GIB))
+    limits = read_limits(ONLINE, cgroup_root=root, meminfo_total=512 * GIB, affinity=None)
+    assert (limits.memory_bytes, limits.memory_total_bytes, limits.memory_source) == (
+        16 * GIB,
+        512 * GIB,
+        "cgroup memory.max",
+    )
+
+
+@pytest.mark.parametrize("memory_max", ["max", str(1024 * GIB)])
+def test_memory_max_unset_or_above_memtotal_leaves_memtotal(tmp_path: Path, memory_max: str) -> None:
+    root = _cgroup(tmp_path, memory_max=memory_max)
+    limits = read_limits(ONLINE, cgroup_root=root, meminfo_total=64 * GIB, affinity=None)
+    assert (limits.memory_bytes, limits.memory_source) == (64 * GIB, "MemTotal")
+
+
+def test_memory_max_without_memtotal(tmp_path: Path) -> None:
+    limits = read_limits(ONLINE, cgroup_root=_cgroup(tmp_path, memory_max="1073741824"), meminfo_total=None, affinity=None)
+    assert (limits.memory_bytes, limits.memory_source) == (GIB, "cgroup memory.max")
+
+
+def test_ancestors_up_to_the_mount_bind_too(tmp_path: Path) -> None:
+    mount = _cgroup(tmp_path / "cgroup", memory_max="max", cpu_max="max 100000")
+    pod = _cgroup(mount / "kubepods" / "pod1", memory_max=str(8 * GIB), cpu_max="400000 100000")
+    leaf = _cgroup(pod / "container", memory_max=str(32 * GIB), cpu_max="max 100000", cpuset_cpus_effective="0-3")
+    limits = read_limits(ONLINE, cgroup_root=leaf, cgroup_mount=mount, meminfo_total=64 * GIB, affinity=None)
+    assert (limits.memory_bytes, limits.cpu_quota) == (8 * GIB, 4.0)
+    assert limits.allowed_cpus == frozenset(range(4))
+    # Outside the mount nothing is read: only the leaf counts.
+    alone = read_limits(ONLINE, cgroup_root=leaf, meminfo_total=64 * GIB, affinity=None)
+    assert (alone.memory_bytes, alone.cpu_quota) == (32 * GIB, None)
+
+
+def test_missing_cgroup_files_mean_no_limit(tmp_path: Path) -> None:
+    limits = read_limits(ONLINE, cgroup_root=tmp_path / "absent", meminfo_total=GIB, affinity=None)
+    assert (limits.allowed_cpus, limits.cpu_quota, limits.memory_bytes) == (ONLINE, None, GIB)
+    assert limits.allowed_cpus_source == "online CPUs"
