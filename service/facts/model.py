@@ -111,6 +111,20 @@ _ENCODER_MODEL_TYPES = frozenset(
     {"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "nomic_bert", "new", "modernbert"}
 )
 
+# Generative architectures in vLLM 0.32's registry whose names still end in "Model" (besides *LMHeadModel).
+_GENERATIVE_BARE_MODELS = frozenset(
+    {
+        "ChatGLMModel",
+        "H2OVLChatModel",
+        "InternVLChatModel",
+        "MiDashengLMModel",
+        "MossAudioModel",
+        "Qwen2_5OmniModel",
+        "SkyworkR1VChatModel",
+        "UltravoxModel",
+    }
+)
+
 LINEAR = "linear_attention"
 FULL = "full_attention"
 
@@ -217,11 +231,12 @@ def _max_context(directory: Path, lm: Config) -> int | None:
 def _is_embedding(directory: Path, architecture: str, model_type: str) -> bool:
     # sentence-transformers layout (also LLM-based embedders such as Qwen3-Embedding), a bare *Model
     # (no LM head), or an encoder-only family.
-    return (
-        (directory / "modules.json").is_file()
-        or architecture.endswith("Model")
-        or model_type in _ENCODER_MODEL_TYPES
+    bare_model = (
+        architecture.endswith("Model")
+        and not architecture.endswith("LMHeadModel")
+        and architecture not in _GENERATIVE_BARE_MODELS
     )
+    return (directory / "modules.json").is_file() or bare_model or model_type in _ENCODER_MODEL_TYPES
 
 
 # ---------------------------------------------------------------------------------------------------------

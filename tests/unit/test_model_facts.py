@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -147,6 +150,25 @@ def test_bert_model_is_embedding():
     assert f.weight_bytes == 0  # config only, nothing on disk and no index
 
 
+def test_generative_architectures_named_model_are_not_embedders(tmp_path):
+    """Every generative architecture of the pinned vLLM whose name ends in "Model" (ChatGLMModel, ...).
+
+    Listed in a subprocess: importing vLLM applies its torch overrides process-wide."""
+    script = (
+        "from vllm.model_executor.models import registry as r\n"
+        "names = {**r._TEXT_GENERATION_MODELS, **r._MULTIMODAL_MODELS}\n"
+        "print(' '.join(n for n in names if n.endswith('Model')))"
+    )
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = done.stdout.split()
+    assert "ChatGLMModel" in names
+    for name in names:
+        write_config(tmp_path, {"architectures": [name], "model_type": "x", "num_hidden_layers": 1})
+        assert not inspect_model(str(tmp_path)).is_embedding, name
+
+
 def test_sentence_transformers_layout_makes_a_causal_lm_an_embedder(tmp_path):
     # Qwen3-Embedding declares Qwen3ForCausalLM; only modules.json says it is a sentence embedder.
     write_config(tmp_path, {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 28})
@@ -175,6 +197,7 @@ def test_weight_bytes_fall_back_to_bin(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"\0" * 321)
     f = inspect_model(str(tmp_path))
     assert f.weight_bytes == 321
+    assert not f.is_embedding  # GPT2LMHeadModel ends in "Model" but has an LM head
     assert (f.num_layers, f.max_context, f.num_kv_heads) == (12, 1024, 12)
 
 
