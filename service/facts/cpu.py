@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from archspec.cpu import TARGETS, Microarchitecture, generic_microarchitecture
+from archspec.cpu import TARGETS, Microarchitecture
 from archspec.cpu.detect import AARCH64, X86_64, compatibility_check_for_x86_64, partial_uarch
 from archspec.cpu.schema import TARGETS_JSON
 
@@ -179,10 +179,11 @@ def _compatible(arch: str, info: Microarchitecture, target: Microarchitecture) -
 
 
 def _microarchitecture(arch: str, info: Microarchitecture) -> str:
-    """archspec.cpu.host()'s selection, applied to the parsed info instead of the host's."""
+    """archspec.cpu.host()'s selection, applied to the parsed info instead of the host's.
+
+    The featureless root target (x86_64, aarch64) is always a candidate, so `best_generic` exists.
+    """
     candidates = [t for t in TARGETS.values() if _compatible(arch, info, t)]
-    if not candidates:
-        return generic_microarchitecture(arch).name
 
     def depth(target: Microarchitecture) -> tuple[int, int]:
         return len(target.ancestors), len(target.features)
