@@ -1,0 +1,107 @@
+"""CLI: `python -m service serve | detect | bench`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="CPU LLM inference service")
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="Settings YAML (default configs/default.yaml)")]
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help="Local model directory or Hugging Face id")]
+BackendOpt = Annotated[Optional[str], typer.Option("--backend", help="auto | zen | amx | avx512 | avx2")]
+DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="auto | bfloat16 | float16 | float32")]
+MaxLenOpt = Annotated[Optional[int], typer.Option("--max-model-len")]
+TpOpt = Annotated[Optional[int], typer.Option("--tensor-parallel-size")]
+ReservedOpt = Annotated[Optional[int], typer.Option("--reserved-cpus")]
+
+
+def _settings(config: Path | None, **flags: Any):
+    from service.settings import load_settings
+
+    try:
+        return load_settings(config, **flags)
+    except (ValueError, FileNotFoundError) as exc:
+        typer.echo(f"invalid settings: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+@app.command()
+def detect(
+    model: ModelOpt = None,
+    cpuinfo: Annotated[Optional[Path], typer.Option("--cpuinfo", help="A recorded /proc/cpuinfo")] = None,
+    sysfs: Annotated[Optional[Path], typer.Option("--sysfs", help="A recorded tree laid out like /sys")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON")] = False,
+    config: ConfigOpt = None,
+    backend: BackendOpt = None,
+    dtype: DtypeOpt = None,
+    max_model_len: MaxLenOpt = None,
+    tensor_parallel_size: TpOpt = None,
+    reserved_cpus: ReservedOpt = None,
+) -> None:
+    """Print what the service would decide on this machine (or a recorded dump); exit 1 when it cannot run."""
+    from service.demo_model import configured_or_existing_demo
+    from service.startup import build_report
+
+    settings = _settings(
+        config,
+        model=model,
+        backend=backend,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        tensor_parallel_size=tensor_parallel_size,
+        reserved_cpus=reserved_cpus,
+    )
+    try:
+        report = build_report(
+            settings, model=configured_or_existing_demo(settings), cpuinfo=cpuinfo, sysfs=sysfs
+        )
+    except (OSError, ValueError) as exc:
+        typer.echo(f"cannot read the hardware facts: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if as_json:
+        typer.echo(report.to_json())
+    else:
+        report.render(Console())
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command()
+def serve(
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    served_model_name: Annotated[Optional[str], typer.Option("--served-model-name")] = None,
+    host: Annotated[Optional[str], typer.Option("--host")] = None,
+    port: Annotated[Optional[int], typer.Option("--port")] = None,
+    api_key_file: Annotated[Optional[Path], typer.Option("--api-key-file")] = None,
+    backend: BackendOpt = None,
+    dtype: DtypeOpt = None,
+    max_model_len: MaxLenOpt = None,
+    tensor_parallel_size: TpOpt = None,
+    reserved_cpus: ReservedOpt = None,
+    enforce_eager: Annotated[Optional[bool], typer.Option("--enforce-eager/--no-enforce-eager")] = None,
+) -> None:
+    """Run the OpenAI-compatible server (API key: SERVICE_API_KEY or --api-key-file, never a flag)."""
+    from service.server.run import run
+
+    settings = _settings(
+        config,
+        model=model,
+        served_model_name=served_model_name,
+        host=host,
+        port=port,
+        api_key_file=api_key_file,
+        backend=backend,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        tensor_parallel_size=tensor_parallel_size,
+        reserved_cpus=reserved_cpus,
+        enforce_eager=enforce_eager,
+    )
+    raise typer.Exit(run(settings))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""What we decide: pure functions of (facts, settings) -> decisions, each with its reason and source."""

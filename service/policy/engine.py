@@ -1,0 +1,226 @@
+"""Engine arguments and environment for vLLM: a pure function of (hardware, model, software, settings, env).
+
+Plays for the service the role `CpuPlatform.check_and_update_config` plays inside vLLM, and says why for each
+change. Every decision carries (setting, value, reason, source).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.facts.hardware import HardwareFacts
+from service.facts.model import ModelFacts
+from service.facts.software import SoftwareFacts
+from service.policy.backend import BackendChoice, choose_backend
+from service.policy.decision import Decision
+from service.policy.dtype import BYTES, choose_dtype
+from service.policy.memory import plan_memory
+from service.policy.threads import ThreadPlan, plan_threads, worker_omp_env
+from service.settings import Settings
+
+GDN_AMX_REASON = (
+    "Gated-DeltaNet (linear-attention) model on AMX: the AMX GDN kernels keep one recurrent state per sequence, "
+    "which prefix-cache hits and chunked prefill would resume mid-sequence (vLLM v0.23 turned both off here; "
+    "v0.24 dropped that guard)"
+)
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    backend: BackendChoice
+    threads: ThreadPlan | None
+    decisions: tuple[Decision, ...]
+    warnings: tuple[str, ...]
+    errors: tuple[str, ...]
+    engine_args: dict[str, Any] = field(default_factory=dict)  # kwargs for vLLM's AsyncEngineArgs
+    env: dict[str, str] = field(default_factory=dict)  # set in this process before vLLM starts
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.decisions: list[Decision] = []
+        self.warnings: list[str] = []
+        self.errors: list[str] = []
+        self.engine_args: dict[str, Any] = {}
+        self.env: dict[str, str] = {}
+
+    def engine(self, name: str, value: Any, reason: str, source: str) -> None:
+        self.decisions.append(Decision(f"engine.{name}", value, reason, source))  # type: ignore[arg-type]
+        if value is not None:
+            self.engine_args[name] = value
+
+    def setenv(self, name: str, value: str, reason: str, source: str) -> None:
+        self.decisions.append(Decision(f"env.{name}", value, reason, source))  # type: ignore[arg-type]
+        self.env[name] = value
+
+    def note(self, setting: str, value: Any, reason: str, source: str) -> None:
+        """A decision that vLLM applies itself (recorded so the user sees it, nothing to set here)."""
+        self.decisions.append(Decision(setting, value, reason, source))  # type: ignore[arg-type]
+
+
+def build_plan(
+    hardware: HardwareFacts,
+    model: ModelFacts | None,
+    software: SoftwareFacts,
+    settings: Settings,
+    environ: Mapping[str, str],
+) -> EnginePlan:
+    b = _Builder()
+    user = settings.explicitly_set()
+    backend = choose_backend(hardware.cpu, software, settings.backend)
+    if backend.error:
+        b.errors.append(backend.error)
+        return EnginePlan(backend, None, tuple(b.decisions), tuple(b.warnings), tuple(b.errors))
+
+    threads = plan_threads(hardware.topology, hardware.limits, settings.tensor_parallel_size, settings.reserved_cpus)
+    _thread_decisions(b, threads, environ)
+    _zen_decisions(b, backend.name, settings, user)
+    if model is not None:
+        _model_decisions(b, hardware, model, backend.name, settings, user, environ, threads.tp_size)
+    _general_decisions(b, settings, user)
+    return EnginePlan(
+        backend, threads, tuple(b.decisions), tuple(b.warnings), tuple(b.errors), b.engine_args, b.env
+    )
+
+
+def _thread_decisions(b: _Builder, threads: ThreadPlan, environ: Mapping[str, str]) -> None:
+    b.warnings.extend(threads.warnings)
+    if threads.error:
+        b.errors.append(threads.error)
+        return
+    b.engine("tensor_parallel_size", threads.tp_size, threads.tp_reason, threads.tp_source)
+    b.setenv("VLLM_CPU_OMP_THREADS_BIND", threads.bind, threads.reason, "policy")
+    b.setenv(
+        "VLLM_CPU_NUM_OF_RESERVED_CPU",
+        str(len(threads.reserved)),
+        "CPUs left out of the bind lists for the API server and engine core",
+        "policy",
+    )
+    for name, per_rank in worker_omp_env(threads, environ.get("LD_PRELOAD", "")).items():
+        b.note(
+            f"worker_env.{name}",
+            per_rank,
+            "per rank, set by vLLM in each worker at spawn from VLLM_CPU_OMP_THREADS_BIND, before OpenMP starts "
+            "(avoids the >16-thread affinity hang); not set in the API server process, where OpenMP would pin "
+            "the server and every process it spawns to one compute core",
+            "policy",
+        )
+
+
+def _zen_decisions(b: _Builder, backend: str | None, settings: Settings, user: frozenset[str]) -> None:
+    if backend != "zen":
+        return
+    source = "user" if "zentorch_weight_prepack" in user else "default"
+    value = "1" if settings.zentorch_weight_prepack else "0"
+    why = "zentorch prepacks linear weights once at load into its blocked layout (faster GEMMs, slower load)"
+    b.setenv("VLLM_ZENTORCH_WEIGHT_PREPACK", value, why if value == "1" else "turned off by the user", source)
+
+
+def _model_decisions(
+    b: _Builder,
+    hardware: HardwareFacts,
+    model: ModelFacts,
+    backend: str | None,
+    settings: Settings,
+    user: frozenset[str],
+    environ: Mapping[str, str],
+    tp_size: int,
+) -> None:
+    isa = hardware.cpu.isa
+    dtype = choose_dtype(isa, backend or "", settings.dtype, model.declared_dtype)
+    b.engine("dtype", dtype.value, dtype.reason, dtype.source)
+    if dtype.warning:
+        b.warnings.append(dtype.warning)
+
+    max_len = settings.max_model_len or model.max_context or 2048
+    len_reason = "set by the user" if settings.max_model_len else "the model's max_position_embeddings"
+    b.engine("max_model_len", max_len, len_reason, "user" if settings.max_model_len else "default")
+
+    _cache_decisions(b, model, backend, settings, user, environ)
+    _kv_decision(b, hardware, model, dtype.value, max_len, tp_size, settings, environ)
+    if model.quantization == "fp8":
+        b.warnings.append("fp8 checkpoints have no CPU kernels in vLLM 0.32 on most CPUs; expect a load error")
+
+
+def _cache_decisions(
+    b: _Builder,
+    model: ModelFacts,
+    backend: str | None,
+    settings: Settings,
+    user: frozenset[str],
+    environ: Mapping[str, str],
+) -> None:
+    if model.is_embedding:
+        for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+            b.engine(name, getattr(settings, name), "pooling model: left to vLLM", "default")
+        return
+    gdn_on_amx = backend == "amx" and model.has_linear_attention
+    for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+        value = getattr(settings, name)
+        if name in user and value is not None:
+            if gdn_on_amx and value:
+                b.warnings.append(f"{name}=true set by the user on a GDN model on AMX; policy would turn it off")
+            b.engine(name, value, "set by the user", "user")
+        elif gdn_on_amx:
+            b.engine(name, False, GDN_AMX_REASON, "policy")
+        elif model.uses_mla and backend != "amx":
+            b.note(f"engine.{name}", False, "vLLM 0.32 turns it off for MLA models on CPUs without AMX", "policy")
+        else:
+            b.engine(name, True, "vLLM's default for generative models", "default")
+    if gdn_on_amx:
+        key = "VLLM_SSM_CONV_STATE_LAYOUT"
+        if key in environ:
+            b.note(f"env.{key}", environ[key], "already set in the environment", "user")
+        else:
+            b.setenv(key, "SD", "conv-state layout the AMX / AVX-512 BF16 GDN kernels read", "policy")
+
+
+def _kv_decision(
+    b: _Builder,
+    hardware: HardwareFacts,
+    model: ModelFacts,
+    dtype: str,
+    max_len: int,
+    tp_size: int,
+    settings: Settings,
+    environ: Mapping[str, str],
+) -> None:
+    legacy = environ.get("VLLM_CPU_KVCACHE_SPACE")
+    if legacy:
+        b.note("env.VLLM_CPU_KVCACHE_SPACE", legacy, "set in the environment; vLLM lets it override", "user")
+        return
+    plan = plan_memory(
+        hardware.limits,
+        model,
+        dtype_bytes=BYTES[dtype],
+        max_model_len=max_len,
+        tp_size=tp_size,
+        max_num_seqs=settings.max_num_seqs,
+        kv_cache_gib=settings.kv_cache_gib,
+        headroom_gib=settings.memory_headroom_gib,
+    )
+    if plan.error:
+        b.errors.append(plan.error)
+        return
+    b.engine("kv_cache_memory_bytes", plan.kv_cache_bytes, plan.reason, plan.source)
+
+
+def _general_decisions(b: _Builder, settings: Settings, user: frozenset[str]) -> None:
+    def src(name: str) -> str:
+        return "user" if name in user else "default"
+
+    b.engine(
+        "trust_remote_code",
+        settings.trust_remote_code,
+        "model code from the hub runs only when enabled explicitly",
+        src("trust_remote_code"),
+    )
+    b.engine(
+        "enforce_eager",
+        settings.enforce_eager,
+        "eager: faster start" if settings.enforce_eager else "torch.compile: slower start, faster decode",
+        src("enforce_eager"),
+    )
+    if settings.max_num_seqs is not None:
+        b.engine("max_num_seqs", settings.max_num_seqs, "set by the user", "user")

@@ -1,0 +1,156 @@
+"""CPU lists per tensor-parallel rank from the allowed CPUs, and the CPUs kept for the API server."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from service.cpulist import format_cpulist
+from service.facts.limits import Limits
+from service.facts.topology import Topology
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    ranks: tuple[tuple[int, ...], ...]  # one CPU per physical core, per rank
+    reserved: tuple[int, ...]  # kept free of engine threads
+    tp_size: int
+    tp_reason: str
+    tp_source: str
+    reason: str
+    warnings: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def bind(self) -> str:
+        """VLLM_CPU_OMP_THREADS_BIND form: one CPU list per rank, separated by '|'."""
+        return "|".join(format_cpulist(r) for r in self.ranks)
+
+
+def _cores_by_node(topology: Topology, allowed: frozenset[int]) -> dict[int, list[int]]:
+    """For each NUMA node holding allowed CPUs: one allowed CPU per physical core (SMT siblings left out)."""
+    by_node: dict[int, list[int]] = {}
+    for core in topology.cores:
+        usable = sorted(set(core.cpus) & allowed)
+        if usable:
+            by_node.setdefault(core.node, []).append(usable[0])
+    return {node: sorted(cpus) for node, cpus in sorted(by_node.items())}
+
+
+def _split(cpus: list[int], parts: int) -> list[list[int]]:
+    """Contiguous, nearly equal chunks (the first ones one larger when uneven)."""
+    size, extra = divmod(len(cpus), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(cpus[start:end])
+        start = end
+    return out
+
+
+def _assign_ranks(by_node: dict[int, list[int]], tp: int) -> tuple[list[list[int]], list[str]]:
+    nodes = list(by_node)
+    if tp <= len(nodes):
+        warnings = []
+        if tp < len(nodes):
+            unused = ", ".join(str(n) for n in nodes[tp:])
+            warnings.append(
+                f"tensor_parallel_size={tp} uses {tp} of {len(nodes)} NUMA nodes: node(s) {unused} stay idle "
+                "(one rank per node keeps each rank's memory local)"
+            )
+        return [by_node[n] for n in nodes[:tp]], warnings
+    if tp % len(nodes) == 0:
+        per = tp // len(nodes)
+        return [chunk for n in nodes for chunk in _split(by_node[n], per)], []
+    flat = [cpu for n in nodes for cpu in by_node[n]]
+    return _split(flat, tp), [
+        f"tensor_parallel_size={tp} is not a multiple of the {len(nodes)} NUMA nodes: some ranks span two nodes"
+    ]
+
+
+def _apply_quota(ranks: list[list[int]], budget: int) -> list[list[int]]:
+    """Trim ranks evenly (from their ends) until the engine uses at most `budget` cores."""
+    ranks = [list(r) for r in ranks]
+    while sum(map(len, ranks)) > budget:
+        longest = max(range(len(ranks)), key=lambda i: (len(ranks[i]), i))
+        if len(ranks[longest]) <= 1:
+            break
+        ranks[longest].pop()
+    return ranks
+
+
+def _reserve(ranks: list[list[int]], spare: list[int], count: int) -> tuple[list[list[int]], list[int], list[str]]:
+    """Reserve idle cores first (nothing lost), then the last cores of the last ranks, as vLLM's auto bind does."""
+    reserved = spare[:count]
+    ranks = [list(r) for r in ranks]
+    warnings = []
+    rank = len(ranks) - 1
+    while len(reserved) < count:
+        donors = [i for i in range(len(ranks)) if len(ranks[i]) > 1]
+        if not donors:
+            warnings.append(
+                f"only {len(reserved)} of {count} reserved CPU(s) could be kept for the API server: "
+                "every rank needs at least one core"
+            )
+            break
+        if rank not in donors:
+            rank = donors[-1]
+        reserved.append(ranks[rank].pop())
+        rank = (rank - 1) % len(ranks)
+    return ranks, sorted(reserved), warnings
+
+
+def plan_threads(topology: Topology, limits: Limits, tp_size: int | None, reserved_cpus: int) -> ThreadPlan:
+    allowed = limits.allowed_cpus & topology.online_cpus
+    by_node = _cores_by_node(topology, allowed)
+    if not by_node:
+        error = f"no usable CPU: allowed CPUs {format_cpulist(limits.allowed_cpus)} are not online"
+        return ThreadPlan((), (), tp_size or 1, error, "policy", error, error=error)
+
+    nodes = len(by_node)
+    tp = tp_size or nodes
+    tp_source = "user" if tp_size else "policy"
+    tp_reason = (
+        "set by the user"
+        if tp_size
+        else f"{nodes} NUMA node(s) hold allowed CPUs ({', '.join(map(str, by_node))}): one rank per node"
+    )
+    cores = sum(map(len, by_node.values()))
+    if tp > cores:
+        error = f"tensor_parallel_size={tp} needs at least {tp} physical cores; {cores} are allowed"
+        return ThreadPlan((), (), tp, tp_reason, tp_source, error, error=error)
+
+    ranks, warnings = _assign_ranks(by_node, tp)
+    notes = [f"{cores} physical core(s) on the allowed CPUs {format_cpulist(allowed)} ({limits.allowed_cpus_source})"]
+    if any(len(c.cpus) > 1 for c in topology.cores):
+        notes.append("one thread per physical core, SMT siblings left out")
+    if limits.cpu_quota is not None:
+        budget = max(tp, math.floor(limits.cpu_quota) - reserved_cpus)
+        trimmed = _apply_quota(ranks, budget)
+        if trimmed != ranks:
+            notes.append(f"CPU quota of {limits.cpu_quota:g} CPUs: engine threads cut to {budget}")
+        ranks = trimmed
+    used = {cpu for r in ranks for cpu in r}
+    spare = [cpu for node_cpus in by_node.values() for cpu in node_cpus if cpu not in used]
+    ranks, reserved, reserve_warnings = _reserve(ranks, spare, reserved_cpus)
+    if reserved:
+        notes.append(f"CPU(s) {format_cpulist(reserved)} kept for the API server and engine core")
+    return ThreadPlan(
+        ranks=tuple(tuple(r) for r in ranks),
+        reserved=tuple(reserved),
+        tp_size=tp,
+        tp_reason=tp_reason,
+        tp_source=tp_source,
+        reason="; ".join(notes),
+        warnings=tuple(warnings + reserve_warnings),
+    )
+
+
+def worker_omp_env(plan: ThreadPlan, ld_preload: str) -> dict[str, list[str]]:
+    """The OpenMP variables vLLM sets in each worker at spawn from the bind list (mirrors
+    vllm.utils.ompmultiprocessing): per rank, chosen by which OpenMP runtime is preloaded."""
+    lists = [[str(c) for c in r] for r in plan.ranks]
+    if "libiomp" in ld_preload or "libomp" in ld_preload:
+        return {"KMP_AFFINITY": [f"granularity=fine,explicit,proclist=[{','.join(c)}]" for c in lists]}
+    if "libgomp" in ld_preload:
+        return {"GOMP_CPU_AFFINITY": [" ".join(c) for c in lists]}
+    return {"OMP_PLACES": ["{" + ",".join(c) + "}" for c in lists], "OMP_PROC_BIND": ["true" for _ in lists]}

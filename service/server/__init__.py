@@ -1,0 +1,1 @@
+"""The HTTP shell around vLLM's own OpenAI serving layer."""

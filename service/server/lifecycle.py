@@ -1,0 +1,56 @@
+"""Readiness, draining and engine liveness: the one piece of mutable state the HTTP layer consults."""
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Phase(enum.Enum):
+    STARTING = "starting"  # engine loading or warming up
+    READY = "ready"
+    DRAINING = "draining"  # SIGTERM received: finishing in-flight requests
+    DEAD = "dead"  # engine died, or failed to start
+
+
+@dataclass
+class Lifecycle:
+    started_at: float = field(default_factory=time.monotonic)
+    phase: Phase = Phase.STARTING
+    reason: str = "engine is loading the model"
+    engine: Any = None  # vLLM EngineClient once started
+    engine_app: Any = None  # vLLM's own FastAPI app (its OpenAI routes), once started
+    in_flight: int = 0
+    exit_code: int = 0
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self._idle.set()
+
+    def set_phase(self, phase: Phase, reason: str) -> None:
+        # A dead engine stays dead: draining must not hide it from /health.
+        if self.phase is Phase.DEAD:
+            return
+        self.phase, self.reason = phase, reason
+
+    @property
+    def accepting(self) -> bool:
+        return self.phase is Phase.READY
+
+    def request_started(self) -> None:
+        self.in_flight += 1
+        self._idle.clear()
+
+    def request_finished(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False

@@ -1,0 +1,153 @@
+"""`python -m service serve`: startup hook first (before any vLLM process exists), then HTTP + engine."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+from rich.console import Console
+
+from service.demo_model import DEMO_NAME, ensure_demo_model
+from service.report import StartupReport
+from service.server.lifecycle import Lifecycle, Phase
+from service.settings import Settings
+from service.startup import apply, build_report
+
+log = logging.getLogger("service")
+EXIT_STARTUP_REFUSED = 2
+EXIT_ENGINE_DIED = 3
+WATCHDOG_INTERVAL_S = 1.0
+DEAD_LINGER_S = 3.0  # keep answering /health 503 briefly so probes see why before the process exits
+
+
+class DrainingServer(uvicorn.Server):
+    """First SIGTERM/SIGINT: /ready turns 503, new requests get 503, in-flight ones finish (up to the grace
+    period), then exit 0. A second signal exits at once."""
+
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, grace_s: float) -> None:
+        super().__init__(config)
+        self.lifecycle, self.grace_s = lifecycle, grace_s
+        self._drain: asyncio.Task | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not recorded in _captured_signals: uvicorn would re-raise it after shutdown and turn exit 0 into 143.
+        if self._drain is not None or self.should_exit:
+            self.should_exit = self.force_exit = True
+            return
+        self.lifecycle.set_phase(Phase.DRAINING, f"received {signal.Signals(sig).name}: finishing in-flight requests")
+        self._drain = asyncio.get_event_loop().create_task(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        finished = await self.lifecycle.wait_idle(self.grace_s)
+        if not finished:
+            log.warning("grace period of %.0fs over with %d request(s) in flight", self.grace_s, self.lifecycle.in_flight)
+        self.should_exit = True
+
+
+def _log_report(report: StartupReport) -> None:
+    console = Console(stderr=True, width=160)
+    report.render(console)
+    log.info("startup report %s", json.dumps(report.to_dict()))
+
+
+def run(settings: Settings) -> int:
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    started = time.monotonic()
+    demo = not settings.model
+    if demo:
+        model = str(ensure_demo_model(settings.cache_dir))
+        log.warning(
+            "DEMO MODEL: no model configured, serving the built-in tiny random-weight model %r from %s. "
+            "It answers gibberish. Set SERVICE_MODEL (e.g. Qwen/Qwen3-0.6B or a local path) for a real model.",
+            DEMO_NAME,
+            model,
+        )
+    else:
+        model = settings.model
+    report = build_report(settings, model=model)
+    _log_report(report)
+    if not report.ok:
+        log.error("refusing to start: %s", "; ".join(report.errors))
+        return EXIT_STARTUP_REFUSED
+    apply(report)
+    served = settings.served_model_name or (DEMO_NAME if demo else Path(model).name if Path(model).is_dir() else model)
+    return asyncio.run(_serve(settings, report, model, served, demo, started))
+
+
+async def _serve(
+    settings: Settings, report: StartupReport, model: str, served: str, demo: bool, started: float
+) -> int:
+    from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+    from service.server.app import create_app
+    from service.server.engine import start_engine, vllm_args, warm_up
+    from service.server.metrics import ServiceMetrics
+
+    lifecycle = Lifecycle(started_at=started)
+    metrics = ServiceMetrics(get_prometheus_registry())
+    metrics.describe_startup(report, served)
+    app = create_app(settings, report, lifecycle, metrics, served_model=served, demo=demo)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_seconds)),
+        lifespan="off",
+    )
+    server = DrainingServer(config, lifecycle, settings.shutdown_grace_seconds)
+    args = vllm_args(report.plan.engine_args, model, served, settings.max_queued_requests)
+    embedding = report.model is not None and report.model.is_embedding
+
+    async def bring_up(stack: contextlib.AsyncExitStack) -> None:
+        try:
+            lifecycle.engine, lifecycle.engine_app = await start_engine(args, stack)
+            lifecycle.reason = "warming up"
+            if settings.warmup:
+                await warm_up(lifecycle.engine_app, served, embedding)
+        except Exception as exc:
+            log.exception("engine failed to start")
+            lifecycle.set_phase(Phase.DEAD, f"engine failed to start: {exc}")
+            lifecycle.exit_code = EXIT_ENGINE_DIED
+            server.should_exit = True
+            return
+        if lifecycle.phase is Phase.STARTING:
+            lifecycle.set_phase(Phase.READY, "model loaded and warmed up")
+            metrics.ready.set(1)
+            metrics.startup_seconds.set(time.monotonic() - started)
+            log.info("ready: serving %r on http://%s:%d", served, settings.host, settings.port)
+        await _watchdog(lifecycle, server)
+
+    async with contextlib.AsyncExitStack() as stack:
+        engine_task = asyncio.create_task(bring_up(stack))
+        await server.serve()
+        metrics.ready.set(0)
+        engine_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await engine_task
+    return lifecycle.exit_code
+
+
+async def _watchdog(lifecycle: Lifecycle, server: uvicorn.Server) -> None:
+    """The engine core is a separate process: when it dies, /health turns 503 and the process exits non-zero
+    so the container's restart policy brings the service back."""
+    engine = lifecycle.engine
+    while not server.should_exit:
+        await asyncio.sleep(WATCHDOG_INTERVAL_S)
+        if lifecycle.phase is Phase.DEAD:
+            break
+        if getattr(engine, "errored", False):
+            lifecycle.set_phase(Phase.DEAD, "engine core died")
+            break
+    if lifecycle.phase is Phase.DEAD:
+        log.error("engine is dead (%s): exiting", lifecycle.reason)
+        await asyncio.sleep(DEAD_LINGER_S)
+        lifecycle.exit_code = EXIT_ENGINE_DIED
+        server.should_exit = True
+

@@ -1,0 +1,108 @@
+"""One validated Settings model: configs/*.yaml < SERVICE_* environment < CLI flags (the later wins)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+BackendName = Literal["auto", "zen", "amx", "avx512", "avx2"]
+DtypeName = Literal["auto", "bfloat16", "float16", "float32"]
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cpu-llm-service"
+
+
+class Settings(BaseSettings):
+    """Every knob of the service. Unset (None) engine knobs are left to the policy, which says why."""
+
+    model_config = SettingsConfigDict(env_prefix="SERVICE_", extra="forbid", validate_default=True)
+
+    model: str | None = Field(None, description="Local model directory or Hugging Face id; empty: built-in demo")
+    served_model_name: str | None = Field(None, description="Name clients use; default: the model's name")
+    host: str = Field("127.0.0.1", description="Bind address (0.0.0.0 in containers)")
+    port: int = Field(8000, ge=1, le=65535)
+    api_key: SecretStr | None = Field(None, description="Bearer key required on /v1/* when set")
+    api_key_file: Path | None = Field(None, description="File holding the API key (Docker secrets)")
+    backend: BackendName = Field("auto", description="CPU backend; an explicit one the CPU cannot run is an error")
+    dtype: DtypeName = Field("auto", description="Model dtype; auto lets the policy choose")
+    max_model_len: int | None = Field(None, ge=16, description="Max context; default: the model's")
+    tensor_parallel_size: int | None = Field(None, ge=1, description="Default: NUMA nodes holding allowed CPUs")
+    reserved_cpus: int = Field(1, ge=0, description="CPUs kept free of engine threads for the API server")
+    kv_cache_gib: float | None = Field(None, gt=0, description="KV cache size; default: from the memory limit")
+    memory_headroom_gib: float | None = Field(None, ge=0, description="Memory kept free; default: policy")
+    enable_prefix_caching: bool | None = Field(None, description="Default: policy")
+    enable_chunked_prefill: bool | None = Field(None, description="Default: policy")
+    zentorch_weight_prepack: bool = Field(True, description="Zen: prepack weights for zentorch")
+    max_num_seqs: int | None = Field(None, ge=1, description="Max concurrent sequences; default: vLLM's")
+    max_queued_requests: int = Field(64, ge=0, description="Waiting requests beyond which /v1 answers 503")
+    enforce_eager: bool = Field(False, description="Skip torch.compile (faster start, slower steady state)")
+    trust_remote_code: bool = Field(False, description="Run model code shipped with the model")
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="Generated files (demo model)")
+    metrics_require_auth: bool = Field(False, description="Require the API key on /metrics too")
+    max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
+    shutdown_grace_seconds: float = Field(30.0, ge=0, description="Time in-flight requests get on SIGTERM")
+    warmup: bool = Field(True, description="Run one generation before /ready turns 200")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("model", "served_model_name", "api_key_file", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # Compose passes unset variables as empty strings.
+        return None if value == "" else value
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_key_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    def resolved_api_key(self) -> str | None:
+        """The key from SERVICE_API_KEY, else from the key file (trailing newline stripped)."""
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        if self.api_key_file is not None:
+            return self.api_key_file.read_text().strip() or None
+        return None
+
+    def explicitly_set(self) -> frozenset[str]:
+        """Names set in any source (YAML, environment or flags) to something other than the built-in default,
+        for the `user` decision source (the shipped configs/default.yaml repeats defaults)."""
+        fields = type(self).model_fields
+        return frozenset(
+            name for name in self.model_fields_set if getattr(self, name) != fields[name].get_default(call_default_factory=True)
+        )
+
+
+def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
+    """Build Settings from the YAML file (flag, else SERVICE_CONFIG, else configs/default.yaml), the
+    environment and the CLI flags. Flags left as None are not set."""
+    path = config_file or Path(os.environ.get("SERVICE_CONFIG") or DEFAULT_CONFIG)
+    if not path.is_file():
+        raise FileNotFoundError(f"settings file {path} does not exist")
+
+    class _FromFile(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=path))
+
+    given = {k: v for k, v in flags.items() if v is not None}
+    loaded = _FromFile(**given)
+    return Settings.model_construct(_fields_set=loaded.model_fields_set, **dict(loaded))
