@@ -1,0 +1,35 @@
+"""Shared fixtures for the fast unit tests: recorded machines and model configs, no engine."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.facts.software import SoftwareFacts
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+CPUINFO = FIXTURES / "cpuinfo"
+SYSFS = FIXTURES / "sysfs"
+MODELS = FIXTURES / "models"
+
+
+def software(zentorch_usable: bool = True) -> SoftwareFacts:
+    reason = "zentorch 2.13.0.1 matches torch 2.13.0+cpu" if zentorch_usable else "zentorch is not installed"
+    return SoftwareFacts(
+        service="0.1.0",
+        torch="2.13.0+cpu",
+        vllm="0.32.0",
+        zentorch="2.13.0.1" if zentorch_usable else None,
+        zentorch_usable=zentorch_usable,
+        zentorch_reason=reason,
+    )
+
+
+@pytest.fixture
+def with_zentorch() -> SoftwareFacts:
+    return software(True)
+
+
+@pytest.fixture
+def without_zentorch() -> SoftwareFacts:
+    return software(False)

@@ -1,0 +1,91 @@
+"""`python -m service detect`: the JSON contract, recorded dumps, exit codes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from service.__main__ import app
+from tests.unit.conftest import CPUINFO, MODELS, SYSFS
+
+runner = CliRunner()
+
+
+def detect(*args: str) -> tuple[int, dict]:
+    result = runner.invoke(app, ["detect", "--json", *args])
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_json_contract_keys():
+    code, report = detect("--cpuinfo", str(CPUINFO / "xeon_8480_sapphirerapids.txt"))
+    assert code == 0
+    hw = report["hardware"]
+    assert hw["vendor"] == "GenuineIntel" and hw["microarchitecture"] == "sapphirerapids"
+    assert set(hw["isa"]) >= {"avx2", "avx512", "avx512_bf16", "amx"} and all(
+        isinstance(v, bool) for v in hw["isa"].values()
+    )
+    assert hw["allowed_cpus"] == list(range(16))
+    assert report["backend"]["name"] == "amx" and report["backend"]["reason"]
+    assert all(set(d) == {"setting", "value", "reason", "source"} for d in report["decisions"])
+    assert report["warnings"] == [] and report["errors"] == []
+
+
+def test_recorded_container_tree_is_seen_exactly():
+    code, report = detect("--cpuinfo", str(SYSFS / "container_cpuset/proc/cpuinfo"), "--sysfs", str(SYSFS / "container_cpuset/sys"))
+    assert code == 0
+    assert report["hardware"]["allowed_cpus"] == [2, 3, 4, 5, 18, 19, 20, 21]
+    assert report["hardware"]["memory_limit_bytes"] == 16 * 1024**3
+    assert report["threads"] == {"tensor_parallel_size": 1, "ranks": ["2-4"], "reserved": "5"}
+    bind = next(d for d in report["decisions"] if d["setting"] == "env.VLLM_CPU_OMP_THREADS_BIND")
+    assert bind["value"] == "2-4" and "cpuset" in bind["reason"]
+
+
+def test_model_decisions_appear_with_model():
+    code, report = detect("--cpuinfo", str(CPUINFO / "xeon_8480_sapphirerapids.txt"),
+                          "--model", str(MODELS / "qwen3-next-80b-a3b-instruct"), "--max-model-len", "4096")
+    settings = {d["setting"]: d for d in report["decisions"]}
+    assert report["model"]["has_linear_attention"] is True
+    assert settings["engine.enable_prefix_caching"]["value"] is False
+    assert settings["env.VLLM_SSM_CONV_STATE_LAYOUT"]["value"] == "SD"
+
+
+def test_unsupported_machine_exits_nonzero_with_reason():
+    code, report = detect("--cpuinfo", str(CPUINFO / "graviton3_neoverse_v1.txt"))
+    assert code == 1 and report["backend"]["name"] is None
+    assert "aarch64" in report["errors"][0]
+
+
+def test_forced_zen_on_intel_exits_nonzero():
+    code, report = detect("--cpuinfo", str(CPUINFO / "xeon_8380_icelake.txt"), "--backend", "zen")
+    assert code == 1 and "GenuineIntel" in report["errors"][0]
+
+
+def test_preflight_failure_exits_nonzero():
+    code, report = detect("--sysfs", str(SYSFS / "container_cpuset/sys"), "--model", str(MODELS / "llama-3.1-8b-instruct"))
+    assert code == 1 and "does not fit" in report["errors"][0]
+
+
+def test_table_output_is_readable():
+    result = runner.invoke(app, ["detect", "--cpuinfo", str(CPUINFO / "epyc_9654_zen4.txt")])
+    assert result.exit_code == 0 and "Decisions" in result.stdout and "zen4" in result.stdout
+
+
+@pytest.mark.parametrize("bad", ["--cpuinfo", "--sysfs"])
+def test_missing_dump_is_a_clear_error(tmp_path, bad):
+    result = runner.invoke(app, ["detect", bad, str(tmp_path / "missing")])
+    assert result.exit_code == 2
+
+
+def test_live_detect_as_a_real_process_agrees_with_torch():
+    out = subprocess.run([sys.executable, "-m", "service", "detect", "--json"], capture_output=True, text=True, timeout=120)
+    report = json.loads(out.stdout)
+    import torch
+
+    isa = report["hardware"]["isa"]
+    assert isa["avx512_bf16"] == torch.cpu._is_avx512_bf16_supported()
+    assert isa["amx_tile"] == torch.cpu._is_amx_tile_supported()
+    expected = "amx" if torch.cpu._is_amx_tile_supported() else "avx512" if torch.cpu._is_avx512_supported() else "avx2"
+    assert report["backend"]["name"] == expected and out.returncode == 0

@@ -1,0 +1,188 @@
+"""Engine policy: every decision with its reason and source, user overrides, pre-flight failures."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from service.facts.hardware import read_hardware
+from service.facts.model import inspect_model
+from service.policy.engine import build_plan
+from service.settings import Settings
+from tests.unit.conftest import CPUINFO, MODELS, SYSFS, software
+
+GiB = 1024**3
+
+
+def hw(name: str = "xeon_8480_sapphirerapids.txt", memory: int | None = 64 * GiB):
+    facts = read_hardware(cpuinfo_path=CPUINFO / name)
+    return dataclasses.replace(facts, limits=dataclasses.replace(facts.limits, memory_bytes=memory))
+
+
+def model(name: str):
+    return inspect_model(str(MODELS / name))
+
+
+def plan(hardware=None, model_name="llama-3.1-8b-instruct", env=None, zen=True, **settings):
+    return build_plan(
+        hardware or hw(), model(model_name) if model_name else None, software(zen), Settings(**settings), env or {}
+    )
+
+
+def decision(p, setting):
+    found = [d for d in p.decisions if d.setting == setting]
+    assert found, f"no decision for {setting}: {[d.setting for d in p.decisions]}"
+    return found[0]
+
+
+def test_every_decision_has_a_reason_and_a_known_source():
+    p = plan()
+    assert p.decisions and not p.errors
+    for d in p.decisions:
+        assert d.reason and d.source in {"default", "policy", "user"}
+
+
+@pytest.mark.parametrize("gdn_model", ["qwen3-next-80b-a3b-instruct", "qwen3.5-397b-a17b"])
+def test_gdn_on_amx_turns_off_prefix_caching_and_chunked_prefill(gdn_model):
+    p = plan(hw(memory=2048 * GiB), model_name=gdn_model, max_model_len=4096)
+    for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+        d = decision(p, f"engine.{name}")
+        assert (d.value, d.source) == (False, "policy") and "Gated-DeltaNet" in d.reason
+        assert p.engine_args[name] is False
+    assert p.env["VLLM_SSM_CONV_STATE_LAYOUT"] == "SD"
+
+
+def test_gdn_on_amx_user_override_wins_with_a_warning():
+    p = plan(hw(memory=2048 * GiB), model_name="qwen3-next-80b-a3b-instruct", max_model_len=4096, enable_prefix_caching=True)
+    d = decision(p, "engine.enable_prefix_caching")
+    assert (d.value, d.source) == (True, "user")
+    assert any("enable_prefix_caching" in w for w in p.warnings)
+    assert p.engine_args["enable_chunked_prefill"] is False
+
+
+def test_gdn_conv_layout_already_set_is_left_alone():
+    p = plan(hw(memory=2048 * GiB), model_name="qwen3-next-80b-a3b-instruct", max_model_len=4096,
+             env={"VLLM_SSM_CONV_STATE_LAYOUT": "DS"})
+    assert "VLLM_SSM_CONV_STATE_LAYOUT" not in p.env
+    assert decision(p, "env.VLLM_SSM_CONV_STATE_LAYOUT").source == "user"
+
+
+def test_gdn_without_amx_keeps_vllm_defaults():
+    p = plan(hw("xeon_8380_icelake.txt", 2048 * GiB), model_name="qwen3-next-80b-a3b-instruct", max_model_len=4096)
+    assert p.engine_args["enable_prefix_caching"] is True
+    assert "VLLM_SSM_CONV_STATE_LAYOUT" not in p.env
+
+
+def test_dense_model_on_amx_keeps_prefix_caching():
+    assert plan().engine_args["enable_prefix_caching"] is True
+
+
+def test_mla_without_amx_notes_vllm_forcing_caching_off():
+    p = plan(hw("xeon_8380_icelake.txt", 4096 * GiB), model_name="deepseek-v3", max_model_len=4096)
+    d = decision(p, "engine.enable_prefix_caching")
+    assert d.value is False and "MLA" in d.reason
+    assert "enable_prefix_caching" not in p.engine_args
+
+
+def test_zen_weight_prepack_default_on_and_configurable():
+    p = plan(hw("epyc_9654_zen4.txt"))
+    d = decision(p, "env.VLLM_ZENTORCH_WEIGHT_PREPACK")
+    assert (p.backend.name, d.value, d.source) == ("zen", "1", "default")
+    off = plan(hw("epyc_9654_zen4.txt"), zentorch_weight_prepack=False)
+    assert off.env["VLLM_ZENTORCH_WEIGHT_PREPACK"] == "0"
+    assert decision(off, "env.VLLM_ZENTORCH_WEIGHT_PREPACK").source == "user"
+
+
+def test_no_prepack_variable_off_zen():
+    assert "VLLM_ZENTORCH_WEIGHT_PREPACK" not in plan().env
+
+
+def test_zen_maps_fp16_to_bf16_visibly():
+    p = plan(hw("epyc_9654_zen4.txt"), dtype="float16")
+    d = decision(p, "engine.dtype")
+    assert (d.value, d.source) == ("bfloat16", "policy")
+    assert any("float16" in w for w in p.warnings)
+
+
+@pytest.mark.parametrize(
+    "cpu,expected",
+    [("xeon_8480_sapphirerapids.txt", "AMX"), ("epyc_9654_zen4.txt", "AVX-512 BF16")],
+)
+def test_bf16_where_native(cpu, expected):
+    d = decision(plan(hw(cpu)), "engine.dtype")
+    assert d.value == "bfloat16" and expected in d.reason
+
+
+def test_dtype_without_native_bf16_cites_the_measurement():
+    d = decision(plan(hw("xeon_8380_icelake.txt")), "engine.dtype")
+    assert d.source == "policy" and "measured" in d.reason
+
+
+def test_user_dtype_wins():
+    d = decision(plan(dtype="float32"), "engine.dtype")
+    assert (d.value, d.source) == ("float32", "user")
+
+
+def test_threads_emitted_as_vllm_and_openmp_settings():
+    p = plan()
+    assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-3|4-6"
+    assert p.env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    assert decision(p, "worker_env.OMP_PLACES").value == ["{0,1,2,3}", "{4,5,6}"]
+    assert decision(p, "worker_env.OMP_PROC_BIND").value == ["true", "true"]
+    assert p.engine_args["tensor_parallel_size"] == 2
+
+
+def test_tp_override_is_a_user_decision():
+    p = plan(tensor_parallel_size=1)
+    d = decision(p, "engine.tensor_parallel_size")
+    assert (d.value, d.source) == (1, "user")
+
+
+def test_kv_cache_size_from_the_container_memory_limit():
+    container = read_hardware(sysfs_root=SYSFS / "container_cpuset" / "sys")
+    p = build_plan(container, model("qwen2.5-7b-instruct-gptq-int4"), software(), Settings(max_model_len=8192), {})
+    assert not p.errors
+    d = decision(p, "engine.kv_cache_memory_bytes")
+    assert d.source == "policy" and "16.00 GiB (cgroup memory.max)" in d.reason
+    weights = model("qwen2.5-7b-instruct-gptq-int4").weight_bytes
+    assert 0 < p.engine_args["kv_cache_memory_bytes"] < 16 * GiB - weights
+
+
+def test_preflight_fails_before_loading_with_numbers():
+    p = plan(hw(memory=24 * GiB), max_model_len=131072)
+    assert p.errors
+    error = p.errors[0]
+    assert "needs" in error and "limit is 24.00 GiB" in error and "a max context of" in error
+    fits = int(error.split("a max context of ")[1].split()[0])
+    assert 0 < fits < 131072
+    assert not plan(hw(memory=24 * GiB), max_model_len=fits).errors
+
+
+def test_preflight_fails_when_weights_alone_do_not_fit():
+    p = plan(hw(memory=8 * GiB), max_model_len=1024)
+    assert p.errors and "does not fit" in p.errors[0]
+
+
+def test_user_kv_cache_too_small_for_one_request_is_an_error():
+    p = plan(kv_cache_gib=0.1, max_model_len=8192)
+    assert p.errors and "kv_cache_gib" in p.errors[0]
+
+
+def test_backend_refusal_stops_the_plan():
+    p = plan(hw("graviton3_neoverse_v1.txt"))
+    assert p.backend.name is None and p.errors and not p.engine_args
+
+
+def test_legacy_kvcache_env_is_respected_and_reported():
+    p = plan(env={"VLLM_CPU_KVCACHE_SPACE": "40"})
+    assert "kv_cache_memory_bytes" not in p.engine_args
+    assert decision(p, "env.VLLM_CPU_KVCACHE_SPACE").source == "user"
+
+
+def test_no_model_still_decides_threads():
+    p = plan(model_name=None)
+    assert "VLLM_CPU_OMP_THREADS_BIND" in p.env and "dtype" not in p.engine_args
+
+
+def test_trust_remote_code_off_by_default():
+    assert plan().engine_args["trust_remote_code"] is False

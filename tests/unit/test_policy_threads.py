@@ -1,0 +1,101 @@
+"""Thread lists per rank from the allowed CPUs, for recorded machines and containers."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from service.cpulist import format_cpulist
+from service.facts.hardware import read_hardware
+from service.policy.threads import plan_threads, worker_omp_env
+from tests.unit.conftest import CPUINFO, SYSFS
+
+# (dump, tp override, reserved) -> (bind string, reserved CPUs)
+CASES = [
+    (("sysfs", "two_socket_smt"), None, 1, "0-7|8-14", "15"),
+    (("sysfs", "smt_off"), None, 1, "0-7|8-14", "15"),
+    (("sysfs", "container_cpuset"), None, 1, "2-4", "5"),
+    (("sysfs", "memory_only_node"), None, 1, "0-3|4-6", "7"),
+    (("sysfs", "two_socket_smt"), 1, 1, "0-7", "8"),
+    (("sysfs", "two_socket_smt"), 4, 2, "0-3|4-7|8-10|12-14", "11,15"),  # last ranks first, as vLLM
+    (("sysfs", "two_socket_smt"), None, 0, "0-7|8-15", ""),
+    (("cpuinfo", "epyc_9654_zen4.txt"), None, 1, "0-3|4-6", "7"),
+    (("cpuinfo", "xeon_8480_sapphirerapids.txt"), None, 1, "0-3|4-6", "7"),
+    (("cpuinfo", "build_machine.txt"), None, 1, "0", "1"),
+    (("cpuinfo", "graviton3_neoverse_v1.txt"), None, 1, "0-6", "7"),
+]
+
+
+def hardware(kind: str, name: str):
+    if kind == "sysfs":
+        return read_hardware(sysfs_root=SYSFS / name / "sys")
+    return read_hardware(cpuinfo_path=CPUINFO / name)
+
+
+@pytest.mark.parametrize("dump,tp,reserved,bind,kept", CASES)
+def test_bind_lists(dump, tp, reserved, bind, kept):
+    hw = hardware(*dump)
+    plan = plan_threads(hw.topology, hw.limits, tp, reserved)
+    assert plan.error is None
+    assert (plan.bind, format_cpulist(plan.reserved)) == (bind, kept)
+
+
+def test_smt_siblings_are_left_out():
+    hw = hardware("sysfs", "two_socket_smt")
+    plan = plan_threads(hw.topology, hw.limits, None, 1)
+    used = {c for r in plan.ranks for c in r} | set(plan.reserved)
+    assert used.isdisjoint(range(16, 32))
+    assert "SMT siblings left out" in plan.reason
+
+
+def test_default_tp_is_numa_nodes_with_allowed_cpus():
+    assert plan_threads(*_topo_limits("two_socket_smt"), None, 1).tp_size == 2
+    assert plan_threads(*_topo_limits("container_cpuset"), None, 1).tp_size == 1
+
+
+def _topo_limits(name):
+    hw = hardware("sysfs", name)
+    return hw.topology, hw.limits
+
+
+def test_container_cpuset_never_leaves_the_cpuset():
+    topo, limits = _topo_limits("container_cpuset")
+    plan = plan_threads(topo, limits, None, 1)
+    assert {c for r in plan.ranks for c in r} | set(plan.reserved) <= {2, 3, 4, 5, 18, 19, 20, 21}
+    assert "cpuset" in plan.reason
+
+
+def test_cpu_quota_cuts_threads():
+    topo, limits = _topo_limits("two_socket_smt")
+    plan = plan_threads(topo, dataclasses.replace(limits, cpu_quota=4.0), None, 1)
+    assert sum(map(len, plan.ranks)) == 3 and len(plan.reserved) == 1
+    assert "quota" in plan.reason
+
+
+def test_tp_smaller_than_nodes_warns_about_idle_nodes_and_reserves_an_idle_core():
+    topo, limits = _topo_limits("two_socket_smt")
+    plan = plan_threads(topo, limits, 1, 1)
+    assert any("stay idle" in w for w in plan.warnings)
+    assert plan.ranks == (tuple(range(8)),)
+
+
+def test_tp_larger_than_cores_is_an_error():
+    topo, limits = _topo_limits("container_cpuset")
+    plan = plan_threads(topo, limits, 8, 1)
+    assert plan.error and "needs at least 8 physical cores" in plan.error
+
+
+def test_one_core_keeps_its_rank_and_warns_about_reservation():
+    topo, limits = _topo_limits("container_cpuset")
+    plan = plan_threads(topo, dataclasses.replace(limits, allowed_cpus=frozenset({2})), None, 1)
+    assert plan.ranks == ((2,),) and plan.reserved == ()
+    assert any("reserved" in w for w in plan.warnings)
+
+
+def test_worker_env_follows_the_preloaded_openmp_runtime():
+    topo, limits = _topo_limits("two_socket_smt")
+    plan = plan_threads(topo, limits, None, 1)
+    assert worker_omp_env(plan, "")["OMP_PLACES"] == ["{0,1,2,3,4,5,6,7}", "{8,9,10,11,12,13,14}"]
+    assert worker_omp_env(plan, "")["OMP_PROC_BIND"] == ["true", "true"]
+    assert worker_omp_env(plan, "/usr/lib/libiomp5.so")["KMP_AFFINITY"][1].endswith("proclist=[8,9,10,11,12,13,14]")
+    assert worker_omp_env(plan, "/x/libgomp.so.1")["GOMP_CPU_AFFINITY"][0] == "0 1 2 3 4 5 6 7"

@@ -1,0 +1,82 @@
+"""Settings precedence (YAML < SERVICE_* env < CLI flags) and validation."""
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from service.settings import load_settings
+
+
+@pytest.fixture
+def config(tmp_path):
+    path = tmp_path / "settings.yaml"
+    path.write_text("port: 9001\nbackend: avx512\nmax_model_len: 1024\n")
+    return path
+
+
+def test_yaml_then_env_then_flags(config, monkeypatch):
+    assert load_settings(config).port == 9001
+    monkeypatch.setenv("SERVICE_PORT", "9002")
+    assert load_settings(config).port == 9002
+    assert load_settings(config, port=9003).port == 9003
+
+
+def test_flags_left_as_none_do_not_override(config, monkeypatch):
+    monkeypatch.setenv("SERVICE_MAX_MODEL_LEN", "2048")
+    assert load_settings(config, max_model_len=None).max_model_len == 2048
+
+
+def test_config_file_from_environment(config, monkeypatch):
+    monkeypatch.setenv("SERVICE_CONFIG", str(config))
+    assert load_settings().backend == "avx512"
+
+
+def test_shipped_defaults_load_and_bind_loopback(monkeypatch):
+    for name in ("SERVICE_HOST", "SERVICE_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    s = load_settings()
+    assert s.host == "127.0.0.1" and s.port == 8000 and s.trust_remote_code is False
+    assert s.explicitly_set() == frozenset()
+
+
+@pytest.mark.parametrize(
+    "env,value", [("SERVICE_BACKEND", "sparc"), ("SERVICE_PORT", "70000"), ("SERVICE_DTYPE", "int3")]
+)
+def test_invalid_values_are_rejected(config, monkeypatch, env, value):
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ValidationError):
+        load_settings(config)
+
+
+def test_unknown_yaml_key_is_rejected(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("prot: 1\n")
+    with pytest.raises(ValidationError):
+        load_settings(path)
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_settings(tmp_path / "nope.yaml")
+
+
+def test_api_key_from_env_or_file(config, monkeypatch, tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text("from-file\n")
+    monkeypatch.setenv("SERVICE_API_KEY_FILE", str(key_file))
+    assert load_settings(config).resolved_api_key() == "from-file"
+    monkeypatch.setenv("SERVICE_API_KEY", "from-env")
+    assert load_settings(config).resolved_api_key() == "from-env"
+    assert "from-env" not in repr(load_settings(config))
+
+
+def test_empty_env_means_unset(config, monkeypatch):
+    monkeypatch.setenv("SERVICE_MODEL", "")
+    monkeypatch.setenv("SERVICE_API_KEY", "")
+    s = load_settings(config)
+    assert s.model is None and s.resolved_api_key() is None
+
+
+def test_user_source_tracks_explicit_settings(config, monkeypatch):
+    monkeypatch.setenv("SERVICE_ENABLE_PREFIX_CACHING", "true")
+    assert {"enable_prefix_caching", "backend", "max_model_len", "port"} <= load_settings(config).explicitly_set()
