@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export VLLM_TARGET_DEVICE := cpu
 
-.PHONY: setup serve detect test test-unit test-integration bench clean
+.PHONY: setup serve detect test test-unit test-integration test-tools clean
 
 setup: $(STAMP)
 
@@ -29,7 +29,15 @@ detect: setup
 test-unit: setup
 	$(PY) -m pytest -q tests/unit
 
-test: setup
+# A real Prometheus (and promtool) for the metrics tests, from Debian's archive.
+test-tools:
+	command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+
+test-integration: setup test-tools
+	$(PY) -m pytest -q tests/integration
+
+test: setup test-tools $(CONTAINER_TEST_DEPS)
 	$(PY) -m pytest -q tests
 
 clean:

@@ -1,0 +1,97 @@
+"""Readiness, version, hardware report and the policy as the running engine really applied it."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.server import REPO
+
+pytestmark = pytest.mark.engine
+
+
+def test_ready_was_503_with_reason_before_the_engine_was_up(chat_server):
+    statuses = [code for code, _ in chat_server.ready_statuses]
+    assert statuses[-1] == 200 and 503 in statuses
+    first_503 = next(body for code, body in chat_server.ready_statuses if code == 503)
+    assert first_503["status"] == "starting" and first_503["reason"]
+
+
+def test_health_and_version(chat_server):
+    assert httpx.get(f"{chat_server.url}/health").json()["status"] == "alive"
+    version = httpx.get(f"{chat_server.url}/version").json()
+    assert version["vllm"] == "0.32.0" and version["torch"].startswith("2.13") and version["service"]
+    assert "zentorch" in version
+
+
+def test_hardware_equals_detect_json_for_the_same_settings(chat_server):
+    served = httpx.get(f"{chat_server.url}/v1/hardware", headers=chat_server.headers()).json()
+    env = dict(chat_server.process.env)
+    out = subprocess.run([sys.executable, "-m", "service", "detect", "--json"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert served == json.loads(out.stdout)
+    assert chat_server.api_key not in json.dumps(served)
+
+
+def test_hardware_needs_the_key(chat_server):
+    assert httpx.get(f"{chat_server.url}/v1/hardware").status_code == 401
+
+
+def _engine_pids(server) -> list[int]:
+    children = subprocess.run(["pgrep", "-g", str(server.process.proc.pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in children.split() if int(p) != server.process.proc.pid]
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
+def test_gdn_engine_runs_with_the_policy_settings(gdn_server):
+    """Read back from the running engine (its metrics, its config log, its processes' environment)."""
+    report = httpx.get(f"{gdn_server.url}/v1/hardware").json()
+    decided = {d["setting"]: d["value"] for d in report["decisions"]}
+    assert report["model"]["has_linear_attention"] is True
+
+    metrics = httpx.get(f"{gdn_server.url}/metrics").text
+    cache_info = re.search(r"^vllm:cache_config_info\{([^}]*)\}", metrics, re.M).group(1)
+    assert f'enable_prefix_caching="{decided["engine.enable_prefix_caching"]}"' in cache_info
+    assert f'kv_cache_memory_bytes="{decided["engine.kv_cache_memory_bytes"]}"' in cache_info
+
+    log = gdn_server.process.log_tail(10**7)
+    config_line = next(line for line in log.splitlines() if "Initializing a V1 LLM engine" in line)
+    assert f"enable_prefix_caching={decided['engine.enable_prefix_caching']}" in config_line
+    assert f"enable_chunked_prefill={decided['engine.enable_chunked_prefill']}" in config_line
+    assert "Using CPU GDN prefill kernel" in log or "GDN" in log
+
+    envs = [_environ(pid) for pid in _engine_pids(gdn_server)]
+    assert envs, "engine core and worker processes run in the server's process group"
+    for name, value in decided.items():
+        if name.startswith("env."):
+            assert all(e.get(name[4:]) == value for e in envs), name
+
+
+def test_gdn_policy_on_amx_turns_caching_off(gdn_server):
+    import torch
+
+    report = httpx.get(f"{gdn_server.url}/v1/hardware").json()
+    decided = {d["setting"]: d["value"] for d in report["decisions"]}
+    on_amx = torch.cpu._is_amx_tile_supported()
+    assert report["backend"]["name"] == ("amx" if on_amx else "avx512")
+    assert decided["engine.enable_prefix_caching"] is (not on_amx)
+    assert ("env.VLLM_SSM_CONV_STATE_LAYOUT" in decided) is on_amx
+
+
+def test_gdn_generates(gdn_server):
+    resp = httpx.post(
+        f"{gdn_server.url}/v1/chat/completions",
+        json={"model": "tiny-qwen3-next", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6},
+        timeout=120,
+    )
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 6
