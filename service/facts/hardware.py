@@ -40,10 +40,12 @@ def read_hardware(cpuinfo_path: Path | None = None, sysfs_root: Path | None = No
 def _read_live() -> HardwareFacts:
     cpu = read_cpuinfo(Path("/proc/cpuinfo"))
     topology = read_topology(Path("/sys"), cpu)
+    own_cgroup = Path("/proc/self/cgroup").read_text()
     limits = read_limits(
         topology.online_cpus,
-        cgroup_root=cgroup_dir(Path("/proc/self/cgroup").read_text(), _CGROUP_MOUNT),
+        cgroup_root=cgroup_dir(own_cgroup, _CGROUP_MOUNT),
         cgroup_mount=_CGROUP_MOUNT,
+        cgroup_v1=cgroup_v1_dirs(own_cgroup, _CGROUP_MOUNT),
         meminfo_total=memtotal_bytes(Path("/proc/meminfo").read_text()),
         affinity=frozenset(os.sched_getaffinity(0)),
     )
@@ -77,6 +79,7 @@ def _read_recorded_sysfs(sysfs_root: Path, cpuinfo_path: Path) -> HardwareFacts:
     limits = read_limits(
         topology.online_cpus,
         cgroup_root=cgroup if cgroup.is_dir() else None,
+        cgroup_v1={c: cgroup / c for c in _V1_CONTROLLERS if (cgroup / c).is_dir()},
         meminfo_total=node_memtotal_bytes(sysfs_root),
         affinity=None,
     )
@@ -103,3 +106,22 @@ def cgroup_dir(proc_self_cgroup: str, mount: Path) -> Path | None:
         if line.startswith("0::"):
             return mount / line.removeprefix("0::").lstrip("/")
     return None
+
+
+_V1_CONTROLLERS = ("memory", "cpuset", "cpu")
+
+
+def cgroup_v1_dirs(proc_self_cgroup: str, mount: Path) -> dict[str, Path]:
+    """cgroup v1 directories of a process per controller ("4:memory:/path" lines). Inside a container
+    without a cgroup namespace the path names the host's hierarchy while the mount shows the container's
+    own cgroup at its root: then the mount root is the process's directory."""
+    dirs: dict[str, Path] = {}
+    for line in proc_self_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(","):
+            if controller in _V1_CONTROLLERS:
+                base = mount / controller
+                own = base / path.lstrip("/")
+                if base.is_dir():
+                    dirs[controller] = own if own.is_dir() else base
+    return dirs

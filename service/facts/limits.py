@@ -1,7 +1,8 @@
-"""What this process may use: affinity + cgroup v2 cpuset, CPU quota and memory limit."""
+"""What this process may use: affinity + cgroup cpuset, CPU quota and memory limit (cgroup v2, and v1 on
+hosts that still mount it: hybrid hierarchies are common on older Docker and Kubernetes nodes)."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -28,21 +29,31 @@ def read_limits(
     meminfo_total: int | None,
     affinity: frozenset[int] | None,
     cgroup_mount: Path | None = None,
+    cgroup_v1: Mapping[str, Path] | None = None,
 ) -> Limits:
     """Combine affinity, cgroup files under cgroup_root (cpuset.cpus.effective, cpu.max, memory.max).
 
     cpu.max and memory.max bind from every ancestor too: with `cgroup_mount` given, the tightest
     value over cgroup_root and its parents up to cgroup_mount counts. cpuset.cpus.effective already
-    folds in the ancestors, so only cgroup_root's is read.
+    folds in the ancestors, so only cgroup_root's is read. `cgroup_v1` maps v1 controllers ("memory",
+    "cpuset", "cpu") to this process's directory in each; their limits count the same way.
     """
     cgroup_dirs = _cgroup_chain(cgroup_root, cgroup_mount)
+    v1 = cgroup_v1 or {}
     allowed, allowed_source = _allowed_cpus(online_cpus, affinity, cgroup_root)
-    memory_limit = _tightest(_memory_max(d) for d in cgroup_dirs)
-    memory_bytes, memory_source = _memory(memory_limit, meminfo_total)
+    v1_cpuset = _read_value(v1["cpuset"] / "cpuset.effective_cpus") if "cpuset" in v1 else None
+    if v1_cpuset:
+        allowed, allowed_source = allowed & parse_cpulist(v1_cpuset), f"{allowed_source} & cgroup v1 cpuset"
+    v2_memory = _tightest(_memory_max(d) for d in cgroup_dirs)
+    v1_memory = _v1_memory(v1.get("memory"))
+    if v1_memory is not None and (v2_memory is None or v1_memory < v2_memory):
+        memory_bytes, memory_source = _memory(v1_memory, meminfo_total, "cgroup v1 memory.limit_in_bytes")
+    else:
+        memory_bytes, memory_source = _memory(v2_memory, meminfo_total, "cgroup memory.max")
     return Limits(
         allowed_cpus=allowed,
         allowed_cpus_source=allowed_source,
-        cpu_quota=_tightest(_cpu_max(d) for d in cgroup_dirs),
+        cpu_quota=_tightest([*(_cpu_max(d) for d in cgroup_dirs), _v1_quota(v1.get("cpu"))]),
         memory_bytes=memory_bytes,
         memory_total_bytes=meminfo_total,
         memory_source=memory_source,
@@ -91,14 +102,31 @@ def _memory_max(cgroup_dir: Path) -> int | None:
     return None if value in (None, "max") else int(value)
 
 
+# cgroup v1 writes "no limit" as the largest page-aligned 64-bit value, not as a word.
+_V1_UNLIMITED = 1 << 62
+
+
+def _v1_memory(directory: Path | None) -> int | None:
+    value = _read_value(directory / "memory.limit_in_bytes") if directory is not None else None
+    return None if value is None or int(value) >= _V1_UNLIMITED else int(value)
+
+
+def _v1_quota(directory: Path | None) -> float | None:
+    """cpu.cfs_quota_us / cpu.cfs_period_us in CPUs; -1 means no quota."""
+    if directory is None:
+        return None
+    quota, period = (_read_value(directory / f) for f in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
+    return None if quota in (None, "-1") or not period else int(quota) / int(period)
+
+
 def _tightest(values: Iterable[_Number | None]) -> _Number | None:
     present = [v for v in values if v is not None]
     return min(present) if present else None
 
 
-def _memory(limit: int | None, total: int | None) -> tuple[int | None, str]:
+def _memory(limit: int | None, total: int | None, limit_source: str) -> tuple[int | None, str]:
     if limit is not None and (total is None or limit < total):
-        return limit, "cgroup memory.max"
+        return limit, limit_source
     if total is not None:
         return total, "MemTotal"
     return None, "unknown"

@@ -87,3 +87,13 @@ def test_live_detector_agrees_with_torch_and_the_kernel() -> None:
     assert facts.limits.allowed_cpus == frozenset(os.sched_getaffinity(0)) & facts.topology.online_cpus
     assert facts.topology.online_cpus == frozenset(cpu.processor for cpu in facts.cpu.cpus)
     assert facts.limits.memory_total_bytes == memtotal_bytes(Path("/proc/meminfo").read_text())
+
+
+def test_cgroup_v1_dirs_fall_back_to_the_mount_root_inside_a_container(tmp_path):
+    from service.facts.hardware import cgroup_v1_dirs
+
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "cpuset" / "kubepods" / "pod1").mkdir(parents=True)
+    text = "12:memory:/docker/abc\n3:cpuset:/kubepods/pod1\n1:name=systemd:/\n0::/\n"
+    dirs = cgroup_v1_dirs(text, tmp_path)
+    assert dirs == {"memory": tmp_path / "memory", "cpuset": tmp_path / "cpuset" / "kubepods" / "pod1"}

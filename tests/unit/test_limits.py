@@ -75,3 +75,33 @@ def test_missing_cgroup_files_mean_no_limit(tmp_path: Path) -> None:
     limits = read_limits(ONLINE, cgroup_root=tmp_path / "absent", meminfo_total=GIB, affinity=None)
     assert (limits.allowed_cpus, limits.cpu_quota, limits.memory_bytes) == (ONLINE, None, GIB)
     assert limits.allowed_cpus_source == "online CPUs"
+
+
+def test_cgroup_v1_limits_count_like_v2(tmp_path):
+    memory, cpuset, cpu = (tmp_path / c for c in ("memory", "cpuset", "cpu"))
+    for d in (memory, cpuset, cpu):
+        d.mkdir()
+    (memory / "memory.limit_in_bytes").write_text("8589934592\n")
+    (cpuset / "cpuset.effective_cpus").write_text("0-3\n")
+    (cpu / "cpu.cfs_quota_us").write_text("250000\n")
+    (cpu / "cpu.cfs_period_us").write_text("100000\n")
+    limits = read_limits(
+        frozenset(range(8)), cgroup_root=None, meminfo_total=64 * GIB, affinity=None,
+        cgroup_v1={"memory": memory, "cpuset": cpuset, "cpu": cpu},
+    )
+    assert limits.allowed_cpus == frozenset(range(4)) and "v1 cpuset" in limits.allowed_cpus_source
+    assert (limits.memory_bytes, limits.memory_source) == (8 * GIB, "cgroup v1 memory.limit_in_bytes")
+    assert limits.cpu_quota == 2.5
+
+
+def test_cgroup_v1_unlimited_values_mean_no_limit(tmp_path):
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    limits = read_limits(
+        frozenset({0, 1}), cgroup_root=None, meminfo_total=4 * GIB, affinity=None,
+        cgroup_v1={"memory": tmp_path / "memory", "cpu": tmp_path / "cpu"},
+    )
+    assert (limits.memory_bytes, limits.memory_source, limits.cpu_quota) == (4 * GIB, "MemTotal", None)
