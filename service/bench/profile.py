@@ -1,0 +1,106 @@
+"""py-spy on the front end (the API server process of our service) while the load runs: what dominates."""
+from __future__ import annotations
+
+import collections
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def py_spy() -> str | None:
+    here = Path(sys.executable).parent / "py-spy"
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+def start_record(pid: int, out: Path, rate: int = 200) -> subprocess.Popen | None:
+    """Collapsed stacks (one 'frame;frame;... count' line per stack) of `pid` only, GIL idle excluded."""
+    exe = py_spy()
+    if exe is None:
+        return None
+    return subprocess.Popen(
+        [exe, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--output", str(out), "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def stop_record(proc: subprocess.Popen | None) -> None:
+    if proc is None:
+        return
+    proc.send_signal(2)  # SIGINT: py-spy writes what it has and exits
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def _frame_name(frame: str) -> str:
+    # py-spy raw frames look like "function (path/to/file.py:123)"
+    name, _, where = frame.partition(" (")
+    where = where.rstrip(")")
+    path = where.rsplit(":", 1)[0]
+    for marker in ("site-packages/", "lib/python3.11/", "/work/main/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f"{name} ({path})"
+
+
+def summarize(folded: str, top: int = 15) -> dict:
+    """Self time per function and inclusive time per module area, as fractions of all samples."""
+    self_count: collections.Counter[str] = collections.Counter()
+    area_count: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in folded.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [f for f in stack.split(";") if f]
+        if frames:
+            self_count[_frame_name(frames[-1])] += n
+        areas = set()
+        for f in frames:
+            area = _area(f)
+            if area:
+                areas.add(area)
+        for area in areas:
+            area_count[area] += n
+    if not total:
+        return {"samples": 0, "self": [], "inclusive_by_area": []}
+    return {
+        "samples": total,
+        "self": [(name, n / total) for name, n in self_count.most_common(top)],
+        "inclusive_by_area": [(name, n / total) for name, n in area_count.most_common()],
+    }
+
+
+AREAS = (
+    ("service/server/", "service front end (our middleware, metrics, app)"),
+    ("vllm/entrypoints/", "vLLM OpenAI serving (request parsing, detokenized streaming)"),
+    ("vllm/v1/engine/", "vLLM AsyncLLM client (output processor, detokenizer)"),
+    ("vllm/tokenizers", "tokenizer"),
+    ("transformers/tokenization", "tokenizer"),
+    ("tokenizers/", "tokenizer"),
+    ("starlette/", "starlette (ASGI routing, middleware)"),
+    ("fastapi/", "fastapi"),
+    ("uvicorn/", "uvicorn (HTTP parsing, access log)"),
+    ("h11/", "uvicorn (HTTP parsing, access log)"),
+    ("httptools/", "uvicorn (HTTP parsing, access log)"),
+    ("prometheus_client/", "prometheus metrics"),
+    ("prometheus_fastapi_instrumentator/", "prometheus metrics"),
+    ("pydantic", "pydantic (validation, serialization)"),
+    ("zmq/", "ZeroMQ to the engine core"),
+    ("logging/", "logging"),
+    ("asyncio/", "asyncio event loop"),
+)
+
+
+def _area(frame: str) -> str | None:
+    for marker, area in AREAS:
+        if marker in frame:
+            return area
+    return None
