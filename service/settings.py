@@ -46,7 +46,9 @@ class Settings(BaseSettings):
     enable_chunked_prefill: bool | None = Field(None, description="Default: policy")
     zentorch_weight_prepack: bool = Field(True, description="Zen: prepack weights for zentorch")
     max_num_seqs: int | None = Field(None, ge=1, description="Max concurrent sequences; default: vLLM's")
-    max_queued_requests: int = Field(64, ge=0, description="Waiting requests beyond which /v1 answers 503")
+    max_queued_requests: int = Field(
+        64, ge=0, description="Requests in the engine (running + waiting) beyond which /v1 answers 503; 0: no cap"
+    )
     enforce_eager: bool = Field(False, description="Skip torch.compile (faster start, slower steady state)")
     trust_remote_code: bool = Field(False, description="Run model code shipped with the model")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Generated files (demo model)")
