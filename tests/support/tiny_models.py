@@ -26,8 +26,8 @@ def _qwen3_next_weights(directory: Path) -> None:
         head_dim=64,
         linear_num_key_heads=2,
         linear_num_value_heads=4,
-        linear_key_head_dim=32,
-        linear_value_head_dim=32,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
         max_position_embeddings=2048,
         bos_token_id=1,
         eos_token_id=2,
@@ -39,4 +39,4 @@ def _qwen3_next_weights(directory: Path) -> None:
 
 def tiny_qwen3_next(cache_dir: Path) -> Path:
     """A hybrid Gated-DeltaNet model (linear_attention / full_attention layers), about 10 MB."""
-    return build_model(cache_dir / "models" / "tiny-qwen3-next-v1", build_weights=_qwen3_next_weights)
+    return build_model(cache_dir / "models" / "tiny-qwen3-next-v2", build_weights=_qwen3_next_weights)
