@@ -43,6 +43,28 @@ def _strip_http_instrumentation(app: Any) -> None:
     app.user_middleware = [m for m in app.user_middleware if m.cls is not PrometheusInstrumentatorMiddleware]
 
 
+def bound_admission(engine: Any) -> None:
+    """vLLM answers 503 (retry later) when a request would overflow --max-num-queued-reqs, also for one that
+    needs more sequences (n, items, questions) than the limit itself: it could never be admitted, so retrying
+    is pointless. Such a request gets 400 naming both numbers instead."""
+    from vllm.exceptions import VLLMValidationError
+
+    limit = engine.scheduler_config.max_num_queued_reqs
+    if limit is None:
+        return
+    check = engine.check_admission
+
+    def check_admission(n: int = 1, request_id: str | None = None) -> None:
+        if n > limit:
+            raise VLLMValidationError(
+                f"this request needs {n} sequences but the server admits at most {limit} at a time "
+                "(max_queued_requests): ask for fewer"
+            )
+        check(n, request_id)
+
+    engine.check_admission = check_admission
+
+
 async def start_engine(args: Namespace, stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
     """Returns (engine client, vLLM app). AsyncLLM's constructor blocks for the whole engine start-up
     (process spawn, model load), so it runs in a thread while the event loop keeps answering probes."""
@@ -65,6 +87,7 @@ async def start_engine(args: Namespace, stack: contextlib.AsyncExitStack) -> tup
 
     engine = await asyncio.to_thread(construct)
     stack.callback(engine.shutdown)
+    bound_admission(engine)
     supported = await engine.get_supported_tasks()
     app = build_app(args, supported, engine.model_config)
     _strip_http_instrumentation(app)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import secrets
 from http import HTTPStatus
 
@@ -11,9 +13,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.server.errors import openai_error
 from service.server.lifecycle import Lifecycle
 
+log = logging.getLogger("service.http")
+
 # Answered by the service itself at every phase; everything else needs a ready engine.
 OWN_PATHS = frozenset({"/health", "/ready", "/metrics", "/version", "/v1/hardware"})
+# Status documents for probes: their 503 bodies say why, in their own shape.
+PROBE_PATHS = frozenset({"/health", "/ready"})
+# Open without the API key (probes, and the version a dashboard shows); /metrics too unless configured.
+PUBLIC_PATHS = frozenset({"/health", "/ready", "/version"})
 RETRY_AFTER_SECONDS = "5"
+ERROR_FIELDS = frozenset({"message", "type", "param", "code"})
 
 
 class BodyLimitMiddleware:
@@ -64,13 +73,14 @@ class BodyLimitMiddleware:
 
 
 class ApiKeyMiddleware:
-    """Bearer-key check on /v1/* (and /metrics when configured). Keys are compared as SHA-256 digests with
-    secrets.compare_digest, so the time taken does not depend on how much of the key matched."""
+    """Bearer-key check on every path but the probes and /version (and /metrics unless configured): vLLM's app
+    also serves /tokenize, /invocations, /scale_elastic_ep ... outside /v1. Keys are compared as SHA-256
+    digests with secrets.compare_digest, so the time taken does not depend on how much of the key matched."""
 
     def __init__(self, app: ASGIApp, key: str, protect_metrics: bool) -> None:
         self.app = app
         self.digest = hashlib.sha256(key.encode()).digest()
-        self.prefixes = ("/v1", "/metrics") if protect_metrics else ("/v1",)
+        self.public = PUBLIC_PATHS if protect_metrics else PUBLIC_PATHS | {"/metrics"}
 
     def _authorized(self, headers: Headers) -> bool:
         scheme, _, token = headers.get("authorization", "").partition(" ")
@@ -80,7 +90,7 @@ class ApiKeyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") == "OPTIONS":
             return await self.app(scope, receive, send)
-        if scope["path"].startswith(self.prefixes) and not self._authorized(Headers(scope=scope)):
+        if scope["path"] not in self.public and not self._authorized(Headers(scope=scope)):
             response = openai_error(
                 HTTPStatus.UNAUTHORIZED,
                 "missing or invalid API key: send 'Authorization: Bearer <key>'",
@@ -124,3 +134,120 @@ class EngineGateMiddleware:
             await self.app(scope, receive, send_with_retry_after)
         finally:
             lc.request_finished()
+
+
+def _error_type(status: int) -> str:
+    try:
+        name = HTTPStatus(status).phrase.title().replace(" ", "").replace("-", "")
+    except ValueError:
+        name = "Http"
+    return name if name.endswith("Error") else name + "Error"
+
+
+def _is_openai_error(body: bytes) -> bool:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and isinstance(data.get("error"), dict) and ERROR_FIELDS <= data["error"].keys()
+
+
+def _message_of(body: bytes, status: int) -> str:
+    """The text of a non-OpenAI error body: FastAPI's {"detail": ...}, else the body itself."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        text = body.decode("utf-8", errors="replace").strip()
+    else:
+        detail = data.get("detail", data) if isinstance(data, dict) else data
+        text = detail if isinstance(detail, str) else json.dumps(detail)[:1000]
+    if not text:
+        try:
+            text = HTTPStatus(status).phrase
+        except ValueError:
+            text = f"HTTP {status}"
+    return text
+
+
+def _shaped_body(status: int, message: str) -> bytes:
+    try:
+        http_status = HTTPStatus(status)
+    except ValueError:
+        http_status = HTTPStatus.INTERNAL_SERVER_ERROR
+    body = openai_error(http_status, message, _error_type(status)).body
+    if http_status.value != status:  # a status HTTPStatus does not know: keep it in `code`
+        data = json.loads(body)
+        data["error"]["code"] = status
+        body = json.dumps(data).encode()
+    return bytes(body)
+
+
+class ErrorShapeMiddleware:
+    """Every error answer (status >= 400) in the OpenAI shape {"error": {"message", "type", "param", "code"}}.
+
+    vLLM shapes the errors of its own handlers, but Starlette/FastAPI answer some on their own with
+    {"detail": ...} (404 for an unknown path, 405, 400 for a body that is not UTF-8) or plain text; those are
+    rewritten here. An exception that escapes before the response started becomes a shaped 500 instead of
+    Starlette's plain-text page. Only error bodies are buffered (up to MAX_BUFFER); successes stream through."""
+
+    MAX_BUFFER = 1 << 20
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PROBE_PATHS:
+            return await self.app(scope, receive, send)
+        held: Message | None = None  # the start message of an error response, until its body is complete
+        chunks: list[bytes] = []
+        size = 0
+        started = False
+
+        async def forward(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        async def flush_held(final: bool) -> None:
+            nonlocal held
+            body = b"".join(chunks)
+            start, held = held, None
+            chunks.clear()
+            if final and not _is_openai_error(body):
+                status = start["status"]
+                body = _shaped_body(status, _message_of(body, status))
+                drop = (b"content-length", b"content-type")
+                keep = [(k, v) for k, v in start.get("headers", []) if k.lower() not in drop]
+                length = str(len(body)).encode()
+                start = {**start, "headers": [*keep, (b"content-type", b"application/json"), (b"content-length", length)]}
+                await forward(start)
+                await forward({"type": "http.response.body", "body": body, "more_body": False})
+                return
+            await forward(start)
+            await forward({"type": "http.response.body", "body": body, "more_body": not final})
+
+        async def shaping_send(message: Message) -> None:
+            nonlocal held, size
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                held = message
+                return
+            if message["type"] == "http.response.body" and held is not None:
+                chunk = message.get("body", b"")
+                chunks.append(chunk)
+                size += len(chunk)
+                more = message.get("more_body", False)
+                if not more:
+                    await flush_held(final=True)
+                elif size > self.MAX_BUFFER:
+                    await flush_held(final=False)
+                return
+            await forward(message)
+
+        try:
+            await self.app(scope, receive, shaping_send)
+        except Exception:
+            if started:
+                raise
+            log.exception("unhandled error answering %s %s", scope.get("method"), scope.get("path"))
+            response = openai_error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal server error", "InternalServerError")
+            await response(scope, receive, send)

@@ -38,9 +38,14 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in _captured_signals: uvicorn would re-raise it after shutdown and turn exit 0 into 143.
         if self._drain is not None or self.should_exit:
+            log.warning("received %s again: exiting now", signal.Signals(sig).name)
             self.should_exit = self.force_exit = True
             return
-        self.lifecycle.set_phase(Phase.DRAINING, f"received {signal.Signals(sig).name}: finishing in-flight requests")
+        name = signal.Signals(sig).name
+        log.warning(
+            "received %s: draining (%d request(s) in flight, grace %.0fs)", name, self.lifecycle.in_flight, self.grace_s
+        )
+        self.lifecycle.set_phase(Phase.DRAINING, f"received {name}: finishing in-flight requests")
         self._drain = asyncio.get_event_loop().create_task(self._drain_then_exit())
 
     async def _drain_then_exit(self) -> None:

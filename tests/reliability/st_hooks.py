@@ -1,0 +1,27 @@
+"""Schemathesis hooks (SCHEMATHESIS_HOOKS=tests.reliability.st_hooks): the OpenAI error-shape check."""
+from __future__ import annotations
+
+import json
+
+import schemathesis
+
+# Probes answer 503 with their own status document, not an API error.
+PROBES = ("/health", "/ready")
+
+
+@schemathesis.check
+def openai_error_shape(ctx, response, case) -> None:
+    """Every error answer is {"error": {"message", "type", "param", "code"}} with code == HTTP status."""
+    if response.status_code < 400 or case.operation.path in PROBES:
+        return
+    try:
+        body = json.loads(response.content)
+    except ValueError as exc:
+        raise AssertionError(f"{response.status_code} error body is not JSON: {response.content[:200]!r}") from exc
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict) or not {"message", "type", "param", "code"} <= error.keys():
+        raise AssertionError(f"{response.status_code} error body is not in the OpenAI shape: {body!r:.300}")
+    if not isinstance(error["message"], str) or not error["message"]:
+        raise AssertionError(f"error message is empty: {body!r:.300}")
+    if error["code"] != response.status_code:
+        raise AssertionError(f"error.code {error['code']} != HTTP status {response.status_code}")
