@@ -1,0 +1,259 @@
+"""Bad input against the real server: named cases with exact answers, then schemathesis on every route of
+the service's own OpenAPI schema. Never a 5xx; every error in the OpenAI shape."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.reliability.conftest import MAX_MODEL_LEN, MAX_QUEUED, MAX_REQUEST_BYTES, SERVED
+from tests.support.server import REPO
+
+pytestmark = pytest.mark.engine
+
+ERROR_FIELDS = {"message", "type", "param", "code"}
+
+
+def assert_openai_error(resp: httpx.Response, status: int) -> dict:
+    assert resp.status_code == status, f"expected {status}, got {resp.status_code}: {resp.text[:500]}"
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    assert ERROR_FIELDS <= set(body["error"]), body
+    assert body["error"]["code"] == status, body
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"], body
+    return body["error"]
+
+
+def post(server, path: str, *, content: bytes | None = None, json_body: object = None, headers=None) -> httpx.Response:
+    hdrs = {"Content-Type": "application/json", **server.headers(), **(headers or {})}
+    if json_body is not None:
+        content = json.dumps(json_body).encode()
+    return httpx.post(f"{server.url}{path}", content=content, headers=hdrs, timeout=60)
+
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    "path,content",
+    [
+        (COMPLETIONS, b'{"model": "demo-tiny-llama", "prompt": '),
+        (CHAT, b'{"model": "demo-tiny-llama", "messages": [}'),
+        (COMPLETIONS, b"not json at all"),
+        (CHAT, b""),
+    ],
+    ids=["truncated", "bad-bracket", "not-json", "empty"],
+)
+def test_malformed_json_is_400(server, path, content):
+    assert_openai_error(post(server, path, content=content), 400)
+
+
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        (COMPLETIONS, {"model": SERVED, "prompt": "hi", "max_tokens": "many"}, "max_tokens"),
+        (COMPLETIONS, {"model": SERVED, "prompt": "hi", "temperature": "hot"}, "temperature"),
+        (COMPLETIONS, {"model": SERVED, "prompt": {"a": 1}}, "prompt"),
+        (CHAT, {"model": SERVED, "messages": "hi"}, "messages"),
+        (CHAT, {"model": SERVED, "messages": MSG, "stream": "yes please"}, "stream"),
+        (CHAT, {"model": SERVED, "messages": MSG, "n": [1]}, "n"),
+    ],
+    ids=["max_tokens-str", "temperature-str", "prompt-object", "messages-str", "stream-str", "n-list"],
+)
+def test_wrong_types_are_400_naming_the_field(server, path, body, param):
+    error = assert_openai_error(post(server, path, json_body=body), 400)
+    assert param in (error["param"] or "") or param in error["message"], error
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+@pytest.mark.parametrize("max_tokens", [0, -1])
+def test_max_tokens_not_positive_is_400_naming_the_limit(server, path, max_tokens):
+    body = {"model": SERVED, "max_tokens": max_tokens, **({"prompt": "hi"} if path == COMPLETIONS else {"messages": MSG})}
+    error = assert_openai_error(post(server, path, json_body=body), 400)
+    assert error["param"] == "max_tokens"
+    assert re.search(r"max_tokens must be at least 1, got -?\d+", error["message"]), error
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+def test_max_tokens_beyond_context_is_400_naming_the_limit(server, path):
+    body = {"model": SERVED, "max_tokens": 100_000, **({"prompt": "hi"} if path == COMPLETIONS else {"messages": MSG})}
+    error = assert_openai_error(post(server, path, json_body=body), 400)
+    assert error["param"] == "max_tokens"
+    assert "100000" in error["message"] and f"max_model_len={MAX_MODEL_LEN}" in error["message"], error
+
+
+def test_max_tokens_past_the_room_left_is_clamped_to_the_context(server):
+    """vLLM 0.32's documented behaviour: prompt + max_tokens over max_model_len (max_tokens itself within
+    it) generates up to the end of the context; the usage shows exactly that."""
+    ids = [5] * 200
+    resp = post(server, COMPLETIONS, json_body={"model": SERVED, "prompt": ids, "max_tokens": 200, "ignore_eos": True})
+    assert resp.status_code == 200, resp.text
+    usage = resp.json()["usage"]
+    assert usage["prompt_tokens"] == 200
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == MAX_MODEL_LEN
+    assert resp.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_prompt_longer_than_context_is_400_naming_both_numbers(server):
+    # Token ids: the exact length is known and named.
+    resp = post(server, COMPLETIONS, json_body={"model": SERVED, "prompt": [5] * 300, "max_tokens": 2})
+    error = assert_openai_error(resp, 400)
+    assert f"maximum context length is {MAX_MODEL_LEN} tokens" in error["message"], error
+    assert "contains 300 input tokens" in error["message"], error
+    # Text: vLLM never tokenizes more than max_model_len + 1 tokens of it (no unbounded work for a huge
+    # prompt): it names the limit and the count it reached, or the characters when far over any bound.
+    for path, words, expected in [
+        (COMPLETIONS, 200, f"contains at least {MAX_MODEL_LEN + 1} input tokens"),
+        (CHAT, 200, f"contains at least {MAX_MODEL_LEN + 1} input tokens"),
+        (COMPLETIONS, 400, "contains 4800 characters"),
+    ]:
+        text = "hello world " * words
+        body = {"model": SERVED, "max_tokens": 2}
+        body.update({"prompt": text} if path == COMPLETIONS else {"messages": [{"role": "user", "content": text}]})
+        error = assert_openai_error(post(server, path, json_body=body), 400)
+        assert f"maximum context length is {MAX_MODEL_LEN} tokens" in error["message"], error
+        assert expected in error["message"], error
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+def test_unknown_model_is_404(server, path):
+    body = {"model": "no-such-model", **({"prompt": "hi"} if path == COMPLETIONS else {"messages": MSG})}
+    error = assert_openai_error(post(server, path, json_body=body), 404)
+    assert "no-such-model" in error["message"]
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT, "/tokenize"])
+def test_invalid_utf8_is_400(server, path):
+    content = b'{"model": "demo-tiny-llama", "prompt": "\xff\xfe\xfd", "messages": [{"role": "user", "content": "\xc3\x28"}]}'
+    assert_openai_error(post(server, path, content=content), 400)
+
+
+def test_more_sequences_than_admission_allows_is_400_not_503(server):
+    """n beyond max_queued_requests can never be admitted: 400 naming both numbers, not a 503 to retry."""
+    n = MAX_QUEUED + 1
+    error = assert_openai_error(post(server, COMPLETIONS, json_body={"model": SERVED, "prompt": "hi", "max_tokens": 1, "n": n}), 400)
+    assert f"needs {n} sequences" in error["message"] and f"at most {MAX_QUEUED}" in error["message"], error
+
+
+def test_unknown_route_method_and_engine_controls_answer_in_openai_shape(server):
+    assert_openai_error(httpx.get(f"{server.url}/v1/nothing-here", headers=server.headers()), 404)
+    assert_openai_error(httpx.get(f"{server.url}/v1/completions", headers=server.headers()), 405)
+    assert_openai_error(httpx.post(f"{server.url}/v1/hardware", headers=server.headers()), 405)
+    assert_openai_error(httpx.request("TRACE", f"{server.url}/metrics", headers=server.headers()), 405)
+    # Cluster/operator controls of vLLM's app are not served to API clients.
+    scale = post(server, "/scale_elastic_ep", json_body={"new_data_parallel_size": 2})
+    assert_openai_error(scale, 404)
+
+
+def _raw_request(server, head: bytes, body_part: bytes, timeout: float = 10) -> tuple[bytes, float]:
+    """Send a request head and part of its body, never the rest; return what the server answered."""
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", server.process.port), timeout=timeout) as sock:
+        sock.sendall(head + body_part)
+        data = b""
+        while b"\r\n\r\n" not in data or len(data) < 200:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return data, time.monotonic() - start
+
+
+def test_body_over_limit_is_413_without_reading_it(server):
+    auth = f"Authorization: Bearer {server.api_key}\r\n".encode()
+    # Declared too large: answered from the headers, after 1 KiB of a 10 MB body.
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + auth
+            + b"Content-Length: 10000000\r\n\r\n")
+    data, took = _raw_request(server, head, b"x" * 1024)
+    assert data.startswith(b"HTTP/1.1 413"), data[:300]
+    assert b'"code":413' in data and f"{MAX_REQUEST_BYTES} bytes".encode() in data, data[:600]
+    assert took < 5
+    # Chunked, no length: cut off once past the limit, though the body never ends.
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + auth
+            + b"Transfer-Encoding: chunked\r\n\r\n")
+    piece = b"x" * 16384
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(2 * MAX_REQUEST_BYTES // len(piece)))
+    data, took = _raw_request(server, head, chunks)  # no terminating 0-chunk: the body is never complete
+    assert data.startswith(b"HTTP/1.1 413"), data[:300]
+    assert took < 5
+    # An honest Content-Length just over the limit, body sent in full: 413 too.
+    resp = post(server, COMPLETIONS, content=b"{" + b" " * MAX_REQUEST_BYTES + b"}")
+    assert_openai_error(resp, 413)
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [None, "Bearer wrong-key", "Bearer", "Basic {key}", "{key}", "Bearer {key}x", "bearer  {key} extra"],
+    ids=["missing", "wrong", "empty", "basic-scheme", "no-scheme", "suffix", "extra-token"],
+)
+@pytest.mark.parametrize(
+    "method,path", [("POST", COMPLETIONS), ("POST", CHAT), ("GET", "/v1/models"), ("GET", "/v1/hardware"),
+                    ("POST", "/tokenize"), ("GET", "/openapi.json"), ("GET", "/ping")],
+)
+def test_missing_or_wrong_api_key_is_401(server, auth, method, path):
+    headers = {"Content-Type": "application/json"}
+    if auth is not None:
+        headers["Authorization"] = auth.format(key=server.api_key)
+    body = {"model": SERVED, "prompt": "hi", "messages": MSG, "max_tokens": 1}
+    resp = httpx.request(method, f"{server.url}{path}", headers=headers, json=body if method == "POST" else None)
+    error = assert_openai_error(resp, 401)
+    assert resp.headers.get("www-authenticate") == "Bearer"
+    assert server.api_key not in resp.text and "API key" in error["message"]
+
+
+def test_probes_and_version_need_no_key_and_the_key_opens_the_api(server):
+    for path in ("/health", "/ready", "/version", "/metrics"):
+        assert httpx.get(f"{server.url}{path}").status_code == 200, path
+    resp = post(server, COMPLETIONS, json_body={"model": SERVED, "prompt": "hi", "max_tokens": 2})
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_schema_covers_the_engine_routes(server):
+    schema = httpx.get(f"{server.url}/openapi.json", headers=server.headers()).json()
+    paths = set(schema["paths"])
+    assert {"/health", "/ready", "/version", "/v1/hardware", "/metrics", "/v1/models"} <= paths
+    assert {COMPLETIONS, CHAT, "/tokenize", "/v1/responses"} <= paths
+    assert "/scale_elastic_ep" not in paths
+    assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+
+
+FUZZ_EXAMPLES = 25
+
+
+def test_schemathesis_finds_no_server_error_and_only_openai_errors(server, tmp_path):
+    """Every operation of /openapi.json, positive and negative data, FUZZ_EXAMPLES per operation, against the
+    real engine: no 5xx (not_a_server_error), every error in the OpenAI shape (st_hooks.openai_error_shape)."""
+    env = dict(os.environ, SCHEMATHESIS_HOOKS="tests.reliability.st_hooks", PYTHONPATH=str(REPO), NO_COLOR="1")
+    report = tmp_path / "report"
+    cmd = [
+        sys.executable, "-m", "schemathesis.cli", "run", f"{server.url}/openapi.json",
+        "-H", f"Authorization: Bearer {server.api_key}",
+        "--checks", "not_a_server_error,openai_error_shape",
+        "--phases", "examples,fuzzing",
+        "--max-examples", str(FUZZ_EXAMPLES),
+        "--seed", "20261121",
+        "--workers", "2",
+        "--request-timeout", "60",
+        "--report", "junit", "--report-dir", str(report),
+    ]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-12000:]
+    summary = re.search(r"(\d+) generated, (\d+) passed", out)
+    tested = re.search(r"Tested:\s+(\d+)", out)
+    assert summary and tested, out[-3000:]
+    generated, passed = int(summary.group(1)), int(summary.group(2))
+    print(f"schemathesis: {tested.group(1)} operations, {generated} generated cases, {passed} passed")
+    assert int(tested.group(1)) >= 20
+    assert generated >= 200 and passed == generated
+    # The server lived through it and still answers.
+    assert httpx.get(f"{server.url}/ready").status_code == 200
