@@ -112,7 +112,7 @@ def plots(out: Path, comparisons: Sequence[Comparison], decode: Sequence[DecodeR
             ax1.annotate(f"x{c.output_ratio:.3f}", (x, max(a[x], b[x])), ha="center", va="bottom", fontsize=9)
         ax1.set_xticks(list(xs), labels)
         ax1.set_ylabel("output tokens/s (median)")
-        ax1.legend()
+        ax1.legend(loc="lower right")
         ta = [c.candidate_metrics["ttft_p50_ms"] for c in comps]
         tb = [c.baseline_metrics["ttft_p50_ms"] for c in comps]
         ax2.bar([x - width / 2 for x in xs], ta, width, label=comps[0].candidate)
@@ -121,7 +121,6 @@ def plots(out: Path, comparisons: Sequence[Comparison], decode: Sequence[DecodeR
             ax2.annotate(f"{c.ttft_p50_delta_ms:+.1f} ms", (x, max(ta[x], tb[x])), ha="center", va="bottom", fontsize=9)
         ax2.set_xticks(list(xs), labels)
         ax2.set_ylabel("TTFT p50 (ms)")
-        ax2.set_yscale("log")
         fig.suptitle(title)
         fig.tight_layout()
         path = out / f"{name}.png"

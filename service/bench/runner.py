@@ -29,19 +29,19 @@ class BenchOptions:
     repetitions: int = 3
     input_len: int = 128
     output_len: int = 64
-    prompts: dict[int, int] = field(default_factory=lambda: {1: 8, 4: 24, 16: 64})
+    prompts: dict[int, int] = field(default_factory=lambda: {1: 32, 4: 96, 16: 256})  # ~10 s a run
     policy: bool = True  # part 2: policy vs vLLM defaults
     decode: bool = True  # part 3: decode vs the bandwidth ceiling
     profile: bool = True  # py-spy on our front end, in an extra (uncounted) run
     dtypes: tuple[str, ...] = ("bfloat16", "float32")
     decode_input_len: int = 32
-    decode_output_len: int = 128
+    decode_output_len: int = 64
     decode_prompts: int = 3
     results_dir: Path = RESULTS
 
     @classmethod
     def quick_mode(cls, **kw: Any) -> "BenchOptions":
-        base = dict(quick=True, concurrencies=(4,), repetitions=1, prompts={4: 16}, policy=False, decode=False, profile=False)
+        base = dict(quick=True, concurrencies=(4,), repetitions=1, prompts={4: 96}, policy=False, decode=False, profile=False)
         base.update(kw)
         return cls(**base)
 
