@@ -49,7 +49,7 @@ def _frame_name(frame: str) -> str:
 
 
 def summarize(folded: str, top: int = 15) -> dict:
-    """Self time per function and inclusive time per module area, as fractions of all samples."""
+    """Self time per function, and samples by area (innermost frame with a known area), as fractions."""
     self_count: collections.Counter[str] = collections.Counter()
     area_count: collections.Counter[str] = collections.Counter()
     total = 0
@@ -62,23 +62,25 @@ def summarize(folded: str, top: int = 15) -> dict:
         frames = [f for f in stack.split(";") if f]
         if frames:
             self_count[_frame_name(frames[-1])] += n
-        areas = set()
-        for f in frames:
-            area = _area(f)
-            if area:
-                areas.add(area)
-        for area in areas:
-            area_count[area] += n
+        # Each sample goes to the area of its innermost frame that has one: a partition that sums to 100%.
+        area = next((a for a in map(_area, reversed(frames)) if a), "other")
+        area_count[area] += n
     if not total:
-        return {"samples": 0, "self": [], "inclusive_by_area": []}
+        return {"samples": 0, "self": [], "by_area": []}
     return {
         "samples": total,
         "self": [(name, n / total) for name, n in self_count.most_common(top)],
-        "inclusive_by_area": [(name, n / total) for name, n in area_count.most_common()],
+        "by_area": [(name, n / total) for name, n in area_count.most_common()],
     }
 
 
 AREAS = (
+    ("selector_events.py", "event-loop socket I/O (stdlib asyncio selector loop)"),
+    ("selectors.py", "event-loop socket I/O (stdlib asyncio selector loop)"),
+    ("uvloop", "event loop (uvloop)"),
+    ("concurrent/futures", "thread pool hand-offs"),
+    ("service/server/run.py", None),
+    ("service/__main__.py", None),
     ("service/server/", "service front end (our middleware, metrics, app)"),
     ("vllm/entrypoints/", "vLLM OpenAI serving (request parsing, detokenized streaming)"),
     ("vllm/v1/engine/", "vLLM AsyncLLM client (output processor, detokenizer)"),
@@ -102,5 +104,5 @@ AREAS = (
 def _area(frame: str) -> str | None:
     for marker, area in AREAS:
         if marker in frame:
-            return area
+            return area  # None for the entry points every stack passes through
     return None

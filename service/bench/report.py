@@ -20,7 +20,7 @@ def _row(cells: Sequence[Any]) -> str:
 
 def comparison_table(comparisons: Sequence[Comparison]) -> str:
     head = [
-        "comparison", "c", "server", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
+        "comparison", "c", "server", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "API CPU ms/req",
     ]
     lines = [_row(head), _row(["---"] * len(head))]
     for c in comparisons:
@@ -29,6 +29,7 @@ def comparison_table(comparisons: Sequence[Comparison]) -> str:
                 _row([
                     c.name, c.concurrency, who, f"{m['request_throughput']:.2f}", f"{m['output_throughput']:.1f}",
                     f"{m['ttft_p50_ms']:.1f}", f"{m['ttft_p99_ms']:.1f}", f"{m['tpot_p50_ms']:.2f}", f"{m['tpot_p99_ms']:.2f}",
+                    f"{m['api_cpu_ms_per_request']:.2f}" if "api_cpu_ms_per_request" in m else "",
                 ])
             )
         verdict = "meets target" if c.throughput_ok and (c.ttft_ok or c.name != "frontend") else "BELOW TARGET"
@@ -36,7 +37,8 @@ def comparison_table(comparisons: Sequence[Comparison]) -> str:
             _row([
                 c.name, c.concurrency, f"**ratio {c.candidate}/{c.baseline}**", f"**{c.request_ratio:.3f}**",
                 f"**{c.output_ratio:.3f}**", f"{c.ttft_p50_delta_ms:+.1f}", f"{c.ttft_p99_delta_ms:+.1f}",
-                f"{c.tpot_p50_delta_ms:+.2f}", f"{c.tpot_p99_delta_ms:+.2f} ({verdict})",
+                f"{c.tpot_p50_delta_ms:+.2f}", f"{c.tpot_p99_delta_ms:+.2f}",
+                f"x{c.api_cpu_ratio:.2f} ({verdict})" if c.api_cpu_ratio is not None else f"({verdict})",
             ])
         )
     return "\n".join(lines)

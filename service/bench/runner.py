@@ -121,7 +121,11 @@ def _paired_runs(
             step += 1
             w = Workload(c, opts.num_prompts(c), opts.input_len, opts.output_len, seed=1000 * rep + c)
             for position, server in enumerate(order):
+                cpu0 = server.api_cpu_s()
                 metrics = run_load(w, server.url, model, served, logdir / f"client-{server.name}.log")
+                # CPU time of the API-server process only (not the engine core or workers): the front end's
+                # own cost, which neighbours on a shared machine slow down but do not inflate.
+                metrics["api_cpu_ms_per_request"] = 1000 * (server.api_cpu_s() - cpu0) / metrics["completed"]
                 runs.append(
                     {"comparison": name, "server": server.name, "concurrency": c, "rep": rep, "position": position,
                      "workload": asdict(w), "metrics": metrics}
@@ -129,7 +133,7 @@ def _paired_runs(
                 log(
                     f"{name} rep {rep + 1}/{opts.repetitions} c={c} {server.name}: {metrics['request_throughput']:.2f} req/s, "
                     f"{metrics['output_throughput']:.0f} tok/s, TTFT p50 {metrics['ttft_p50_ms']:.1f} ms, "
-                    f"TPOT p50 {metrics['tpot_p50_ms']:.2f} ms"
+                    f"TPOT p50 {metrics['tpot_p50_ms']:.2f} ms, API CPU {metrics['api_cpu_ms_per_request']:.1f} ms/req"
                 )
     return runs
 
@@ -156,24 +160,28 @@ def _parity(ours_log: Path, engine_args: dict[str, Any]) -> dict[str, Any]:
     return {"same": None, "reason": "no startup report in the service log"}
 
 
-def _profile_ours(ours: srv.Server, opts: BenchOptions, model: str, served: str, logdir: Path) -> dict[str, Any]:
+def _profile(server: srv.Server, c: int, opts: BenchOptions, model: str, served: str, logdir: Path) -> dict[str, Any]:
+    """py-spy (sampling, non-blocking) on the server's API process during one extra, uncounted run."""
     from service.bench import profile
 
-    c = max(opts.concurrencies)
-    out = logdir / "py-spy-ours.folded"
-    rec = profile.start_record(ours.pid, out)
+    out = logdir / f"py-spy-{server.name}-c{c}.folded"
+    rec = profile.start_record(server.pid, out)
     if rec is None:
-        return {"error": "py-spy not installed"}
+        return {"error": "py-spy not installed (pip install -e '.[bench]')"}
     time.sleep(1)
+    cpu0, t0 = server.api_cpu_s(), time.monotonic()
     try:
         w = Workload(c, opts.num_prompts(c), opts.input_len, opts.output_len, seed=4242)
-        run_load(w, ours.url, model, served, logdir / "client-profile.log")
+        metrics = run_load(w, server.url, model, served, logdir / "client-profile.log")
     finally:
         profile.stop_record(rec)
     if not out.exists():
         return {"error": f"py-spy wrote nothing (exit {rec.returncode}); ptrace not permitted?"}
     summary = profile.summarize(out.read_text())
-    summary.update(concurrency=c, folded=str(out))
+    summary.update(
+        concurrency=c, folded=str(out), wall_s=time.monotonic() - t0, api_cpu_s=server.api_cpu_s() - cpu0,
+        output_throughput=metrics["output_throughput"],
+    )
     return summary
 
 
@@ -222,8 +230,9 @@ def run_bench(opts: BenchOptions, command: str | None = None) -> int:
         results["frontend"] = {"runs": runs}
         comparisons += [compare("frontend", "ours", "vllm", c, runs) for c in opts.concurrencies]
         if opts.profile:
-            log("py-spy on our front end during one extra (uncounted) run")
-            results["frontend"]["profile"] = _profile_ours(ours, opts, model, served, logdir)
+            worst = min((c for c in comparisons if c.name == "frontend"), key=lambda c: c.throughput_ratio).concurrency
+            log(f"py-spy on both API processes at c={worst} (the worst ratio), one extra uncounted run each")
+            results["frontend"]["profile"] = {s.name: _profile(s, worst, opts, model, served, logdir) for s in (ours, vllm)}
         ours.stop()
         live.remove(ours)
 

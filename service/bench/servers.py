@@ -89,6 +89,11 @@ class Server:
             time.sleep(1)
         raise TimeoutError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
 
+    def api_cpu_s(self) -> float:
+        """User + system CPU seconds of the server's own (API) process so far, children excluded."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_bytes()[-chars:].decode(errors="replace")
 

@@ -19,6 +19,7 @@ METRIC_KEYS: dict[str, str] = {
     "completed": "completed",
     "failed": "failed",
 }
+CPU = "api_cpu_ms_per_request"  # added by the runner: CPU time of the API-server process per request
 THROUGHPUT = ("request_throughput", "output_throughput")
 LATENCY = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
 
@@ -68,6 +69,7 @@ class Comparison:
     ttft_p99_delta_ms: float
     tpot_p50_delta_ms: float
     tpot_p99_delta_ms: float
+    api_cpu_ratio: float | None = None  # candidate / baseline, API-process CPU ms per request (medians)
 
     @property
     def throughput_ratio(self) -> float:
@@ -116,6 +118,7 @@ def compare(
         ttft_p99_delta_ms=a["ttft_p99_ms"] - b["ttft_p99_ms"],
         tpot_p50_delta_ms=a["tpot_p50_ms"] - b["tpot_p50_ms"],
         tpot_p99_delta_ms=a["tpot_p99_ms"] - b["tpot_p99_ms"],
+        api_cpu_ratio=ratio(a[CPU], b[CPU]) if CPU in a and CPU in b and b[CPU] > 0 else None,
     )
 
 
@@ -133,7 +136,9 @@ def summary_line(c: Comparison) -> str:
     return (
         f"{c.name} c={c.concurrency} {c.candidate}/{c.baseline}: req/s x{c.request_ratio:.3f}, "
         f"out tok/s x{c.output_ratio:.3f}{spread}, TTFT p50 {c.ttft_p50_delta_ms:+.1f} ms, "
-        f"TPOT p50 {c.tpot_p50_delta_ms:+.2f} ms, n={c.repetitions} [{verdict}; {target}]"
+        f"TPOT p50 {c.tpot_p50_delta_ms:+.2f} ms"
+        + (f", API CPU/req x{c.api_cpu_ratio:.2f}" if c.api_cpu_ratio is not None else "")
+        + f", n={c.repetitions} [{verdict}; {target}]"
     )
 
 
