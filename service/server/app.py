@@ -21,6 +21,7 @@ from service.server.middleware import (
     BodyLimitMiddleware,
     EngineGateMiddleware,
     ErrorShapeMiddleware,
+    StreamStartErrorMiddleware,
 )
 from service.settings import Settings
 
@@ -228,6 +229,7 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
 
+    app.add_middleware(StreamStartErrorMiddleware)
     app.add_middleware(EngineGateMiddleware, lifecycle=lifecycle)
     if key:
         app.add_middleware(ApiKeyMiddleware, key=key, protect_metrics=settings.metrics_require_auth)

@@ -251,3 +251,73 @@ class ErrorShapeMiddleware:
             log.exception("unhandled error answering %s %s", scope.get("method"), scope.get("path"))
             response = openai_error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal server error", "InternalServerError")
             await response(scope, receive, send)
+
+
+def _sse_error(chunk: bytes) -> dict | None:
+    """The error object when a stream's first event is `data: {"error": {...}}`, else None."""
+    if not chunk.startswith(b"data: "):
+        return None
+    line = chunk[6:].split(b"\n", 1)[0]
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    error = data.get("error") if isinstance(data, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, int) and 400 <= code <= 599 and code in HTTPStatus._value2member_map_:
+        return error
+    return None
+
+
+class StreamStartErrorMiddleware:
+    """A stream that fails before its first token answers with that error's HTTP status, not 200.
+
+    vLLM's streaming chat starts the 200 event stream before the engine admits the request; when admission
+    fails (queue full) the only event is `data: {"error": {... "code": 503}}`. To clients, load balancers and
+    metrics that is an accepted request that failed. Here the response start of an event stream waits for the
+    first event: an error there becomes a plain error response with its status (and, through
+    EngineGateMiddleware, Retry-After on 503); anything else streams on unchanged."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        held: Message | None = None
+        decided = False
+        swallow = False
+
+        async def checking_send(message: Message) -> None:
+            nonlocal held, decided, swallow
+            if swallow:
+                return
+            if message["type"] == "http.response.start" and not decided:
+                content_type = Headers(raw=message.get("headers", [])).get("content-type", "")
+                if message["status"] == 200 and content_type.startswith("text/event-stream"):
+                    held = message
+                    return
+                decided = True
+                return await send(message)
+            if held is not None and message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                if not body and message.get("more_body", False):
+                    return  # nothing yet: keep waiting for the first event
+                start, held, decided = held, None, True
+                error = _sse_error(body)
+                if error is not None:
+                    swallow = True
+                    status = error["code"]
+                    response = openai_error(
+                        HTTPStatus(status), str(error.get("message") or HTTPStatus(status).phrase),
+                        str(error.get("type") or _error_type(status)),
+                    )
+                    log.info("stream failed before its first token: answering %d instead of 200", status)
+                    return await response(scope, receive, send)
+                await send(start)
+            await send(message)
+
+        await self.app(scope, receive, checking_send)
+        if held is not None:  # ended without any body message
+            await send(held)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})

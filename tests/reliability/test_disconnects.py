@@ -1,0 +1,85 @@
+"""Clients that hang up mid-stream: the engine aborts each request, memory stays flat, service goes on."""
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.reliability.conftest import MAX_MODEL_LEN, MAX_NUM_SEQS, SERVED
+
+pytestmark = pytest.mark.engine
+
+CUTOFFS = 50
+MAX_TOKENS = MAX_MODEL_LEN - 16  # far more than a client reads before hanging up
+CHUNKS_BEFORE_HANGUP = 3
+MIB = 1 << 20
+
+
+def stream_and_hang_up(server) -> int:
+    """Open a streaming completion, read a few tokens, close the connection. Returns chunks read."""
+    body = {"model": SERVED, "prompt": "hello world", "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True}
+    read = 0
+    with httpx.Client(timeout=30) as client:
+        with client.stream("POST", f"{server.url}/v1/completions", json=body, headers=server.headers()) as resp:
+            assert resp.status_code == 200, resp.read()[:300]
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    read += 1
+                    if read >= CHUNKS_BEFORE_HANGUP:
+                        break
+    return read  # leaving both blocks closes the socket with the response unfinished
+
+
+def full_stream(server, max_tokens: int = 24) -> tuple[int, bool]:
+    body = {"model": SERVED, "prompt": "hello world", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    usage, done = None, False
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=server.headers(), timeout=60) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+    return (usage or {}).get("completion_tokens", -1), done
+
+
+def test_streams_cut_off_mid_way_are_aborted_and_leave_nothing_behind(server):
+    server.wait_idle(30)
+    for _ in range(4):  # warm the paths (allocator, tokenizer caches) before the memory baseline
+        stream_and_hang_up(server)
+    server.wait_idle(10)
+    rss_before = server.rss_bytes()
+    # vLLM counts requests that finish (stop/length) in request_success_total, aborted ones nowhere: a
+    # cut-off request that ran to its end would show up there.
+    finished_before = server.metrics().get("vllm:request_success_total", 0)
+    tokens_before = server.metrics().get("vllm:generation_tokens_total", 0)
+
+    idle_after: list[float] = []
+    with ThreadPoolExecutor(MAX_NUM_SEQS) as pool:
+        for _ in range(CUTOFFS // MAX_NUM_SEQS):
+            reads = list(pool.map(lambda _: stream_and_hang_up(server), range(MAX_NUM_SEQS)))
+            assert all(r == CHUNKS_BEFORE_HANGUP for r in reads), reads
+            idle_after.append(server.wait_idle(2.0))  # raises when still running after 2 s
+
+    finished = server.metrics().get("vllm:request_success_total", 0) - finished_before
+    generated = server.metrics().get("vllm:generation_tokens_total", 0) - tokens_before
+    rss_after = server.rss_bytes()
+    print(f"disconnects: {CUTOFFS} cut off after {CHUNKS_BEFORE_HANGUP} chunks of {MAX_TOKENS}; engine idle "
+          f"after max {max(idle_after):.2f}s; ran to the end {finished:.0f}; tokens generated {generated:.0f} "
+          f"(vs {CUTOFFS * MAX_TOKENS} if run to the end); RSS {rss_before / MIB:.0f} -> {rss_after / MIB:.0f} MiB")
+    assert finished == 0, f"{finished:.0f} cut-off requests were generated to the end instead of aborted"
+    assert generated < CUTOFFS * MAX_TOKENS * 0.75, "the engine kept generating for clients that were gone"
+    assert rss_after - rss_before < 64 * MIB
+
+    # Later requests are served normally.
+    for _ in range(3):
+        tokens, done = full_stream(server)
+        assert (tokens, done) == (24, True)
+    resp = httpx.post(f"{server.url}/v1/completions", headers=server.headers(), timeout=60,
+                      json={"model": SERVED, "prompt": "hi", "max_tokens": 16, "ignore_eos": True})
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 16
