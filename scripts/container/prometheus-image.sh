@@ -16,7 +16,7 @@ FROM docker.io/library/debian:bookworm-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends prometheus \
  && rm -rf /var/lib/apt/lists/* \
- && ln -sf /usr/bin/prometheus /bin/prometheus \
+ && { [ -e /bin/prometheus ] || ln -s /usr/bin/prometheus /bin/prometheus; } \
  && mkdir -p /prometheus && chown nobody:nogroup /prometheus
 USER nobody
 EXPOSE 9090
