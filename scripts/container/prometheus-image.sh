@@ -25,4 +25,4 @@ WORKDIR /prometheus
 ENTRYPOINT ["/bin/prometheus"]
 CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]
 CF
-buildah bud --pull=never --layers --format docker -t "${tag}" "${ctx}"
+buildah bud --pull=never --layers --force-rm --format docker -t "${tag}" "${ctx}"
