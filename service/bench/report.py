@@ -67,8 +67,9 @@ def markdown(results: dict[str, Any], comparisons: Sequence[Comparison], decode:
         f"{', KVM guest' if m['hypervisor'] else ''}), {m['physical_cores']} cores, {m['memory_gib']} GiB; "
         f"ISA: {isa}; engine computes on CPU(s) {m['engine_cpus']}, CPU(s) {m['reserved_cpus']} kept for "
         f"the API server; torch {m['software']['torch']}, vLLM {m['software']['vllm']}. "
-        f"Load average {m['loadavg_start'][0]:.1f} at start, {m['loadavg_end'][0]:.1f} at the end "
-        "(the cores are shared with other workers).",
+        f"Load average {m['loadavg_start'][0]:.1f} at start, {m['loadavg_end'][0]:.1f} at the end"
+        + (f", up to {m['loadavg_1m_max_during_runs']:.1f} during the runs" if m.get("loadavg_1m_max_during_runs") else "")
+        + " (the 2 cores are shared with other workers).",
         "",
         f"Workload: vllm.benchmarks.serve, random dataset, {results['options']['input_len']} input / "
         f"{results['options']['output_len']} output tokens, ignore_eos, temperature 0, closed loop at each concurrency; "
@@ -146,3 +147,27 @@ def plots(out: Path, comparisons: Sequence[Comparison], decode: Sequence[DecodeR
         plt.close(fig)
         written.append(path)
     return written
+
+
+def render(results_dir: Path) -> tuple[list[Comparison], list[DecodeResult]]:
+    """Rewrite table.md and the plots of a finished run from its results.json (after a change of format)."""
+    import json
+
+    from service.bench.stats import compare
+
+    results = json.loads((results_dir / "results.json").read_text())
+    comparisons: list[Comparison] = []
+    for part, name in (("frontend", "frontend"), ("policy_vs_defaults", "policy")):
+        runs = results.get(part, {}).get("runs", [])
+        servers = list(dict.fromkeys(r["server"] for r in runs))
+        for c in dict.fromkeys(r["concurrency"] for r in runs):
+            candidate = "ours" if name == "frontend" else "vllm"
+            baseline = next(s for s in servers if s != candidate)
+            comparisons.append(compare(name, candidate, baseline, c, runs))
+    decode = [
+        DecodeResult(r["dtype"], r["tpot_p50_ms"], r["bandwidth_gbs"], r["bytes_per_token"])
+        for r in results.get("decode", {}).get("runs", [])
+    ]
+    (results_dir / "table.md").write_text(markdown(results, comparisons, decode))
+    plots(results_dir, comparisons, decode)
+    return comparisons, decode

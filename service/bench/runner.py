@@ -128,7 +128,7 @@ def _paired_runs(
                 metrics["api_cpu_ms_per_request"] = 1000 * (server.api_cpu_s() - cpu0) / metrics["completed"]
                 runs.append(
                     {"comparison": name, "server": server.name, "concurrency": c, "rep": rep, "position": position,
-                     "workload": asdict(w), "metrics": metrics}
+                     "workload": asdict(w), "metrics": metrics, "loadavg_1m": os.getloadavg()[0]}
                 )
                 log(
                     f"{name} rep {rep + 1}/{opts.repetitions} c={c} {server.name}: {metrics['request_throughput']:.2f} req/s, "
@@ -287,6 +287,8 @@ def run_bench(opts: BenchOptions, command: str | None = None) -> int:
     results["comparisons"] = [c.as_dict() for c in comparisons]
     results["finished"] = dt.datetime.now().isoformat(timespec="seconds")
     results["machine"]["loadavg_end"] = os.getloadavg()
+    during = [r["loadavg_1m"] for part in ("frontend", "policy_vs_defaults") for r in results.get(part, {}).get("runs", [])]
+    results["machine"]["loadavg_1m_max_during_runs"] = max(during) if during else None
     results["summary"] = [summary_line(c) for c in comparisons] + [decode_line(d) for d in decode]
     results["headline"] = headline(comparisons)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
