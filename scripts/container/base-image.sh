@@ -52,5 +52,5 @@ FROM ${RAW}
 COPY ca-bundle.pem /etc/ssl/ca-bundle.pem
 COPY pip.conf /etc/pip.conf
 CF
-buildah bud --pull=never --force-rm --format docker -t "${TAG}" "${work}/ctx"
+buildah bud --pull=never --layers --force-rm --format docker -t "${TAG}" "${work}/ctx"
 podman image ls

@@ -278,3 +278,14 @@ def test_alert_rule_metrics_are_exported_by_the_service():
             used |= metric_names(r["expr"])
     missing = used - exported - {"up"}
     assert not missing, f"alert rules use metrics the service does not export: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("script", sorted((REPO / "scripts" / "container").glob("*.sh")), ids=lambda p: p.name)
+def test_container_scripts_parse(script):
+    res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    for line in script.read_text().splitlines():
+        # buildah refuses --force-rm without --layers (or --no-cache).
+        if "buildah bud" in line and "--force-rm" in line:
+            assert "--layers" in line or "--no-cache" in line, line
+    assert "/opt/wheels" not in script.read_text(), "derive the find-links directory at run time"
