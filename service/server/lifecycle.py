@@ -22,6 +22,7 @@ class Lifecycle:
     reason: str = "engine is loading the model"
     engine: Any = None  # vLLM EngineClient once started
     engine_app: Any = None  # vLLM's own FastAPI app (its OpenAI routes), once started
+    engine_processes: list[Any] = field(default_factory=list)  # psutil.Process of the engine core and workers
     in_flight: int = 0
     exit_code: int = 0
     _idle: asyncio.Event = field(default_factory=asyncio.Event)

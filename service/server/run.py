@@ -63,6 +63,9 @@ def _log_report(report: StartupReport) -> None:
 
 def run(settings: Settings) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The service's logger carries its own level: the root logger ends up at ERROR once the engine has started
+    # (a library raises it), which silenced "ready", "received SIGTERM: draining" and friends.
+    logging.getLogger("service").setLevel(settings.log_level.upper())
     started = time.monotonic()
     demo = not settings.model
     if demo:
@@ -113,6 +116,7 @@ async def _serve(
     async def bring_up(stack: contextlib.AsyncExitStack) -> None:
         try:
             lifecycle.engine, lifecycle.engine_app = await start_engine(args, stack)
+            lifecycle.engine_processes = _engine_processes()
             lifecycle.reason = "warming up"
             if settings.warmup:
                 await warm_up(lifecycle.engine_app, served, embedding)
@@ -136,6 +140,7 @@ async def _serve(
         engine_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await engine_task
+    _stop_leftover_engine_processes(lifecycle.engine_processes)
     return lifecycle.exit_code
 
 
@@ -156,3 +161,42 @@ async def _watchdog(lifecycle: Lifecycle, server: uvicorn.Server) -> None:
         lifecycle.exit_code = EXIT_ENGINE_DIED
         server.should_exit = True
 
+
+def _engine_processes() -> list:
+    """vLLM's engine core and worker processes, remembered while they are still our descendants: once the
+    core is killed, its worker is re-parented and no longer found below this process."""
+    import psutil
+
+    return [p for p in psutil.Process().children(recursive=True) if _is_vllm_process(p)]
+
+
+def _stop_leftover_engine_processes(known: list, wait_s: float = 3.0) -> None:
+    """When the engine core is killed, its worker can outlive it (orphaned, still holding memory and cores)
+    while a restarted service starts next to it. Stop any vLLM process of ours still there on the way out."""
+    import psutil
+
+    left = [p for p in {*known, *_engine_processes()} if _alive(p)]
+    if not left:
+        return
+    log.warning("stopping %d leftover engine process(es): %s", len(left), ", ".join(str(p.pid) for p in left))
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(left, timeout=wait_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+
+
+def _alive(proc) -> bool:
+    try:  # is_running() also checks the create time: a reused pid is not ours
+        return proc.is_running() and proc.status() != "zombie"
+    except Exception:  # psutil.Error
+        return False
+
+
+def _is_vllm_process(proc) -> bool:
+    try:
+        return proc.name().startswith("VLLM::")
+    except Exception:  # psutil.Error: gone already
+        return False

@@ -1,6 +1,6 @@
 """Reliability suite: bad input, disconnects, overload, engine death, graceful shutdown, secrets.
 
-One session-scoped server (small capacity: 2 running sequences, 6 admitted requests in all, 256-token
+One session-scoped server (small capacity: 2 running sequences, 6 admitted requests in all, 1024-token
 context, 64 KiB bodies) serves the bad-input, disconnect, overload and security tests; engine death and
 SIGTERM each get a short-lived server of their own. Everything talks to 127.0.0.1 only.
 """
@@ -22,7 +22,7 @@ MODEL_CACHE = REPO / ".cache" / "test-models"
 SERVED = "demo-tiny-llama"
 MAX_NUM_SEQS = 2
 MAX_QUEUED = 6  # vLLM's --max-num-queued-reqs: running + waiting requests admitted at once
-MAX_MODEL_LEN = 256
+MAX_MODEL_LEN = 1024  # long enough that a stream cut off early could not have finished anyway
 MAX_REQUEST_BYTES = 65536
 # Environment values that must never show up in answers or logs.
 CANARIES = {

@@ -56,7 +56,7 @@ def test_streams_cut_off_mid_way_are_aborted_and_leave_nothing_behind(server):
     rss_before = server.rss_bytes()
     # vLLM counts requests that finish (stop/length) in request_success_total, aborted ones nowhere: a
     # cut-off request that ran to its end would show up there.
-    finished_before = server.metrics().get("vllm:request_success_total", 0)
+    finished_before = server.metric_by_label("vllm:request_success_total", "finished_reason")
     tokens_before = server.metrics().get("vllm:generation_tokens_total", 0)
 
     idle_after: list[float] = []
@@ -66,14 +66,18 @@ def test_streams_cut_off_mid_way_are_aborted_and_leave_nothing_behind(server):
             assert all(r == CHUNKS_BEFORE_HANGUP for r in reads), reads
             idle_after.append(server.wait_idle(2.0))  # raises when still running after 2 s
 
-    finished = server.metrics().get("vllm:request_success_total", 0) - finished_before
+    finished_after = server.metric_by_label("vllm:request_success_total", "finished_reason")
+    finished = sum(finished_after.get(r, 0) - finished_before.get(r, 0) for r in ("stop", "length"))
     generated = server.metrics().get("vllm:generation_tokens_total", 0) - tokens_before
     rss_after = server.rss_bytes()
     print(f"disconnects: {CUTOFFS} cut off after {CHUNKS_BEFORE_HANGUP} chunks of {MAX_TOKENS}; engine idle "
           f"after max {max(idle_after):.2f}s; ran to the end {finished:.0f}; tokens generated {generated:.0f} "
           f"(vs {CUTOFFS * MAX_TOKENS} if run to the end); RSS {rss_before / MIB:.0f} -> {rss_after / MIB:.0f} MiB")
-    assert finished == 0, f"{finished:.0f} cut-off requests were generated to the end instead of aborted"
-    assert generated < CUTOFFS * MAX_TOKENS * 0.75, "the engine kept generating for clients that were gone"
+    # Without aborts every cut-off request would run to MAX_TOKENS (CUTOFFS * MAX_TOKENS tokens). A few may
+    # legitimately finish first on a starved machine: the whole stream sits in the socket buffers before the
+    # slow client has read its first chunks. Those are not clients that were gone.
+    assert generated < CUTOFFS * MAX_TOKENS * 0.25, "the engine kept generating for clients that were gone"
+    assert finished <= CUTOFFS // 10, f"{finished:.0f} cut-off requests were generated to the end"
     assert rss_after - rss_before < 64 * MIB
 
     # Later requests are served normally.

@@ -1,0 +1,88 @@
+"""Engine death: kill the engine core process; /health turns 503 and the service exits non-zero, so the
+container's restart policy (compose: restart: unless-stopped) brings it back."""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+from tests.reliability.conftest import SERVED, start_server
+
+pytestmark = pytest.mark.engine
+
+HEALTH_DEADLINE_S = 5.0
+EXIT_DEADLINE_S = 15.0
+EXIT_ENGINE_DIED = 3
+
+
+def engine_core(pid: int) -> psutil.Process:
+    for child in psutil.Process(pid).children(recursive=True):
+        if "EngineCore" in child.name() or any("EngineCore" in part for part in child.cmdline()[:1]):
+            return child
+    raise AssertionError(f"no EngineCore process under {pid}")
+
+
+def test_killing_the_engine_core_fails_health_and_exits_non_zero(reliability_logs):
+    server = start_server(reliability_logs / "engine-death.log", max_model_len="1024")
+    try:
+        core = engine_core(server.pid)
+        # A request in flight when the engine dies must get an answer, not hang.
+        outcome: dict[str, object] = {}
+
+        def in_flight():
+            body = {"model": SERVED, "prompt": "hello", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+            try:
+                with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as resp:
+                    outcome["status"] = resp.status_code
+                    for _ in resp.iter_lines():
+                        pass
+                outcome["ended"] = "closed"
+            except httpx.HTTPError as exc:
+                outcome["ended"] = type(exc).__name__
+            outcome["at"] = time.monotonic()
+
+        client = threading.Thread(target=in_flight, daemon=True)
+        client.start()
+        time.sleep(0.5)
+        assert httpx.get(f"{server.url}/health").status_code == 200
+
+        killed_at = time.monotonic()
+        core.send_signal(signal.SIGKILL)
+        health_503_after = None
+        while time.monotonic() - killed_at < EXIT_DEADLINE_S + 5:
+            if server.process.proc.poll() is not None:
+                break
+            try:
+                if health_503_after is None and httpx.get(f"{server.url}/health", timeout=1).status_code == 503:
+                    health_503_after = time.monotonic() - killed_at
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        code = server.process.proc.wait(timeout=max(0.1, EXIT_DEADLINE_S + 5 - (time.monotonic() - killed_at)))
+        exited_after = time.monotonic() - killed_at
+        client.join(10)
+        print(f"engine death: /health 503 after {health_503_after:.2f}s, exit {code} after {exited_after:.1f}s; "
+              f"in-flight request: {outcome}")
+        assert health_503_after is not None and health_503_after <= HEALTH_DEADLINE_S
+        assert code == EXIT_ENGINE_DIED
+        assert exited_after <= EXIT_DEADLINE_S
+        assert "ended" in outcome and outcome["at"] - killed_at <= EXIT_DEADLINE_S, outcome
+        assert "engine core died" in server.log() or "engine health check failed" in server.log()
+        # Nothing of it is left running: no orphaned worker holding the cores.
+        assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] and "VLLM::" in p.info["name"]
+                    and _in_group(p, server.pid)]
+    finally:
+        server.process.kill_group()
+
+
+def _in_group(proc: psutil.Process, pgid: int) -> bool:
+    try:
+        import os
+
+        return os.getpgid(proc.pid) == pgid
+    except (ProcessLookupError, psutil.Error):
+        return False

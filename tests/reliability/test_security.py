@@ -1,0 +1,96 @@
+"""Process-level security: keys compared in constant time and never logged; /v1/hardware, /version and
+/metrics reveal no secrets or environment values; trust_remote_code off unless enabled; loopback bind by
+default. (Non-root and read-only root filesystem are container properties: tests/container.)"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import secrets
+
+import httpx
+import psutil
+import pytest
+from fastapi import FastAPI
+
+from service.server.middleware import ApiKeyMiddleware
+from service.settings import Settings, load_settings
+from tests.reliability.conftest import CANARIES, SERVED
+
+
+@pytest.mark.engine
+def test_keys_and_environment_never_leak_into_answers_or_logs(server):
+    wrong = "wrong-" + secrets.token_hex(12)
+    for key in (server.api_key, wrong):
+        httpx.post(f"{server.url}/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                   json={"model": SERVED, "prompt": "hi", "max_tokens": 1})
+    answers = {
+        path: httpx.get(f"{server.url}{path}", headers=server.headers()).text
+        for path in ("/v1/hardware", "/version", "/metrics", "/v1/models", "/openapi.json")
+    }
+    secrets_ = {"api key": server.api_key, "wrong key": wrong, **CANARIES}
+    for path, text in answers.items():
+        assert text, path
+        for name, value in secrets_.items():
+            assert value not in text, f"{name} appears in {path}"
+    log = server.log()
+    assert "ready" in log  # the log is real and being written
+    for name, value in secrets_.items():
+        assert value not in log, f"{name} appears in the server log"
+    # The key's digest is no better than the key.
+    assert hashlib.sha256(server.api_key.encode()).hexdigest() not in log
+
+
+@pytest.mark.engine
+def test_trust_remote_code_is_off_and_the_socket_is_loopback_only(server):
+    report = httpx.get(f"{server.url}/v1/hardware", headers=server.headers()).json()
+    decision = next(d for d in report["decisions"] if d["setting"] == "engine.trust_remote_code")
+    assert decision["value"] is False and decision["source"] == "default"
+    listening = [c.laddr for c in psutil.Process(server.pid).net_connections(kind="inet") if c.status == "LISTEN"]
+    assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+
+
+def test_defaults_bind_loopback_and_keep_remote_code_off(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("SERVICE_"):
+            monkeypatch.delenv(name)
+    shipped = load_settings()  # configs/default.yaml, no environment, no flags
+    assert shipped.host == "127.0.0.1" and shipped.trust_remote_code is False
+    assert Settings.model_fields["host"].default == "127.0.0.1"
+    assert Settings.model_fields["trust_remote_code"].default is False
+    assert "0.0.0.0" not in repr(shipped.host)
+
+
+def test_api_key_is_compared_in_constant_time(monkeypatch):
+    """Every check compares two SHA-256 digests (equal length whatever was sent) with
+    secrets.compare_digest: time does not depend on how much of the key matched or on its length."""
+    key = "k-" + secrets.token_hex(16)
+    calls: list[tuple[bytes, bytes]] = []
+    real = secrets.compare_digest
+
+    def spy(a, b):
+        calls.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr("service.server.middleware.secrets.compare_digest", spy)
+    app = FastAPI()
+
+    @app.get("/v1/thing")
+    async def thing():
+        return {"ok": True}
+
+    guarded = ApiKeyMiddleware(app, key=key, protect_metrics=False)
+
+    async def statuses():
+        transport = httpx.ASGITransport(app=guarded)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            out = []
+            for offered in (key, key[:-1], key + "x", "x", "x" * 10_000, key[:8] + "0" * (len(key) - 8)):
+                r = await client.get("/v1/thing", headers={"Authorization": f"Bearer {offered}"})
+                out.append(r.status_code)
+            return out
+
+    assert asyncio.run(statuses()) == [200, 401, 401, 401, 401, 401]
+    assert len(calls) == 6
+    assert all(len(a) == len(b) == 32 for a, b in calls)
+    assert all(b == hashlib.sha256(key.encode()).digest() for _, b in calls)
