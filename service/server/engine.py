@@ -65,6 +65,14 @@ def bound_admission(engine: Any) -> None:
     engine.check_admission = check_admission
 
 
+class _ShutdownOwnedByWatchdog:
+    """Stands in for the uvicorn server vLLM's engine-error handler expects at `app.state.server` (it sets
+    `should_exit` when the engine is dead). The service's watchdog owns that exit: /health turns 503 first
+    and the process exits non-zero, so nothing here stops the server."""
+
+    should_exit = False
+
+
 async def start_engine(args: Namespace, stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
     """Returns (engine client, vLLM app). AsyncLLM's constructor blocks for the whole engine start-up
     (process spawn, model load), so it runs in a thread while the event loop keeps answering probes."""
@@ -90,6 +98,7 @@ async def start_engine(args: Namespace, stack: contextlib.AsyncExitStack) -> tup
     bound_admission(engine)
     supported = await engine.get_supported_tasks()
     app = build_app(args, supported, engine.model_config)
+    app.state.server = _ShutdownOwnedByWatchdog()
     _strip_http_instrumentation(app)
     await init_app_state(engine, app.state, args, supported)
     return engine, app

@@ -70,8 +70,14 @@ def test_gdn_engine_runs_with_the_policy_settings(gdn_server):
     assert f"enable_chunked_prefill={decided['engine.enable_chunked_prefill']}" in config_line
     assert "Using CPU GDN prefill kernel" in log or "GDN" in log
 
-    envs = [_environ(pid) for pid in _engine_pids(gdn_server)]
-    assert envs, "engine core and worker processes run in the server's process group"
+    binding = next(line for line in log.splitlines() if "VLLM_CPU_OMP_THREADS_BIND=" in line)
+    assert f"VLLM_CPU_OMP_THREADS_BIND='{decided['env.VLLM_CPU_OMP_THREADS_BIND']}'" in binding
+
+    # Processes vLLM spawned show the environment they inherited (the engine core and workers rename
+    # themselves with setproctitle, which blanks their /proc environ, so those are skipped).
+    spawned = [pid for pid in _engine_pids(gdn_server) if not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::")]
+    envs = [_environ(pid) for pid in spawned]
+    assert envs, "vLLM spawned helper processes in the server's process group"
     for name, value in decided.items():
         if name.startswith("env."):
             assert all(e.get(name[4:]) == value for e in envs), name
