@@ -9,7 +9,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "${here}/../.." && pwd)"
 target="${1:?usage: build.sh TARGET [IMAGE_REPO]}"
-image_repo="${2:-${IMAGE_REPO:-localhost/cpu-llm-service}}"
+image_repo="${2:-${IMAGE_REPO:-}}"
 builder="${CONTAINER_BUILDER:-auto}"
 cd "${repo}"
 
@@ -35,6 +35,10 @@ fi
 
 if [ "${builder}" = auto ]; then
   if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then builder=docker; else builder=buildah; fi
+fi
+# The name compose.yaml uses (podman stores unqualified local names under localhost/).
+if [ -z "${image_repo}" ]; then
+  if [ "${builder}" = docker ]; then image_repo=cpu-llm-service; else image_repo=localhost/cpu-llm-service; fi
 fi
 
 start=$(date +%s)
