@@ -33,7 +33,7 @@ class Settings(BaseSettings):
     served_model_name: str | None = Field(None, description="Name clients use; default: the model's name")
     host: str = Field("127.0.0.1", description="Bind address (0.0.0.0 in containers)")
     port: int = Field(8000, ge=1, le=65535)
-    api_key: SecretStr | None = Field(None, description="Bearer key required on /v1/* when set")
+    api_key: SecretStr | None = Field(None, description="Bearer key required on all but probes, /version, /metrics")
     api_key_file: Path | None = Field(None, description="File holding the API key (Docker secrets)")
     backend: BackendName = Field("auto", description="CPU backend; an explicit one the CPU cannot run is an error")
     dtype: DtypeName = Field("auto", description="Model dtype; auto lets the policy choose")
