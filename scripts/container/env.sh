@@ -4,7 +4,7 @@
 # caching carries between runs and between clones (CI) on the same machine, and nothing of the
 # host's default container storage is touched.
 #
-# Host quirks handled here (see docs/container.md):
+# Host quirks handled here (see README.md, "Containers"):
 #  - crun fails on hybrid cgroups on some hosts -> use runc when it is installed;
 #  - podman lowers RLIMIT_NPROC and then fails to raise it -> pin the limits;
 #  - healthchecks need systemd timers -> callers poll `podman healthcheck run` instead.
