@@ -36,12 +36,15 @@ def stop_record(proc: subprocess.Popen | None) -> None:
         proc.wait(10)
 
 
+_REPO = f"{Path(__file__).resolve().parents[2]}/"
+
+
 def _frame_name(frame: str) -> str:
     # py-spy raw frames look like "function (path/to/file.py:123)"
     name, _, where = frame.partition(" (")
     where = where.rstrip(")")
     path = where.rsplit(":", 1)[0]
-    for marker in ("site-packages/", "lib/python3.11/", "/work/main/"):
+    for marker in ("site-packages/", "lib/python3.11/", _REPO):
         if marker in path:
             path = path.split(marker, 1)[1]
             break
