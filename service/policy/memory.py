@@ -13,6 +13,9 @@ BASE_HEADROOM = 3 * GiB
 HEADROOM_FRACTION = 0.05
 # vLLM's scheduler default; more KV than this many max-length sequences can never be used.
 DEFAULT_MAX_SEQS = 256
+# vLLM keeps one KV block out of use (CPU blocks hold 128 tokens): a cache of exactly one max-length request
+# is refused ("estimated maximum model length is max - 128"). Two blocks of slack cover it.
+KV_SPARE_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ def plan_memory(
     limit = limits.memory_bytes
     headroom = int(headroom_gib * GiB) if headroom_gib is not None else default_headroom(limit or 0)
     per_token = model.kv_bytes_per_token(dtype_bytes)
-    one_request = per_token * max_model_len
+    one_request = per_token * (max_model_len + KV_SPARE_TOKENS)
     if limit is None:
         kv = int(kv_cache_gib * GiB) if kv_cache_gib else None
         why = "memory limit unknown: " + ("KV cache size set by the user" if kv else "KV cache size left to vLLM")
@@ -61,7 +64,7 @@ def plan_memory(
         )
         return MemoryPlan(None, error, "policy", headroom, error=error)
     if fixed + one_request > limit:
-        fits = (limit - fixed) // per_token if per_token else 0
+        fits = max(0, (limit - fixed) // per_token - KV_SPARE_TOKENS) if per_token else 0
         error = (
             f"needs {gib(fixed + one_request)} (weights {gib(model.weight_bytes)} + KV cache for one "
             f"{max_model_len}-token request {gib(one_request)} + headroom {gib(headroom)}), {where}; "
@@ -84,7 +87,7 @@ def plan_memory(
 
     budget = limit - fixed
     seqs = max_num_seqs or DEFAULT_MAX_SEQS
-    useful = one_request * seqs
+    useful = per_token * (max_model_len * seqs + KV_SPARE_TOKENS)
     kv = min(budget, useful) if useful else budget
     reason = (
         f"{where} - weights {gib(model.weight_bytes)} - headroom {gib(headroom)} = {gib(budget)} available"
