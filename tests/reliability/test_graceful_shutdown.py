@@ -17,7 +17,8 @@ from tests.reliability.conftest import SERVED, start_server
 pytestmark = pytest.mark.engine
 
 GRACE_S = 25
-LONG_TOKENS = 1500  # several seconds on this machine: still running when SIGTERM arrives
+# Near the demo model's 2048-token context: still running when SIGTERM arrives and while the probes get in.
+LONG_TOKENS = 2000
 
 
 def _stream(server, path: str, body: dict, first_event: asyncio.Event, result: dict) -> asyncio.Task:
@@ -75,13 +76,13 @@ async def _drain_scenario(server):
 
     term_at = time.monotonic()
     server.process.proc.send_signal(signal.SIGTERM)
-    async with httpx.AsyncClient(base_url=server.url, timeout=5) as probe:
-        # The very first answer after the signal already says draining: no window of 200s. (How soon that
-        # answer comes is the event loop's latency while it streams 3 answers on a shared 2-core box.)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as probe:
+        # The very first answer after the signal already says draining: no window of 200s. How soon it comes
+        # is the event loop's latency while it streams 3 answers on a shared 2-core box: 30 ms idle, seconds
+        # under load; it must come while the answers still run (asserted below).
         ready = await probe.get("/ready")
         ready_after = time.monotonic() - term_at
         assert ready.status_code == 503 and ready.json()["status"] == "draining", ready.text
-        assert ready_after < 5.0
         new = await probe.post("/v1/completions", json={"model": SERVED, "prompt": "late", "max_tokens": 4})
         assert new.status_code == 503 and int(new.headers["retry-after"]) > 0, new.text
         assert new.json()["error"]["code"] == 503
