@@ -93,11 +93,13 @@ class Server:
         return self.process.log_path.read_text(errors="replace")
 
 
-def start_server(log_path: Path, api_key: str | None = None, **settings: str) -> Server:
+def start_server(log_path: Path, api_key: str | None = None, extra_env: dict[str, str] | None = None,
+                 **settings: str) -> Server:
     if api_key:
         settings["api_key"] = api_key
     env = service_env(MODEL_CACHE, **settings)
     env.update(CANARIES)
+    env.update(extra_env or {})
     process = ServerProcess(env, log_path).start()
     try:
         process.wait_ready(timeout=420)
