@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from service.server.lifecycle import Lifecycle, Phase
 from service.server.run import DrainingServer
@@ -68,10 +69,10 @@ def _in_flight(server, results: list[dict]) -> None:
 def _engine_counts(probe: httpx.Client) -> dict[str, float]:
     """Running requests and generated tokens from /metrics, summed over label sets."""
     out: dict[str, float] = {}
-    for line in probe.get("/metrics").text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in ("vllm:num_requests_running", "vllm:generation_tokens_total"):
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(probe.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name in ("vllm:num_requests_running", "vllm:generation_tokens_total"):
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
     return out
 
 
