@@ -5,9 +5,11 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -17,6 +19,11 @@ BackendName = Literal["auto", "zen", "amx", "avx512", "avx2"]
 DtypeName = Literal["auto", "bfloat16", "float16", "float32"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+
+# Where a field's value came from, later sources winning. The shipped configs/default.yaml repeats the
+# built-in defaults, so only a config file of the user's own counts as the user's choice.
+FieldSource = Literal["default", "shipped config", "config file", "env", "flag"]
+USER_SOURCES: frozenset[FieldSource] = frozenset({"config file", "env", "flag"})
 
 
 def default_cache_dir() -> Path:
@@ -58,6 +65,8 @@ class Settings(BaseSettings):
     warmup: bool = Field(True, description="Run one generation before /ready turns 200")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
+    _field_sources: dict[str, FieldSource] = PrivateAttr(default_factory=dict)
+
     @field_validator("model", "served_model_name", "api_key_file", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
@@ -77,34 +86,39 @@ class Settings(BaseSettings):
             return self.api_key_file.read_text().strip() or None
         return None
 
+    def source_of(self, name: str) -> FieldSource:
+        """The settings source that set `name` (as `load_settings` recorded it), else "default"."""
+        return self._field_sources.get(name, "default")
+
     def explicitly_set(self) -> frozenset[str]:
-        """Names set in any source (YAML, environment or flags) to something other than the built-in default,
-        for the `user` decision source (the shipped configs/default.yaml repeats defaults)."""
-        fields = type(self).model_fields
-        return frozenset(
-            name for name in self.model_fields_set if getattr(self, name) != fields[name].get_default(call_default_factory=True)
-        )
+        """Names the user set (their own config file, a SERVICE_* variable or a flag), even to the default value."""
+        return frozenset(name for name, source in self._field_sources.items() if source in USER_SOURCES)
 
 
 def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
     """Build Settings from the YAML file (flag, else SERVICE_CONFIG, else configs/default.yaml), the
-    environment and the CLI flags. Flags left as None are not set."""
+    environment and the CLI flags. Flags left as None are not set. Each field's source is recorded from the
+    same source objects pydantic-settings merged."""
     path = config_file or Path(os.environ.get("SERVICE_CONFIG") or DEFAULT_CONFIG)
     if not path.is_file():
         raise FileNotFoundError(f"settings file {path} does not exist")
-
-    class _FromFile(Settings):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=path))
-
+    file_label: FieldSource = "shipped config" if path.resolve() == DEFAULT_CONFIG else "config file"
     given = {k: v for k, v in flags.items() if v is not None}
-    loaded = _FromFile(**given)
-    return Settings.model_construct(_fields_set=loaded.model_fields_set, **dict(loaded))
+    # Highest precedence first, as pydantic-settings expects.
+    sources: tuple[tuple[FieldSource, PydanticBaseSettingsSource], ...] = (
+        ("flag", InitSettingsSource(Settings, init_kwargs=given)),
+        ("env", EnvSettingsSource(Settings)),
+        (file_label, YamlConfigSettingsSource(Settings, yaml_file=path)),
+    )
+
+    class _FromSources(Settings):
+        @classmethod
+        def settings_customise_sources(cls, *args: Any, **kwargs: Any) -> tuple[PydanticBaseSettingsSource, ...]:
+            return tuple(source for _, source in sources)
+
+    loaded = _FromSources(**given)
+    settings = Settings.model_construct(_fields_set=loaded.model_fields_set, **dict(loaded))
+    settings._field_sources = {
+        name: label for label, source in reversed(sources) for name in source() if name in Settings.model_fields
+    }
+    return settings

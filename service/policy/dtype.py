@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from service.policy.decision import Source
 from service.facts.cpu import Isa
 
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -22,7 +23,7 @@ MEASUREMENT = (
 class DtypeChoice:
     value: str
     reason: str
-    source: str
+    source: Source
     warning: str | None = None
 
 

@@ -13,7 +13,7 @@ from service.facts.hardware import HardwareFacts
 from service.facts.model import ModelFacts
 from service.facts.software import SoftwareFacts
 from service.policy.backend import BackendChoice, choose_backend
-from service.policy.decision import Decision
+from service.policy.decision import Decision, Source
 from service.policy.dtype import BYTES, choose_dtype
 from service.policy.memory import plan_memory
 from service.policy.threads import ThreadPlan, plan_threads, worker_omp_env
@@ -24,6 +24,9 @@ GDN_AMX_REASON = (
     "which prefix-cache hits and chunked prefill would resume mid-sequence (vLLM v0.23 turned both off here; "
     "v0.24 dropped that guard)"
 )
+
+
+FALLBACK_MAX_MODEL_LEN = 2048
 
 
 @dataclass(frozen=True)
@@ -45,18 +48,18 @@ class _Builder:
         self.engine_args: dict[str, Any] = {}
         self.env: dict[str, str] = {}
 
-    def engine(self, name: str, value: Any, reason: str, source: str) -> None:
-        self.decisions.append(Decision(f"engine.{name}", value, reason, source))  # type: ignore[arg-type]
+    def engine(self, name: str, value: Any, reason: str, source: Source) -> None:
+        self.decisions.append(Decision(f"engine.{name}", value, reason, source))
         if value is not None:
             self.engine_args[name] = value
 
-    def setenv(self, name: str, value: str, reason: str, source: str) -> None:
-        self.decisions.append(Decision(f"env.{name}", value, reason, source))  # type: ignore[arg-type]
+    def setenv(self, name: str, value: str, reason: str, source: Source) -> None:
+        self.decisions.append(Decision(f"env.{name}", value, reason, source))
         self.env[name] = value
 
-    def note(self, setting: str, value: Any, reason: str, source: str) -> None:
+    def note(self, setting: str, value: Any, reason: str, source: Source) -> None:
         """A decision that vLLM applies itself (recorded so the user sees it, nothing to set here)."""
-        self.decisions.append(Decision(setting, value, reason, source))  # type: ignore[arg-type]
+        self.decisions.append(Decision(setting, value, reason, source))
 
 
 def build_plan(
@@ -133,9 +136,14 @@ def _model_decisions(
     if dtype.warning:
         b.warnings.append(dtype.warning)
 
-    max_len = settings.max_model_len or model.max_context or 2048
-    len_reason = "set by the user" if settings.max_model_len else "the model's max_position_embeddings"
-    b.engine("max_model_len", max_len, len_reason, "user" if settings.max_model_len else "default")
+    if settings.max_model_len:
+        max_len, len_reason, len_source = settings.max_model_len, "set by the user", "user"
+    elif model.max_context:
+        max_len, len_reason, len_source = model.max_context, "the model's max_position_embeddings", "default"
+    else:
+        max_len, len_source = FALLBACK_MAX_MODEL_LEN, "policy"
+        len_reason = f"the model's config declares no max context: {FALLBACK_MAX_MODEL_LEN} tokens"
+    b.engine("max_model_len", max_len, len_reason, len_source)
 
     _cache_decisions(b, model, backend, settings, user, environ)
     _kv_decision(b, hardware, model, dtype.value, max_len, tp_size, settings, environ)
@@ -207,7 +215,7 @@ def _kv_decision(
 
 
 def _general_decisions(b: _Builder, settings: Settings, user: frozenset[str]) -> None:
-    def src(name: str) -> str:
+    def src(name: str) -> Source:
         return "user" if name in user else "default"
 
     b.engine(

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from service.policy.decision import Source
 from service.facts.limits import Limits
 from service.facts.model import ModelFacts
 
@@ -22,7 +23,7 @@ KV_SPARE_TOKENS = 256
 class MemoryPlan:
     kv_cache_bytes: int | None  # per rank, for vLLM's kv_cache_memory_bytes; None: leave to vLLM
     reason: str
-    source: str
+    source: Source
     headroom_bytes: int
     error: str | None = None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from service.policy.decision import Source
 from service.cpulist import format_cpulist
 from service.facts.limits import Limits
 from service.facts.topology import Topology
@@ -15,7 +16,7 @@ class ThreadPlan:
     reserved: tuple[int, ...]  # kept free of engine threads
     tp_size: int
     tp_reason: str
-    tp_source: str
+    tp_source: Source
     reason: str
     warnings: tuple[str, ...] = ()
     error: str | None = None

@@ -80,3 +80,19 @@ def test_empty_env_means_unset(config, monkeypatch):
 def test_user_source_tracks_explicit_settings(config, monkeypatch):
     monkeypatch.setenv("SERVICE_ENABLE_PREFIX_CACHING", "true")
     assert {"enable_prefix_caching", "backend", "max_model_len", "port"} <= load_settings(config).explicitly_set()
+
+
+def test_a_default_set_explicitly_is_the_users(config, monkeypatch):
+    """Provenance comes from the source that set a field, not from comparing with the default."""
+    monkeypatch.setenv("SERVICE_RESERVED_CPUS", "1")  # the built-in default
+    s = load_settings(config, enforce_eager=False)  # the default too, as a flag
+    assert {"reserved_cpus", "enforce_eager"} <= s.explicitly_set()
+    assert s.source_of("reserved_cpus") == "env" and s.source_of("enforce_eager") == "flag"
+    assert s.source_of("port") == "config file" and s.source_of("warmup") == "default"
+
+
+def test_the_shipped_config_is_not_the_users(monkeypatch):
+    for name in ("SERVICE_CONFIG", "SERVICE_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    s = load_settings()
+    assert s.source_of("port") == "shipped config" and "port" not in s.explicitly_set()
