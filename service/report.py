@@ -84,7 +84,9 @@ def _hardware_dict(hw: HardwareFacts) -> dict[str, Any]:
         "model_name": cpu.model_name,
         "family": cpu.family,
         "model": cpu.model,
+        "stepping": cpu.stepping,
         "microarchitecture": cpu.microarchitecture,
+        "microarchitecture_source": cpu.microarchitecture_source,
         "isa": isa,
         "sockets": topo.sockets,
         "numa_nodes": {str(n): format_cpulist(c) for n, c in sorted(topo.nodes.items())},
@@ -125,7 +127,8 @@ def _summary_table(r: StartupReport) -> Table:
     isa = ", ".join(k for k, v in hw["isa"].items() if v) or "none"
     rows = [
         ("source", hw["source"]),
-        ("CPU", f"{hw['vendor']} {hw['model_name']} ({hw['microarchitecture']})"),
+        ("CPU", f"{hw['vendor']} {hw['model_name']} ({hw['microarchitecture']}, named by "
+                f"{hw['microarchitecture_source']}; family/model {hw['family']}/{hw['model']})"),
         ("ISA", isa),
         ("topology", f"{hw['sockets']} socket(s), NUMA {hw['numa_nodes']}, {hw['physical_cores']} cores, "
                      f"{hw['logical_cpus']} CPUs, SMT {'on' if hw['smt'] else 'off'}"),

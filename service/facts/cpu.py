@@ -51,27 +51,95 @@ class CpuInfo:
     family: int | None
     model: int | None
     flags: frozenset[str]
-    microarchitecture: str  # archspec name, e.g. "zen4", "sapphirerapids", "neoverse_v1"
+    microarchitecture: str  # e.g. "zen5", "emeraldrapids", "neoverse_v1": for people; backends follow `isa`
     isa: Isa
     cpus: tuple[LogicalCpu, ...] = field(default_factory=tuple)
     cpu_part: str | None = None  # aarch64 "CPU part", e.g. "0xd40" (Neoverse V1); None on x86
+    stepping: int | None = None
+    microarchitecture_source: str = "archspec"  # FROM_ARCHSPEC | FROM_TABLE | FROM_BOTH
 
 
-# Names for real CPUs that archspec (0.2.7) folds into an older target because their feature
-# flags are the same. Keyed by (vendor, family, model); a name only replaces archspec's answer
-# when archspec found the `base` target, so a guest whose hypervisor hides features keeps the
-# (lower) name its flags support.
+# Microarchitecture of a part from its vendor's family/model(/stepping) identification. archspec names a
+# CPU from its flags only; a hypervisor masks flags (a Zen 5 KVM guest is only `x86_64_v4`, an Emerald Rapids
+# guest without AMX and waitpkg only `icelake`), and archspec 0.2.7 has no name for some parts whose flags
+# equal an older one's (Emerald/Granite Rapids look like sapphirerapids). The family/model numbers survive.
+#
+# Sources (numbers copied, not guessed):
+# - AMD: Linux arch/x86/kernel/cpu/amd.c, bsp_init_amd() "Figure out Zen generations" (X86_FEATURE_ZEN1..ZEN6
+#   model ranges, as of the Oct 2025 "Extend Zen6 model range" commit); family 0x1A is Zen 5 / Zen 6.
+# - Intel family 6 models: Linux arch/x86/include/asm/intel-family.h (INTEL_<NAME> IFM(6, 0x..)).
+# - Model 0x55 by stepping: Linux tools/perf/pmu-events/arch/x86/mapfile.csv (GenuineIntel-6-55-[01234]
+#   skylakex, -55-[56789ABCDEF] cascadelakex) and intel-family.h's comment "COOPERLAKE_X 0x55 ... s: 11".
+# - Parts grouped under one microarchitecture (Kaby/Coffee/Comet Lake = Skylake cores, Rocket Lake with
+#   icelake events): the same mapfile.csv.
 @dataclass(frozen=True)
-class _Refinement:
-    base: str
-    name: str
+class Part:
+    """A row of the family/model table."""
+
+    vendor: str
+    family: int
+    models: tuple[tuple[int, int], ...]  # inclusive model ranges
+    name: str  # what the report calls it: archspec's name when archspec has one
+    base: str  # the archspec target whose features the part has (the name itself when archspec knows it)
+    steppings: tuple[int, int] | None = None  # inclusive; None = any
+    adds: frozenset[str] = frozenset()  # backend ISA flags the part has beyond `base` (Cooper Lake: bf16)
 
 
-_REFINEMENTS: dict[tuple[str, int, int], _Refinement] = {
-    ("GenuineIntel", 6, 207): _Refinement(base="sapphirerapids", name="emeraldrapids"),  # 5th gen Xeon
-    ("GenuineIntel", 6, 173): _Refinement(base="sapphirerapids", name="graniterapids"),  # Xeon 6 P-core
-    ("GenuineIntel", 6, 174): _Refinement(base="sapphirerapids", name="graniterapids"),  # Xeon 6 SoC (-D)
-}
+_INTEL, _AMD = "GenuineIntel", "AuthenticAMD"
+PARTS: tuple[Part, ...] = (
+    Part(_AMD, 0x17, ((0x00, 0x2F), (0x50, 0x5F)), "zen", "zen"),
+    Part(_AMD, 0x17, ((0x30, 0x4F), (0x60, 0x7F), (0x90, 0x91), (0xA0, 0xAF)), "zen2", "zen2"),
+    Part(_AMD, 0x19, ((0x00, 0x0F), (0x20, 0x5F)), "zen3", "zen3"),
+    Part(_AMD, 0x19, ((0x10, 0x1F), (0x60, 0xAF)), "zen4", "zen4"),
+    Part(_AMD, 0x1A, ((0x00, 0x2F), (0x40, 0x4F), (0x60, 0x7F)), "zen5", "zen5"),
+    Part(_AMD, 0x1A, ((0x50, 0x5F), (0x80, 0xAF), (0xC0, 0xCF)), "zen6", "zen6"),
+    # Server
+    Part(_INTEL, 6, ((0x55, 0x55),), "skylake_avx512", "skylake_avx512", steppings=(0, 4)),  # SKYLAKE_X
+    Part(_INTEL, 6, ((0x55, 0x55),), "cooperlake", "cascadelake", steppings=(11, 11),
+         adds=frozenset({"avx512_bf16"})),
+    Part(_INTEL, 6, ((0x55, 0x55),), "cascadelake", "cascadelake", steppings=(5, 15)),
+    Part(_INTEL, 6, ((0x6A, 0x6A), (0x6C, 0x6C)), "icelake", "icelake"),  # ICELAKE_X, ICELAKE_D
+    Part(_INTEL, 6, ((0x8F, 0x8F),), "sapphirerapids", "sapphirerapids"),  # SAPPHIRERAPIDS_X
+    Part(_INTEL, 6, ((0xCF, 0xCF),), "emeraldrapids", "sapphirerapids"),  # EMERALDRAPIDS_X
+    Part(_INTEL, 6, ((0xAD, 0xAE),), "graniterapids", "sapphirerapids"),  # GRANITERAPIDS_X, _D
+    # Client
+    Part(_INTEL, 6, ((0x4E, 0x4E), (0x5E, 0x5E), (0x8E, 0x8E), (0x9E, 0x9E), (0xA5, 0xA6)), "skylake", "skylake"),
+    Part(_INTEL, 6, ((0x7D, 0x7E),), "icelake", "icelake"),  # ICELAKE, ICELAKE_L
+    Part(_INTEL, 6, ((0xA7, 0xA7),), "rocketlake", "icelake"),  # ROCKETLAKE (Cypress Cove)
+    Part(_INTEL, 6, ((0x8C, 0x8D),), "tigerlake", "icelake"),  # TIGERLAKE_L, TIGERLAKE (Willow Cove)
+    Part(_INTEL, 6, ((0x97, 0x97), (0x9A, 0x9A)), "alderlake", "alderlake"),  # ALDERLAKE, ALDERLAKE_L
+    Part(_INTEL, 6, ((0xB7, 0xB7), (0xBA, 0xBA), (0xBF, 0xBF)), "raptorlake", "alderlake"),  # RAPTORLAKE{,_P,_S}
+    Part(_INTEL, 6, ((0xAA, 0xAA), (0xAC, 0xAC)), "meteorlake", "alderlake"),  # METEORLAKE{_L,}
+)
+
+# Which source named the microarchitecture (CpuInfo.microarchitecture_source).
+FROM_ARCHSPEC = "archspec"
+FROM_TABLE = "family/model table"  # archspec found only a generic x86-64 level
+FROM_BOTH = "archspec + family/model"  # archspec's vendor target, raised or made specific by the table
+
+
+def find_part(vendor: str, family: int | None, model: int | None, stepping: int | None = None) -> Part | None:
+    """The table's row for a family/model(/stepping), or None."""
+    for part in PARTS:
+        if (part.vendor, part.family) != (vendor, family) or model is None:
+            continue
+        if not any(low <= model <= high for low, high in part.models):
+            continue
+        if part.steppings is None or (stepping is not None and part.steppings[0] <= stepping <= part.steppings[1]):
+            return part
+    return None
+
+
+def part_contradicted(part: Part, flags: frozenset[str]) -> set[str]:
+    """Backend ISA flags the guest shows that the named part does not have.
+
+    A hypervisor can hide features but cannot add them: a guest showing AMX on a "Rocket Lake" model
+    number (the recorded build VM, model 167) runs on another part, so the flags win. Only the backend ISA
+    flags are compared: archspec's feature lists are curated subsets and cannot tell what a part lacks.
+    """
+    known = TARGETS[part.base].features | part.adds
+    return {flag for flag in _ISA_FLAGS.values() if flag in flags and flag not in known}
+
 
 _ISA_FLAGS = {
     "avx2": "avx2",
@@ -93,7 +161,9 @@ def parse_cpuinfo(text: str) -> CpuInfo:
     arch = _arch(first)
     vendor, model_name, flags = _aarch64_identity(first) if arch == AARCH64 else _x86_identity(first)
     family, model, cpu_part = _int_field(first, "cpu family"), _int_field(first, "model"), first.get("CPU part")
+    stepping = _int_field(first, "stepping")
     uarch = _microarchitecture(arch, partial_uarch(vendor=vendor, features=set(flags), cpu_part=cpu_part or ""))
+    name, source = _name(uarch, find_part(vendor, family, model, stepping), flags)
     return CpuInfo(
         arch=arch,
         vendor=vendor,
@@ -101,10 +171,12 @@ def parse_cpuinfo(text: str) -> CpuInfo:
         family=family,
         model=model,
         flags=flags,
-        microarchitecture=_refine(uarch, vendor, family, model),
+        microarchitecture=name,
         isa=Isa(**{field_name: flag in flags for field_name, flag in _ISA_FLAGS.items()}),
         cpus=tuple(_logical_cpu(block) for block in blocks),
         cpu_part=cpu_part,
+        stepping=stepping,
+        microarchitecture_source=source,
     )
 
 
@@ -195,8 +267,18 @@ def _microarchitecture(arch: str, info: Microarchitecture) -> str:
     return max(specific, key=depth).name if specific else best_generic.name
 
 
-def _refine(name: str, vendor: str, family: int | None, model: int | None) -> str:
-    if family is None or model is None:
-        return name
-    refinement = _REFINEMENTS.get((vendor, family, model))
-    return refinement.name if refinement is not None and refinement.base == name else name
+def _name(archspec_name: str, part: Part | None, flags: frozenset[str]) -> tuple[str, str]:
+    """archspec's name unless the family/model table names a part that archspec's answer is below.
+
+    The table wins when archspec found only a generic level (x86_64_v4) or a target the part's own
+    target descends from (icelake or sapphirerapids for an Emerald Rapids), and the flags do not
+    contradict the part; it never lowers archspec's answer (a Zen 6 in a Zen 5 model range stays zen6).
+    """
+    if part is None or part.name == archspec_name or part_contradicted(part, flags):
+        return archspec_name, FROM_ARCHSPEC
+    found = TARGETS[archspec_name]
+    if found.vendor == "generic":
+        return part.name, FROM_TABLE
+    if found <= TARGETS[part.base]:
+        return part.name, FROM_BOTH
+    return archspec_name, FROM_ARCHSPEC

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from service.facts.cpu import Isa, parse_cpuinfo, read_cpuinfo
+from service.facts.cpu import FROM_ARCHSPEC, FROM_BOTH, FROM_TABLE, PARTS, Isa, find_part, parse_cpuinfo, read_cpuinfo
 
 CPUINFO = Path(__file__).parent.parent / "fixtures" / "cpuinfo"
 
@@ -13,17 +13,24 @@ AVX512_VNNI = Isa(avx2=True, avx512=True, avx512_vnni=True)
 AVX512_BF16 = Isa(avx2=True, avx512=True, avx512_vnni=True, avx512_bf16=True)
 AMX = Isa(avx2=True, avx512=True, avx512_vnni=True, avx512_bf16=True, amx_tile=True, amx_bf16=True, amx_int8=True)
 
-# fixture -> (vendor, family, model, microarchitecture, isa, logical CPUs)
+# fixture -> (vendor, family, model, microarchitecture, which source named it, isa, logical CPUs)
 X86 = {
-    "epyc_7763_zen3": ("AuthenticAMD", 25, 1, "zen3", NO_AVX512, 16),
-    "epyc_9654_zen4": ("AuthenticAMD", 25, 17, "zen4", AVX512_BF16, 16),
-    "epyc_9755_zen5": ("AuthenticAMD", 26, 2, "zen5", AVX512_BF16, 16),
-    "xeon_8280_cascadelake": ("GenuineIntel", 6, 85, "cascadelake", AVX512_VNNI, 16),
-    "xeon_8380_icelake": ("GenuineIntel", 6, 106, "icelake", AVX512_VNNI, 32),
-    "xeon_8480_sapphirerapids": ("GenuineIntel", 6, 143, "sapphirerapids", AMX, 16),
-    "xeon_8592_emeraldrapids": ("GenuineIntel", 6, 207, "emeraldrapids", AMX, 16),
-    "xeon_6980p_graniterapids": ("GenuineIntel", 6, 173, "graniterapids", AMX, 16),
-    "core_i7_12700k_alderlake": ("GenuineIntel", 6, 151, "alderlake", NO_AVX512, 20),
+    "epyc_7763_zen3": ("AuthenticAMD", 25, 1, "zen3", FROM_ARCHSPEC, NO_AVX512, 16),
+    "epyc_9654_zen4": ("AuthenticAMD", 25, 17, "zen4", FROM_ARCHSPEC, AVX512_BF16, 16),
+    "epyc_9755_zen5": ("AuthenticAMD", 26, 2, "zen5", FROM_ARCHSPEC, AVX512_BF16, 16),
+    # KVM guest: archspec says x86_64_v4 (pku, flush_l1d, tsc_adjust, movdiri hidden)
+    "epyc_zen5_kvm": ("AuthenticAMD", 26, 2, "zen5", FROM_TABLE, AVX512_BF16, 2),
+    "xeon_8280_cascadelake": ("GenuineIntel", 6, 85, "cascadelake", FROM_ARCHSPEC, AVX512_VNNI, 16),
+    "xeon_8380_icelake": ("GenuineIntel", 6, 106, "icelake", FROM_ARCHSPEC, AVX512_VNNI, 32),
+    "xeon_8480_sapphirerapids": ("GenuineIntel", 6, 143, "sapphirerapids", FROM_ARCHSPEC, AMX, 16),
+    # archspec 0.2.7 has no name for these: it says sapphirerapids
+    "xeon_8592_emeraldrapids": ("GenuineIntel", 6, 207, "emeraldrapids", FROM_BOTH, AMX, 16),
+    "xeon_6980p_graniterapids": ("GenuineIntel", 6, 173, "graniterapids", FROM_BOTH, AMX, 16),
+    # this build VM (KVM guest, AMX and waitpkg hidden): archspec says icelake
+    "xeon_emeraldrapids_kvm_noamx": ("GenuineIntel", 6, 207, "emeraldrapids", FROM_BOTH, AVX512_BF16, 2),
+    "core_i7_12700k_alderlake": ("GenuineIntel", 6, 151, "alderlake", FROM_ARCHSPEC, NO_AVX512, 20),
+    # a guest whose model number (167, Rocket Lake) contradicts its flags (AMX): the flags win
+    "build_machine": ("GenuineIntel", 6, 167, "icelake", FROM_ARCHSPEC, AMX, 2),
 }
 ARM = {
     "graviton3_neoverse_v1": ("0xd40", "neoverse_v1", 8),
@@ -33,10 +40,10 @@ ARM = {
 
 @pytest.mark.parametrize("name", X86)
 def test_x86_fixtures(name: str) -> None:
-    vendor, family, model, uarch, isa, count = X86[name]
+    vendor, family, model, uarch, source, isa, count = X86[name]
     info = read_cpuinfo(CPUINFO / f"{name}.txt")
     assert (info.arch, info.vendor, info.family, info.model) == ("x86_64", vendor, family, model)
-    assert info.microarchitecture == uarch
+    assert (info.microarchitecture, info.microarchitecture_source) == (uarch, source)
     assert info.isa == isa
     assert [cpu.processor for cpu in info.cpus] == list(range(count))
     assert info.cpu_part is None
@@ -58,12 +65,6 @@ def test_aarch64_fixtures(name: str) -> None:
     assert len(info.cpus) == count
 
 
-def test_build_machine_recording_parses() -> None:
-    info = read_cpuinfo(CPUINFO / "build_machine.txt")
-    assert (info.arch, info.vendor, info.family) == ("x86_64", "GenuineIntel", 6)
-    assert info.isa.avx512 and info.isa.avx512_vnni
-
-
 def test_x86_blocks_keep_socket_and_core_ids() -> None:
     info = read_cpuinfo(CPUINFO / "xeon_8380_icelake.txt")
     cpu17 = info.cpus[17]  # second thread of socket 0, core 1
@@ -75,22 +76,94 @@ def _first_block(name: str) -> str:
     return (CPUINFO / f"{name}.txt").read_text().split("\n\n")[0]
 
 
-def test_a_guest_that_hides_amx_keeps_the_name_its_flags_support() -> None:
-    # Emerald Rapids under a hypervisor that masks AMX and waitpkg: no sapphirerapids-level
-    # flags, so the family/model table must not call it emeraldrapids.
-    hidden = {"amx_tile", "amx_bf16", "amx_int8", "waitpkg"}
-    block = "\n".join(
-        " ".join(w for w in line.split(" ") if w not in hidden) if line.startswith("flags") else line
-        for line in _first_block("xeon_8592_emeraldrapids").splitlines()
-    )
-    info = parse_cpuinfo(block)
-    assert info.microarchitecture == "icelake"
+def _with_flags(name: str, *, drop: set[str] = frozenset(), model: int | None = None, stepping: int | None = None) -> str:
+    lines = []
+    for line in _first_block(name).splitlines():
+        key = line.partition(":")[0].strip()
+        if key == "flags":
+            line = " ".join(w for w in line.split(" ") if w not in drop)
+        elif key == "model" and model is not None:
+            line = f"model\t\t: {model}"
+        elif key == "stepping" and stepping is not None:
+            line = f"stepping\t: {stepping}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def test_a_guest_that_hides_amx_is_named_by_its_model_number() -> None:
+    # Emerald Rapids under a hypervisor that masks AMX and waitpkg: archspec's flags reach icelake only,
+    # the family/model table names the part; the ISA (what backends use) stays what the guest can run.
+    info = parse_cpuinfo(_with_flags("xeon_8592_emeraldrapids", drop={"amx_tile", "amx_bf16", "amx_int8", "waitpkg"}))
+    assert (info.microarchitecture, info.microarchitecture_source) == ("emeraldrapids", FROM_BOTH)
     assert not info.isa.amx_tile and info.isa.avx512_bf16
 
 
 def test_emerald_rapids_flags_without_its_model_number_are_sapphire_rapids() -> None:
-    info = parse_cpuinfo(_first_block("xeon_8592_emeraldrapids").replace("model\t\t: 207", "model\t\t: 143"))
-    assert info.microarchitecture == "sapphirerapids"
+    info = parse_cpuinfo(_with_flags("xeon_8592_emeraldrapids", model=143))
+    assert (info.microarchitecture, info.microarchitecture_source) == ("sapphirerapids", FROM_ARCHSPEC)
+
+
+def test_an_unknown_model_number_keeps_archspecs_generic_answer() -> None:
+    info = parse_cpuinfo(_with_flags("epyc_zen5_kvm", model=0x3F))  # a family 0x1A model no table row has
+    assert (info.microarchitecture, info.microarchitecture_source) == ("x86_64_v4", FROM_ARCHSPEC)
+
+
+def test_the_table_never_lowers_archspecs_answer() -> None:
+    # Zen 5 flags on a Zen 3 model number: archspec's zen5 is not below zen3, and zen3 has no AVX-512.
+    info = parse_cpuinfo(_with_flags("epyc_9755_zen5", model=0x01).replace("cpu family\t: 26", "cpu family\t: 25"))
+    assert (info.microarchitecture, info.microarchitecture_source) == ("zen5", FROM_ARCHSPEC)
+
+
+@pytest.mark.parametrize(
+    ("stepping", "hidden", "name", "source"),
+    [
+        (4, {"avx512_vnni"}, "skylake_avx512", FROM_ARCHSPEC),  # Skylake-SP has no VNNI: both agree
+        (7, set(), "cascadelake", FROM_ARCHSPEC),
+        (7, {"avx512_vnni"}, "cascadelake", FROM_BOTH),  # a guest hiding VNNI looks like skylake_avx512
+        (11, set(), "cooperlake", FROM_BOTH),  # archspec has no Cooper Lake; it says cascadelake
+    ],
+)
+def test_model_0x55_is_told_apart_by_stepping(stepping: int, hidden: set[str], name: str, source: str) -> None:
+    info = parse_cpuinfo(_with_flags("xeon_8280_cascadelake", drop=hidden, stepping=stepping))
+    assert (info.microarchitecture, info.microarchitecture_source) == (name, source)
+
+
+@pytest.mark.parametrize(
+    ("vendor", "family", "model", "name"),
+    [
+        # AMD: Linux arch/x86/kernel/cpu/amd.c bsp_init_amd() ranges, ends included
+        ("AuthenticAMD", 0x17, 0x01, "zen"), ("AuthenticAMD", 0x17, 0x5F, "zen"),
+        ("AuthenticAMD", 0x17, 0x31, "zen2"), ("AuthenticAMD", 0x17, 0xA0, "zen2"),
+        ("AuthenticAMD", 0x19, 0x01, "zen3"), ("AuthenticAMD", 0x19, 0x21, "zen3"),
+        ("AuthenticAMD", 0x19, 0x11, "zen4"), ("AuthenticAMD", 0x19, 0xA0, "zen4"),
+        ("AuthenticAMD", 0x1A, 0x02, "zen5"), ("AuthenticAMD", 0x1A, 0x44, "zen5"),
+        ("AuthenticAMD", 0x1A, 0x50, "zen6"),
+        # Intel family 6: intel-family.h
+        ("GenuineIntel", 6, 0x6A, "icelake"), ("GenuineIntel", 6, 0x6C, "icelake"),
+        ("GenuineIntel", 6, 0x8F, "sapphirerapids"), ("GenuineIntel", 6, 0xCF, "emeraldrapids"),
+        ("GenuineIntel", 6, 0xAD, "graniterapids"), ("GenuineIntel", 6, 0xAE, "graniterapids"),
+        ("GenuineIntel", 6, 0x97, "alderlake"), ("GenuineIntel", 6, 0xB7, "raptorlake"),
+        ("GenuineIntel", 6, 0x9E, "skylake"), ("GenuineIntel", 6, 0xA7, "rocketlake"),
+    ],
+)
+def test_family_model_table(vendor: str, family: int, model: int, name: str) -> None:
+    part = find_part(vendor, family, model)
+    assert part is not None and part.name == name
+
+
+def test_table_misses() -> None:
+    assert find_part("AuthenticAMD", 0x1A, 0x30) is None  # a hole in the Zen 5 ranges
+    assert find_part("GenuineIntel", 6, 0x55) is None  # needs the stepping
+    assert find_part("GenuineIntel", 19, 0x01) is None  # Diamond Rapids family, not in the table
+    assert find_part("ARM", None, None) is None
+
+
+def test_every_row_is_based_on_an_archspec_target() -> None:
+    from archspec.cpu import TARGETS
+
+    assert all(part.base in TARGETS for part in PARTS)
+    # a name archspec knows is its own base: the table must not rename archspec's targets
+    assert all(part.base == part.name for part in PARTS if part.name in TARGETS)
 
 
 @pytest.mark.parametrize(("code", "vendor"), [("0x41", "ARM"), ("0xc0", "Ampere"), ("0x48", "HiSilicon"), ("0x99", "0x99")])

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from service.__main__ import app
+from service.facts.cpu import FROM_TABLE, find_part, part_contradicted, read_cpuinfo
 from tests.unit.conftest import CPUINFO, MODELS, SYSFS
 
 runner = CliRunner()
@@ -24,6 +25,7 @@ def test_json_contract_keys():
     assert code == 0
     hw = report["hardware"]
     assert hw["vendor"] == "GenuineIntel" and hw["microarchitecture"] == "sapphirerapids"
+    assert hw["microarchitecture_source"] == "archspec" and (hw["family"], hw["model"], hw["stepping"]) == (6, 143, 8)
     assert set(hw["isa"]) >= {"avx2", "avx512", "avx512_bf16", "amx"} and all(
         isinstance(v, bool) for v in hw["isa"].values()
     )
@@ -79,13 +81,37 @@ def test_missing_dump_is_a_clear_error(tmp_path, bad):
     assert result.exit_code == 2
 
 
-def test_live_detect_as_a_real_process_agrees_with_torch():
+def test_a_zen5_kvm_guest_is_named_zen5_not_a_generic_level():
+    code, report = detect("--cpuinfo", str(CPUINFO / "epyc_zen5_kvm.txt"))
+    hw = report["hardware"]
+    assert code == 0 and (hw["microarchitecture"], hw["microarchitecture_source"]) == ("zen5", FROM_TABLE)
+
+
+@pytest.fixture(scope="module")
+def live_detect() -> tuple[int, dict]:
     out = subprocess.run([sys.executable, "-m", "service", "detect", "--json"], capture_output=True, text=True, timeout=120)
-    report = json.loads(out.stdout)
+    return out.returncode, json.loads(out.stdout)
+
+
+def test_live_detect_as_a_real_process_agrees_with_torch(live_detect):
+    returncode, report = live_detect
     import torch
 
     isa = report["hardware"]["isa"]
     assert isa["avx512_bf16"] == torch.cpu._is_avx512_bf16_supported()
     assert isa["amx_tile"] == torch.cpu._is_amx_tile_supported()
     expected = "amx" if torch.cpu._is_amx_tile_supported() else "avx512" if torch.cpu._is_avx512_supported() else "avx2"
-    assert report["backend"]["name"] == expected and out.returncode == 0
+    assert report["backend"]["name"] == expected and returncode == 0
+
+
+def test_live_detect_names_the_part_its_family_model_says(live_detect):
+    # Expectation from this machine's own /proc/cpuinfo identification through the family/model table.
+    _, report = live_detect
+    cpu = read_cpuinfo()
+    hw = report["hardware"]
+    assert (hw["vendor"], hw["family"], hw["model"], hw["stepping"]) == (cpu.vendor, cpu.family, cpu.model, cpu.stepping)
+    part = find_part(cpu.vendor, cpu.family, cpu.model, cpu.stepping)
+    if part is not None and not part_contradicted(part, cpu.flags):
+        assert hw["microarchitecture"] == part.name, hw
+    else:  # a part the table does not know, or a model number its flags contradict: archspec names it
+        assert hw["microarchitecture_source"] == "archspec"

@@ -59,6 +59,15 @@ def test_cpuinfo_alone_takes_topology_from_cpuinfo_and_allows_every_processor() 
     assert (facts.limits.memory_bytes, facts.limits.memory_source) == (None, "unknown")
 
 
+def test_recorded_kvm_guests_are_named_by_their_part_and_keep_the_isa_they_see() -> None:
+    emr = read_hardware(cpuinfo_path=FIXTURES / "cpuinfo" / "xeon_emeraldrapids_kvm_noamx.txt").cpu
+    assert (emr.microarchitecture, emr.microarchitecture_source) == ("emeraldrapids", "archspec + family/model")
+    assert emr.isa.avx512_bf16 and not emr.isa.amx  # AMX hidden by the hypervisor: the backend must not use it
+    zen5 = read_hardware(cpuinfo_path=FIXTURES / "cpuinfo" / "epyc_zen5_kvm.txt").cpu
+    assert (zen5.microarchitecture, zen5.microarchitecture_source) == ("zen5", "family/model table")
+    assert zen5.isa.avx512_bf16 and not zen5.isa.amx_tile
+
+
 def test_sysfs_alone_without_cpuinfo_beside_it_asks_for_one(tmp_path: Path) -> None:
     (tmp_path / "sys").mkdir()
     with pytest.raises(ValueError, match="--cpuinfo"):
