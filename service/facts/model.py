@@ -31,6 +31,11 @@ class ModelFacts:
     head_dim: int | None
     kv_lora_rank: int | None  # MLA
     qk_rope_head_dim: int | None  # MLA
+    # Gated-DeltaNet layers (Qwen3-Next / Qwen3.5 config keys): the shapes vLLM's CPU GDN kernels check
+    linear_key_head_dim: int | None = None
+    linear_value_head_dim: int | None = None
+    linear_num_key_heads: int | None = None
+    linear_num_value_heads: int | None = None
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV-cache bytes one token occupies across all attention layers (linear-attention layers keep a
@@ -105,6 +110,7 @@ _NUM_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 _NUM_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
 _NUM_KV_HEAD_KEYS = ("num_key_value_heads", "multi_query_group_num", "n_head_kv", "num_kv_heads")
 _DTYPE_KEYS = ("torch_dtype", "dtype")
+_GDN_SHAPE_KEYS = ("linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads")
 
 # Encoder-only families: no generation, vLLM serves them as pooling (embedding) models.
 _ENCODER_MODEL_TYPES = frozenset(
@@ -305,4 +311,5 @@ def _facts_from_config(cfg: Config, directory: Path) -> ModelFacts:
         head_dim=_head_dim(lm, uses_mla),
         kv_lora_rank=int(lm["kv_lora_rank"]) if uses_mla else None,
         qk_rope_head_dim=int(lm["qk_rope_head_dim"]) if lm.get("qk_rope_head_dim") is not None else None,
+        **{key: int(lm[key]) if lm.get(key) is not None else None for key in _GDN_SHAPE_KEYS},
     )

@@ -15,6 +15,7 @@ from service.facts.software import SoftwareFacts
 from service.policy.backend import BackendChoice, choose_backend
 from service.policy.decision import Decision, Source
 from service.policy.dtype import BYTES, choose_dtype
+from service.policy.kernels import check_kernels
 from service.policy.memory import plan_memory
 from service.policy.threads import ThreadPlan, plan_threads, worker_omp_env
 from service.settings import Settings
@@ -81,6 +82,9 @@ def build_plan(
     _zen_decisions(b, backend.name, settings, user)
     if model is not None:
         _model_decisions(b, hardware, model, backend.name, settings, user, environ, threads.tp_size)
+        kernels = check_kernels(model, backend.name, b.engine_args["dtype"])
+        b.decisions.extend([kernels.decision] if kernels.decision else [])
+        b.errors.extend(kernels.errors)
     _general_decisions(b, settings, user)
     return EnginePlan(
         backend, threads, tuple(b.decisions), tuple(b.warnings), tuple(b.errors), b.engine_args, b.env

@@ -1,0 +1,84 @@
+"""Pre-flight kernel limits: models vLLM's CPU kernels cannot run are refused before loading, with the limit."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from service.__main__ import app
+from service.facts.kernels import GDN, KERNELS
+from service.facts.model import inspect_model
+from service.policy.kernels import SETTING, check_kernels
+from tests.unit.conftest import CPUINFO, MODELS
+
+MISMATCHED = MODELS / "tiny-qwen3-next-gdn-k64-v128"  # config of tests/support/tiny_models.py's unequal-heads model
+QWEN3_NEXT = MODELS / "qwen3-next-80b-a3b-instruct"
+runner = CliRunner()
+
+
+def detect(*args: str) -> tuple[int, dict]:
+    result = runner.invoke(app, ["detect", "--json", *args])
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_unequal_gdn_key_and_value_head_dims_are_refused_with_the_models_values():
+    check = check_kernels(inspect_model(str(MISMATCHED)), "avx512", "bfloat16")
+    assert check.decision is None and len(check.errors) == 1
+    assert "expect head_dim to be equal to head_dim_v" in check.errors[0]
+    assert "linear_key_head_dim 64, linear_value_head_dim 128" in check.errors[0]
+
+
+@pytest.mark.parametrize("backend", sorted(KERNELS))
+def test_the_real_qwen3_next_fits_every_backends_kernels(backend):
+    check = check_kernels(inspect_model(str(QWEN3_NEXT)), backend, "bfloat16")
+    assert check.errors == ()
+    assert check.decision.setting == SETTING and check.decision.value == "pass"
+    assert "16x128 key / 32x128 value" in check.decision.reason and "head_dim 256" in check.decision.reason
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"linear_key_head_dim": 32, "linear_value_head_dim": 32}, "compiled for linear head dims 64, 128 only"),
+        ({"linear_key_head_dim": 256, "linear_value_head_dim": 256}, "linear_key_head_dim 256"),
+        ({"linear_num_key_heads": 12}, "32 value and 12 key heads"),
+        ({"head_dim": 72}, "attention head_dim 72 is not one of the CPU attention kernel's head sizes"),
+    ],
+)
+def test_each_gdn_and_attention_limit(change, expected):
+    model = dataclasses.replace(inspect_model(str(QWEN3_NEXT)), **change)
+    errors = check_kernels(model, "amx", "bfloat16").errors
+    assert len(errors) == 1 and expected in errors[0]
+
+
+def test_gdn_runs_bf16_only_and_zen_has_no_fp16():
+    qwen3_next = inspect_model(str(QWEN3_NEXT))
+    (error,) = check_kernels(qwen3_next, "amx", "float32").errors
+    assert "bfloat16 only, not float32" in error
+    llama = inspect_model(str(MODELS / "llama-3.1-8b-instruct"))
+    assert check_kernels(llama, "amx", "float32").errors == ()  # dense models run fp32
+    (error,) = check_kernels(llama, "zen", "float16").errors
+    assert "bfloat16/float32, not float16" in error and "zen_cpu.py" in error
+
+
+def test_mla_and_models_without_gdn_keys_skip_those_checks():
+    deepseek = inspect_model(str(MODELS / "deepseek-v3"))
+    assert deepseek.uses_mla and check_kernels(deepseek, "avx512", "bfloat16").errors == ()
+    assert GDN.head_dims == frozenset({64, 128}) and GDN.equal_key_value_head_dims
+
+
+def test_detect_refuses_the_mismatched_model_before_loading():
+    code, report = detect("--cpuinfo", str(CPUINFO / "epyc_zen5_kvm.txt"), "--model", str(MISMATCHED))
+    assert code == 1
+    assert any("expect head_dim to be equal to head_dim_v" in e for e in report["errors"]), report["errors"]
+    assert report["model"]["linear_key_head_dim"] == 64 and report["model"]["linear_value_head_dim"] == 128
+
+
+def test_detect_passes_the_real_qwen3_next_and_says_what_it_checked():
+    code, report = detect("--cpuinfo", str(CPUINFO / "xeon_8480_sapphirerapids.txt"), "--model", str(QWEN3_NEXT),
+                          "--max-model-len", "4096")
+    assert report["errors"] == [] and code == 0
+    (kernels,) = [d for d in report["decisions"] if d["setting"] == SETTING]
+    assert kernels["value"] == "pass" and "GDN" in kernels["reason"]
