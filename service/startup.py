@@ -8,6 +8,7 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from service.facts.hardware import read_hardware
+from service.facts.libraries import read_libraries
 from service.facts.model import ModelFacts, ModelNotFound, inspect_model
 from service.facts.software import read_software
 from service.patches import apply_fxgraph_pickle_patch, needs_fxgraph_pickle_patch
@@ -37,7 +38,7 @@ def build_report(
             model_facts = inspect_model(model)
         except (ModelNotFound, OSError, ValueError) as exc:
             model_error = f"model {model!r}: {exc}"
-    plan = build_plan(hardware, model_facts, software, settings, environ)
+    plan = build_plan(hardware, model_facts, software, settings, environ, read_libraries())
     if model_error:
         plan = dataclasses.replace(plan, errors=plan.errors + (model_error,))
     return StartupReport(

@@ -10,13 +10,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.facts.hardware import HardwareFacts
+from service.facts.libraries import LibraryFacts
 from service.facts.model import ModelFacts
 from service.facts.software import SoftwareFacts
 from service.policy.backend import BackendChoice, choose_backend
+from service.policy.compile_cache import plan_compile_cache
 from service.policy.decision import Decision, Source
 from service.policy.dtype import BYTES, choose_dtype
 from service.policy.kernels import check_kernels
 from service.policy.memory import plan_memory
+from service.policy.preload import choose_preload
 from service.policy.threads import ThreadPlan, plan_threads, worker_omp_env
 from service.settings import Settings
 
@@ -69,6 +72,7 @@ def build_plan(
     software: SoftwareFacts,
     settings: Settings,
     environ: Mapping[str, str],
+    libraries: LibraryFacts | None = None,  # None: not read, no preload decision
 ) -> EnginePlan:
     b = _Builder()
     user = settings.explicitly_set()
@@ -77,8 +81,14 @@ def build_plan(
         b.errors.append(backend.error)
         return EnginePlan(backend, None, tuple(b.decisions), tuple(b.warnings), tuple(b.errors))
 
+    if libraries is not None:
+        preload = choose_preload(backend.name, libraries, environ)
+        b.decisions.append(preload.decision)
+        b.env.update(preload.env)
+        b.warnings.extend(preload.warnings)
     threads = plan_threads(hardware.topology, hardware.limits, settings.tensor_parallel_size, settings.reserved_cpus)
-    _thread_decisions(b, threads, environ)
+    # The workers' OpenMP variables follow the runtime that will be preloaded, not this process's.
+    _thread_decisions(b, threads, {**environ, **b.env})
     _zen_decisions(b, backend.name, settings, user)
     if model is not None:
         _model_decisions(b, hardware, model, backend.name, settings, user, environ, threads.tp_size)
@@ -86,6 +96,9 @@ def build_plan(
         b.decisions.extend([kernels.decision] if kernels.decision else [])
         b.errors.extend(kernels.errors)
     _general_decisions(b, settings, user)
+    compile_cache = plan_compile_cache(settings.cache_dir, software.vllm, environ)
+    b.decisions.extend(compile_cache.decisions)
+    b.env.update(compile_cache.env)
     return EnginePlan(
         backend, threads, tuple(b.decisions), tuple(b.warnings), tuple(b.errors), b.engine_args, b.env
     )

