@@ -1,4 +1,4 @@
-"""Start vLLM's AsyncLLM in-process and build vLLM's own OpenAI app on it (routes, protocol, errors)."""
+"""vLLM's AsyncLLM in-process, the app vLLM builds for it (routes, protocol), and the warm-up request."""
 from __future__ import annotations
 
 import asyncio
@@ -34,48 +34,11 @@ def vllm_args(engine_args: dict[str, Any], model: str, served_name: str, max_que
     return make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
 
 
-def _strip_http_instrumentation(app: Any) -> None:
-    """vLLM instruments its app with prometheus-fastapi-instrumentator; the service instruments the outer app
-    with the same library (so 401/413/503 answered before vLLM count too). Two would register the same
-    metric names twice."""
-    from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentatorMiddleware
-
-    app.user_middleware = [m for m in app.user_middleware if m.cls is not PrometheusInstrumentatorMiddleware]
-
-
-def bound_admission(engine: Any) -> None:
-    """vLLM answers 503 (retry later) when a request would overflow --max-num-queued-reqs, also for one that
-    needs more sequences (n, items, questions) than the limit itself: it could never be admitted, so retrying
-    is pointless. Such a request gets 400 naming both numbers instead."""
-    from vllm.exceptions import VLLMValidationError
-
-    limit = engine.scheduler_config.max_num_queued_reqs
-    if limit is None:
-        return
-    check = engine.check_admission
-
-    def check_admission(n: int = 1, request_id: str | None = None) -> None:
-        if n > limit:
-            raise VLLMValidationError(
-                f"this request needs {n} sequences but the server admits at most {limit} at a time "
-                "(max_queued_requests): ask for fewer"
-            )
-        check(n, request_id)
-
-    engine.check_admission = check_admission
-
-
-class _ShutdownOwnedByWatchdog:
-    """Stands in for the uvicorn server vLLM's engine-error handler expects at `app.state.server` (it sets
-    `should_exit` when the engine is dead). The service's watchdog owns that exit: /health turns 503 first
-    and the process exits non-zero, so nothing here stops the server."""
-
-    should_exit = False
-
-
-async def start_engine(args: Namespace, stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
-    """Returns (engine client, vLLM app). AsyncLLM's constructor blocks for the whole engine start-up
-    (process spawn, model load), so it runs in a thread while the event loop keeps answering probes."""
+async def start_engine(args: Namespace, state: Any, stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
+    """Returns (engine client, the app vLLM builds for it, whose routes the service serves). The serving
+    objects vLLM's routes use are set up in `state`, the service app's own. AsyncLLM's constructor blocks for
+    the whole engine start-up (process spawn, model load), so it runs in a thread while the event loop keeps
+    answering probes."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.app import build_app
@@ -93,21 +56,25 @@ async def start_engine(args: Namespace, stack: contextlib.AsyncExitStack) -> tup
             disable_log_stats=engine_args.disable_log_stats,
         )
 
+    # [agents, issue 12] vLLM's own server imports --tool-parser-plugin at start (launcher.setup_server);
+    # the service builds the app itself, so it does the same (the forced_only parser, service/policy/chat.py).
+    if args.tool_parser_plugin:
+        from vllm.tool_parsers import ToolParserManager
+
+        ToolParserManager.import_tool_parser(args.tool_parser_plugin)
     engine = await asyncio.to_thread(construct)
     stack.callback(engine.shutdown)
-    bound_admission(engine)
     supported = await engine.get_supported_tasks()
-    app = build_app(args, supported, engine.model_config)
-    app.state.server = _ShutdownOwnedByWatchdog()
-    _strip_http_instrumentation(app)
-    await init_app_state(engine, app.state, args, supported)
-    return engine, app
+    vllm_app = build_app(args, supported, engine.model_config)
+    await init_app_state(engine, state, args, supported)
+    return engine, vllm_app
 
 
-async def warm_up(app: Any, served_name: str, embedding: bool) -> None:
-    """One real request through vLLM's own route: proves tokenizer, engine and kernels work end to end."""
+async def warm_up(app: Any, served_name: str, embedding: bool, headers: dict[str, str]) -> None:
+    """One real request through the service's own route, in-process: proves tokenizer, engine and kernels
+    work end to end."""
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://warmup") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://warmup", headers=headers) as client:
         if embedding:
             resp = await client.post("/v1/embeddings", json={"model": served_name, "input": "warm up"})
         else:

@@ -9,7 +9,8 @@ from typing import Any
 
 
 class Phase(enum.Enum):
-    STARTING = "starting"  # engine loading or warming up
+    STARTING = "starting"  # engine loading
+    WARMING_UP = "warming up"  # engine up, warm-up request running; /ready still 503
     READY = "ready"
     DRAINING = "draining"  # SIGTERM received: finishing in-flight requests
     DEAD = "dead"  # engine died, or failed to start
@@ -21,7 +22,6 @@ class Lifecycle:
     phase: Phase = Phase.STARTING
     reason: str = "engine is loading the model"
     engine: Any = None  # vLLM EngineClient once started
-    engine_app: Any = None  # vLLM's own FastAPI app (its OpenAI routes), once started
     engine_processes: list[Any] = field(default_factory=list)  # psutil.Process of the engine core and workers
     in_flight: int = 0
     exit_code: int = 0
@@ -38,7 +38,8 @@ class Lifecycle:
 
     @property
     def accepting(self) -> bool:
-        return self.phase is Phase.READY
+        """Engine requests are admitted (the warm-up request is one)."""
+        return self.phase in (Phase.WARMING_UP, Phase.READY)
 
     def request_started(self) -> None:
         self.in_flight += 1

@@ -103,9 +103,10 @@ async def _serve(
     lifecycle = Lifecycle(started_at=started)
     metrics = ServiceMetrics(get_prometheus_registry())
     metrics.describe_startup(report, served)
-    app = create_app(settings, report, lifecycle, metrics, served_model=served, demo=demo)
+    args = vllm_args(report.plan.engine_args, model, served, settings.max_queued_requests)
+    shell = create_app(settings, report, lifecycle, metrics, args, served_model=served, demo=demo)
     config = uvicorn.Config(
-        app,
+        shell.app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -113,23 +114,24 @@ async def _serve(
         lifespan="off",
     )
     server = DrainingServer(config, lifecycle, settings.shutdown_grace_seconds)
-    args = vllm_args(report.plan.engine_args, model, served, settings.max_queued_requests)
+    key = settings.resolved_api_key()
     embedding = report.model is not None and report.model.is_embedding
 
     async def bring_up(stack: contextlib.AsyncExitStack) -> None:
         try:
-            lifecycle.engine, lifecycle.engine_app = await start_engine(args, stack)
+            lifecycle.engine, vllm_app = await start_engine(args, shell.app.state, stack)
             lifecycle.engine_processes = _engine_processes()
-            lifecycle.reason = "warming up"
+            shell.attach_engine(vllm_app)
+            lifecycle.set_phase(Phase.WARMING_UP, "engine up, warm-up request running")
             if settings.warmup:
-                await warm_up(lifecycle.engine_app, served, embedding)
+                await warm_up(shell.app, served, embedding, {"Authorization": f"Bearer {key}"} if key else {})
         except Exception as exc:
             log.exception("engine failed to start")
             lifecycle.set_phase(Phase.DEAD, f"engine failed to start: {exc}")
             lifecycle.exit_code = EXIT_ENGINE_DIED
             server.should_exit = True
             return
-        if lifecycle.phase is Phase.STARTING:
+        if lifecycle.phase is Phase.WARMING_UP:
             lifecycle.set_phase(Phase.READY, "model loaded and warmed up")
             metrics.ready.set(1)
             metrics.startup_seconds.set(time.monotonic() - started)

@@ -11,9 +11,10 @@ import secrets
 import httpx
 import psutil
 import pytest
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
-from service.server.middleware import ApiKeyMiddleware
+from service.server.auth import require_api_key
+from service.server.errors import install_error_handlers
 from service.settings import Settings, load_settings
 from tests.reliability.conftest import CANARIES, SERVED
 
@@ -72,14 +73,15 @@ def test_api_key_is_compared_in_constant_time(monkeypatch):
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr("service.server.middleware.secrets.compare_digest", spy)
+    monkeypatch.setattr("service.server.auth.secrets.compare_digest", spy)
     app = FastAPI()
+    install_error_handlers(app, on_engine_dead=lambda reason: None)
 
-    @app.get("/v1/thing")
+    @app.get("/v1/thing", dependencies=[Depends(require_api_key(key))])
     async def thing():
         return {"ok": True}
 
-    guarded = ApiKeyMiddleware(app, key=key, protect_metrics=False)
+    guarded = app
 
     async def statuses():
         transport = httpx.ASGITransport(app=guarded)

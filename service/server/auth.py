@@ -1,0 +1,36 @@
+"""The API key, as a FastAPI dependency of every protected route."""
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+
+from fastapi import Request
+
+from service.server.errors import ServiceError
+
+UNAUTHORIZED = ServiceError(
+    HTTPStatus.UNAUTHORIZED,
+    "missing or invalid API key: send 'Authorization: Bearer <key>'",
+    "AuthenticationError",
+    headers={"WWW-Authenticate": "Bearer"},
+)
+
+
+def require_api_key(key: str | None) -> Callable[[Request], Awaitable[None]]:
+    """A dependency that refuses requests without `Authorization: Bearer <key>` (a no-op without a key).
+
+    Keys are compared as SHA-256 digests with secrets.compare_digest: the time taken depends neither on how
+    much of the key matched nor on its length."""
+    digest = hashlib.sha256(key.encode()).digest() if key else None
+
+    async def check(request: Request) -> None:
+        if digest is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        offered = hashlib.sha256(token.strip().encode()).digest()
+        if not (secrets.compare_digest(offered, digest) and scheme.lower() == "bearer"):
+            raise UNAUTHORIZED
+
+    return check

@@ -1,0 +1,69 @@
+"""Every path this port serves, in one table: who may call it and what it needs.
+
+vLLM's app defines many more routes (operator controls such as elastic scaling, profiling, sleep, weight
+updates, render/derender, SageMaker shims); only those listed in ENGINE_ROUTES are served, so a new vLLM
+release cannot expose an operator route by default.
+"""
+from __future__ import annotations
+
+import enum
+
+
+class Access(enum.Enum):
+    PROBE = "probe"  # liveness / readiness: no key, their own status bodies, every phase
+    PUBLIC = "public"  # no key (the version a dashboard shows)
+    METRICS = "metrics"  # no key unless metrics_require_auth
+    SERVICE = "service"  # the key; answered by the service at every phase
+    ENGINE = "engine"  # the key, and a ready engine (503 + Retry-After while starting or draining)
+
+
+# The service's own routes.
+SERVICE_ROUTES: dict[str, Access] = {
+    "/health": Access.PROBE,
+    "/ready": Access.PROBE,
+    "/version": Access.PUBLIC,
+    "/metrics": Access.METRICS,
+    "/v1/hardware": Access.SERVICE,
+    "/openapi.json": Access.SERVICE,
+    "/v1/models": Access.ENGINE,
+}
+
+# vLLM's routes that are served (Access.ENGINE), each only where the model supports it (vLLM registers the
+# pooling routes for pooling models, the generation routes for generative ones).
+ENGINE_ROUTES: frozenset[str] = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/chat/completions/batch",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/responses/{response_id}",
+        "/v1/responses/{response_id}/cancel",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/embeddings",
+        "/v2/embed",
+        "/pooling",
+        "/classify",
+        "/score",
+        "/v1/score",
+        "/rerank",
+        "/v1/rerank",
+        "/v2/rerank",
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
+        "/generative_scoring",
+        "/tokenize",
+        "/detokenize",
+        # Amazon SageMaker's serving contract.
+        "/ping",
+        "/invocations",
+    }
+)
+
+# Not counted in the HTTP request metrics: probes every few seconds and the scrape itself would drown the rest.
+UNCOUNTED = tuple(path for path, access in SERVICE_ROUTES.items() if access in (Access.PROBE, Access.METRICS))
+
+
+def served_engine_route(path: str) -> bool:
+    """Whether a route of vLLM's app is served (the service's own routes take precedence)."""
+    return path in ENGINE_ROUTES and path not in SERVICE_ROUTES
