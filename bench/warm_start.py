@@ -1,0 +1,77 @@
+"""Start-to-ready with torch.compile, cold (empty compile cache) then warm (the cache the cold start saved).
+
+  .venv/bin/python -m bench.warm_start [--model PATH | --demo] [--out DIR]
+
+A fresh cache_dir per measurement: the service decides VLLM_CACHE_ROOT under it, so the first start compiles
+and saves, the second loads. Each start is read back from vLLM's own log lines: did it compile and save, load
+the saved graph, or fail to load and compile again. `measure()` is what the benchmark tool calls.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from bench.preload import REPO, serve, stop
+
+# vLLM 0.32's log lines (vllm/compilation/decorators.py, monitor.py, v1/engine/core.py).
+SAVED = "saved AOT compiled function to"
+LOADED = "Directly load AOT compilation from path"
+RECOMPILED = "Compiling model again due to a load failure"
+INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
+
+
+def read_log(text: str) -> dict:
+    init = INIT_ENGINE.search(text)
+    return {"compiled_and_saved": SAVED in text, "loaded_compiled": LOADED in text,
+            "load_failed_recompiled": RECOMPILED in text, "engine_init_s": float(init[1]) if init else None}
+
+
+def measure(model: Path | None, work_dir: Path, settings: dict[str, str] | None = None,
+            ready_timeout: float = 3600) -> dict:
+    """Cold then warm start of `model` (None: the built-in demo model) with torch.compile."""
+    cache_dir = work_dir / "cache"
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_") and k != "VLLM_CACHE_ROOT"}
+    base.update(VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", SERVICE_CACHE_DIR=str(cache_dir),
+                SERVICE_ENFORCE_EAGER="false")
+    if model is not None:
+        base["SERVICE_MODEL"] = str(model)
+    base.update({f"SERVICE_{k.upper()}": v for k, v in (settings or {}).items()})
+    result: dict = {"model": str(model) if model else "demo", "loadavg_1m": os.getloadavg()[0]}
+    for phase in ("cold", "warm"):
+        log_path = work_dir / f"server-{phase}.log"
+        start = time.monotonic()
+        proc, _ = serve(base, log_path, ready_timeout)
+        ready = time.monotonic() - start
+        stop(proc)
+        result[phase] = {"ready_s": round(ready, 1), **read_log(log_path.read_text(errors="replace"))}
+        print(f"{phase}: ready after {ready:.0f} s {result[phase]}", file=sys.stderr)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, help="default: the bench model (built on first use)")
+    ap.add_argument("--demo", action="store_true", help="the built-in demo model instead")
+    ap.add_argument("--out", type=Path, default=REPO / ".cache" / "bench-warm-start")
+    args = ap.parse_args()
+    model = None
+    if not args.demo:
+        from bench.models import ensure_bench_model
+        from service.settings import default_cache_dir
+
+        model = args.model or ensure_bench_model(default_cache_dir())
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = measure(model, args.out, {"kv_cache_gib": "1"})
+    (args.out / "warm_start.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

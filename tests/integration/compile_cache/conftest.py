@@ -1,0 +1,18 @@
+"""The warm-restart test starts the engine twice with torch.compile, the first time compiling from scratch:
+minutes on a small machine (docs/performance.md). It runs only when asked for: `pytest -m compile_cache`."""
+from __future__ import annotations
+
+MARKER = "compile_cache"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{MARKER}: cold + warm engine start with torch.compile (slowest test)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if MARKER in (config.getoption("markexpr") or ""):
+        return  # selected (or excluded) explicitly by -m
+    kept = [item for item in items if item.get_closest_marker(MARKER) is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
