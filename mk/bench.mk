@@ -1,11 +1,43 @@
-# Benchmarks of issue 5 (README.md, "Benchmarks"): results, table and plots under bench/results/<stamp>/.
-#   make bench         full run: front end vs vLLM's server at c=1,4,16 x3, policy vs defaults, decode vs bandwidth
-#   make bench-quick   one repetition at c=4, front end only (< 5 min); last line: the front-end throughput ratio
-# The `bench` extra (matplotlib, py-spy) is installed by `make setup`.
-.PHONY: bench bench-quick
+# The benchmark (docs/bench.md): a tool beside the service, `python -m bench`; results under bench/results/<stamp>/.
+#   make bench              front end vs vLLM's server at c=1,4,16, policy vs defaults, decode vs bandwidth, and the
+#                           llama.cpp peer if `make bench-tools` has installed it (BENCH_PEER=0 skips it)
+#   make bench-quick        c=4 only, front end only (< 5 min); last line: the front-end throughput ratio
+#   make bench-peer         the llama.cpp peer table alone
+#   make bench-tools        llama.cpp's server (llama-server from the llama-cpp-python sdist, built for this CPU)
+# The `bench` extra (matplotlib, py-spy) is installed by `make setup`; llama.cpp is not (a build takes minutes).
+.PHONY: bench bench-quick bench-peer bench-tools
+
+BENCH_PEER ?= 1
+BENCH_SRC := .cache/bench-src
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CPP_SDIST := $(BENCH_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz
+LLAMA_CPP_TREE := $(BENCH_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION)
+LLAMA_CPP_BUILD := .cache/llama.cpp-build
+LLAMA_CPP_BIN := $(LLAMA_CPP_BUILD)/bin
+# -march=native: llama.cpp's kernels for this machine's ISA (AVX-512, VNNI, BF16, AMX where the CPU shows them).
+LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=ON
 
 bench: setup
-	$(PY) -m service bench $(BENCH_ARGS)
+	$(PY) -m bench $(if $(filter 0,$(BENCH_PEER)),--no-peer,) $(BENCH_ARGS)
 
 bench-quick: setup
-	$(PY) -m service bench --quick $(BENCH_ARGS)
+	$(PY) -m bench --quick $(BENCH_ARGS)
+
+bench-peer: setup bench-tools
+	$(PY) -m bench --only-peer $(BENCH_ARGS)
+
+bench-tools: $(LLAMA_CPP_BIN)/.installed
+
+# llama.cpp's own server (llama-server: parallel slots, continuous batching), built from the llama.cpp source that the
+# llama-cpp-python sdist on PyPI vendors. Not `python -m llama_cpp.server`: that server holds one lock around the
+# model and answers one request at a time (and by default a new request interrupts the one streaming), so it is no
+# peer under concurrency. The converter to GGUF (convert_hf_to_gguf.py, gguf-py) comes from the same source.
+$(LLAMA_CPP_BIN)/.installed: mk/bench.mk
+	mkdir -p $(BENCH_SRC)
+	test -f $(LLAMA_CPP_SDIST) || $(PYTHON) -m pip download -q --no-deps --no-binary :all: \
+	  llama-cpp-python==$(LLAMA_CPP_VERSION) -d $(BENCH_SRC)
+	test -d $(LLAMA_CPP_TREE) || tar xzf $(LLAMA_CPP_SDIST) -C $(BENCH_SRC)
+	cmake -S $(LLAMA_CPP_TREE)/vendor/llama.cpp -B $(LLAMA_CPP_BUILD) -DCMAKE_BUILD_TYPE=Release $(LLAMA_CPP_CMAKE_ARGS) \
+	  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
+	cmake --build $(LLAMA_CPP_BUILD) -j $$(nproc) --target llama-server llama-quantize llama-tokenize
+	touch $@

@@ -1,4 +1,4 @@
-"""CLI: `python -m service serve | detect | bench`."""
+"""CLI: `python -m service serve | detect` (the benchmark is a tool beside the service: `python -m bench`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -101,36 +101,6 @@ def serve(
         enforce_eager=enforce_eager,
     )
     raise typer.Exit(run(settings))
-
-
-@app.command()
-def bench(
-    quick: Annotated[bool, typer.Option("--quick", help="One repetition at concurrency 4, front end only (< 5 min)")] = False,
-    repetitions: Annotated[Optional[int], typer.Option("--repetitions", min=1)] = None,
-    concurrency: Annotated[Optional[list[int]], typer.Option("--concurrency", help="Repeat for several")] = None,
-    policy: Annotated[Optional[bool], typer.Option("--policy/--no-policy", help="Policy vs vLLM defaults")] = None,
-    decode: Annotated[Optional[bool], typer.Option("--decode/--no-decode", help="Decode vs bandwidth ceiling")] = None,
-    profile: Annotated[Optional[bool], typer.Option("--profile/--no-profile", help="py-spy on our front end")] = None,
-    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help="Default bench/results")] = None,
-) -> None:
-    """Benchmarks (issue 5): JSON, Markdown table and PNG plots under bench/results/; last line: the front-end
-    throughput ratio ours/vLLM."""
-    import shlex
-    import sys
-
-    from service.bench import BenchOptions, run_bench
-
-    given = {
-        "repetitions": repetitions,
-        "concurrencies": tuple(concurrency) if concurrency else None,
-        "policy": policy,
-        "decode": decode,
-        "profile": profile,
-        "results_dir": results_dir,
-    }
-    given = {k: v for k, v in given.items() if v is not None}
-    opts = BenchOptions.quick_mode(**given) if quick else BenchOptions(**given)
-    raise typer.Exit(run_bench(opts, command=shlex.join(["python", "-m", "service", *sys.argv[1:]])))
 
 
 if __name__ == "__main__":

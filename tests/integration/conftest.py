@@ -1,11 +1,10 @@
 """One real server per model for the whole session (engine start costs ~40-60 s each)."""
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import httpx
 import pytest
 
 from service.facts.model import packaged_embedding_model_path
@@ -20,7 +19,11 @@ class RunningServer:
     process: ServerProcess
     served_model: str
     api_key: str | None
-    ready_statuses: list[tuple[int, dict]] = field(default_factory=list)  # /ready answers seen while starting
+
+    @property
+    def ready_statuses(self) -> list[tuple[int, Any]]:
+        """/ready answers seen while starting."""
+        return self.process.ready_statuses
 
     @property
     def url(self) -> str:
@@ -33,22 +36,13 @@ class RunningServer:
 def _start(name: str, tmp_root: Path, served: str, api_key: str | None = None, **settings: str) -> RunningServer:
     if api_key:
         settings["api_key"] = api_key
-    process = ServerProcess(service_env(REPO / ".cache" / "test-models", **settings), tmp_root / f"{name}.log")
-    server = RunningServer(process.start(), served, api_key)
-    deadline = time.monotonic() + 480
-    while time.monotonic() < deadline:
-        if process.proc.poll() is not None:
-            raise RuntimeError(f"{name} server exited with {process.proc.returncode}:\n{process.log_tail()}")
-        try:
-            resp = httpx.get(f"{process.url}/ready", timeout=2)
-            server.ready_statuses.append((resp.status_code, resp.json()))
-            if resp.status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    process.kill_group()
-    raise TimeoutError(f"{name} server not ready:\n{process.log_tail()}")
+    process = ServerProcess(service_env(REPO / ".cache" / "test-models", **settings), tmp_root / f"{name}.log", name=name)
+    try:
+        process.start().wait_ready(timeout=480)
+    except BaseException:
+        process.kill_group()
+        raise
+    return RunningServer(process, served, api_key)
 
 
 @pytest.fixture(scope="session")

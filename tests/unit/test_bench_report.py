@@ -1,59 +1,116 @@
-"""Tables, py-spy summaries, the decode model's byte count and the client's arguments of the bench."""
+"""Tables, py-spy summaries, the decode model's byte count, the client's arguments and CPUs, and what the bench reads
+from the service's GET /v1/hardware to start vLLM's server with the same engine."""
 from __future__ import annotations
+
+import json
+import sys
 
 import pytest
 
-from service.bench import models, profile
-from service.bench.load import Workload
-from service.bench.report import comparison_table, decode_table, markdown
-from service.bench.stats import DecodeResult, compare, extract_metrics
+from bench import models, profile
+from bench.load import Workload, client_cpus
+from bench.report import comparison_table, decode_table, markdown
+from bench.servers import MAX_QUEUED, Reported, vllm_argv, vllm_defaults, vllm_same_engine
+from bench.stats import FRONTEND_TARGETS, DecodeResult, compare, extract_metrics
 
 
-def _run(server, c, rep, req_s, ttft):
+def _run(server, c, rep, tok_s, ttft):
     result = {
-        "duration": 5.0, "completed": 8, "failed": 0, "request_throughput": req_s, "output_throughput": req_s * 64,
+        "duration": 5.0, "completed": 8, "failed": 0, "request_throughput": tok_s / 64, "output_throughput": tok_s,
         "p50_ttft_ms": ttft, "p99_ttft_ms": ttft + 10, "p50_tpot_ms": 8.0, "p99_tpot_ms": 9.0, "p50_itl_ms": 8.0,
+        "total_output_tokens": 512,
     }
-    return {"server": server, "concurrency": c, "rep": rep, "metrics": extract_metrics(result)}
+    return {"server": server, "concurrency": c, "rep": rep, "metrics": extract_metrics(result), "client": {"starved": False}}
 
 
 @pytest.fixture
 def comparisons():
-    runs = [_run("ours", 4, 0, 2.0, 30.0), _run("vllm", 4, 0, 2.0, 29.0), _run("ours", 16, 0, 3.0, 90.0), _run("vllm", 16, 0, 3.2, 80.0)]
-    return [compare("frontend", "ours", "vllm", c, runs) for c in (4, 16)]
+    runs = [_run("ours", 4, 0, 128.0, 30.0), _run("vllm", 4, 0, 128.0, 29.0), _run("ours", 4, 1, 130.0, 30.0),
+            _run("vllm", 4, 1, 126.0, 29.0), _run("ours", 16, 0, 190.0, 90.0), _run("vllm", 16, 0, 200.0, 80.0)]
+    return [compare("frontend", "ours", "vllm", c, runs, FRONTEND_TARGETS) for c in (4, 16)]
 
 
-def test_comparison_table_has_both_servers_and_the_ratio(comparisons):
+# What GET /v1/hardware answers (the parts the bench reads), as the service's StartupReport.to_dict() writes it.
+HARDWARE = {
+    "hardware": {
+        "model_name": "Xeon", "family": 6, "model": 207, "microarchitecture": "emeraldrapids",
+        "isa": {"avx2": True, "avx512_bf16": True, "amx": False}, "physical_cores": 4, "logical_cpus": 4,
+        "numa_nodes": {"0": "0-3"}, "memory_limit_bytes": 8 * 1024**3, "allowed_cpus": [0, 1, 2, 3],
+    },
+    "software": {"torch": "2.13.0+cpu", "vllm": "0.32.0"},
+    "backend": {"name": "avx512"},
+    "threads": {"tensor_parallel_size": 1, "ranks": ["0-1"], "reserved": "2"},
+    "decisions": [
+        {"setting": "engine.tensor_parallel_size", "value": 1},
+        {"setting": "engine.enable_prefix_caching", "value": False},
+        {"setting": "engine.max_model_len", "value": None},
+        {"setting": "env.VLLM_CPU_OMP_THREADS_BIND", "value": "0-1"},
+        {"setting": "worker_env.KMP_AFFINITY", "value": ["x"]},
+        {"setting": "patch.vllm_aot_compile_cache", "value": True},
+    ],
+}
+
+
+def test_table_shows_medians_estimates_intervals_and_verdicts(comparisons):
     lines = comparison_table(comparisons).splitlines()
-    assert lines[0].startswith("| comparison | c | server | req/s | out tok/s | TTFT p50 ms")
-    assert len(lines) == 2 + 3 * 2
-    assert "| frontend | 4 | ours | 2.00 | 128.0 | 30.0 | 40.0 | 8.00 | 9.00 |  |" in lines
-    assert any("**ratio ours/vllm**" in line and "**1.000**" in line and "+1.0" in line and "meets target" in line for line in lines)
-    assert any("| 16 |" in line and "**0.938**" in line and "BELOW TARGET" in line for line in lines)
+    assert lines[0] == "| comparison | c | n | servers | out tok/s | TTFT p50 ms | TPOT p50 ms | API CPU ms/req | verdict |"
+    assert len(lines) == 2 + 2
+    assert lines[2].startswith("| frontend | 4 | 2 | ours / vllm | 129.0 / 127.0: **x1.016 [")
+    assert "30.0 / 29.0: **+1.00 [+1.00, +1.00]** met" in lines[2]
+    assert lines[3].endswith("| unresolved |")  # one repetition: no interval, nothing decided
+    assert "[n=1, no interval]" in lines[3]
 
 
 def test_decode_table_and_markdown(comparisons):
     d = DecodeResult("bfloat16", 100.0, 10.0, 1_000_000_000)
-    table = decode_table([d])
-    assert "| bfloat16 | 1.00 GB | 10.0 GB/s | 10.00 | 10.00 | **100%** | 10.0 |" in table
+    assert "| bfloat16 | 1.00 GB | 10.0 GB/s | 10.00 | 10.00 | **100%** | 10.0 |" in decode_table([d])
     results = {
-        "command": "python -m service bench --quick", "started": "s", "finished": "f",
-        "machine": {
-            "cpu": "Xeon", "family_model": "6/167", "microarchitecture": "icelake", "hypervisor": True,
-            "isa": {"avx2": True, "amx": True, "avx512_bf16": False}, "physical_cores": 2, "memory_gib": 23.5,
-            "engine_cpus": [[0]], "reserved_cpus": [1], "software": {"torch": "2.13.0+cpu", "vllm": "0.32.0"},
-            "loadavg_start": (1.0, 1.0, 1.0), "loadavg_end": (2.0, 1.0, 1.0),
-        },
-        "options": {"input_len": 128, "output_len": 64, "repetitions": 1},
+        "command": "python -m bench --quick", "started": "s", "finished": "f",
+        "machine": Reported(HARDWARE).machine() | {"client": {"note": "load generator on CPU(s) [3] of its own"}},
+        "host": {"loadavg_start": (1.0, 1.0, 1.0), "loadavg_end": (2.0, 1.0, 1.0), "loadavg_1m_max_during_runs": 3.0},
+        "options": {"input_len": 128, "output_len": 64, "rounds": 2},
         "model": {"served_name": "demo-tiny-llama"},
-        "decode": {"model": "/x/bench-llama-0.5b-v1", "parameters": 5e8},
-        "summary": ["line one"], "headline": "frontend throughput ratio ours/vllm: 0.938",
+        "decode": {"model": "/x/bench-llama-0.5b-v1"},
+        "summary": ["line one"], "headline": "frontend throughput ratio ours/vllm: 0.950",
     }
     md = markdown(results, comparisons, [d])
-    assert md.startswith("Command: `python -m service bench --quick`")
-    assert "KVM guest" in md and "ISA: avx2, amx;" in md
+    assert md.startswith("Command: `python -m bench --quick`")
+    assert "ISA: avx2, avx512_bf16;" in md and "engine computes on CPU(s) [0, 1]" in md
+    assert "load generator on CPU(s) [3] of its own" in md and "up to 3.0 during the runs" in md
     assert "bench-llama-0.5b-v1" in md
-    assert md.rstrip().endswith("frontend throughput ratio ours/vllm: 0.938\n```")
+    assert md.rstrip().endswith("frontend throughput ratio ours/vllm: 0.950\n```")
+
+
+def test_reported_engine_arguments_environment_and_cpus():
+    r = Reported(HARDWARE)
+    assert r.engine_args == {"tensor_parallel_size": 1, "enable_prefix_caching": False}
+    assert r.env == {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    assert r.engine_cpus == [0, 1] and r.reserved_cpus == [2] and r.allowed_cpus == [0, 1, 2, 3]
+    assert r.machine()["family_model"] == "6/207" and r.machine()["memory_gib"] == 8.0
+
+
+def test_vllm_gets_the_reported_engine_arguments_and_environment(tmp_path):
+    r = Reported(HARDWARE)
+    server = vllm_same_engine("/m", "demo", r, tmp_path / "log")
+    argv = server.argv
+    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--port") + 1] == "{port}"
+    assert "--tensor-parallel-size" in argv and argv[argv.index("--tensor-parallel-size") + 1] == "1"
+    assert "--no-enable-prefix-caching" in argv
+    assert argv[-2:] == ["--max-num-queued-reqs", str(MAX_QUEUED)]
+    assert server.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1" and server.ready_path == "/v1/models"
+    assert not any(k.startswith("SERVICE_") for k in server.env)
+    defaults = vllm_defaults("/m", "demo", 1 << 30, tmp_path / "log2").argv
+    assert defaults[-2:] == ["--kv-cache-memory-bytes", str(1 << 30)]
+    assert vllm_argv("/m", "demo", {}, None)[-2:] == ["--port", "{port}"]
+
+
+def test_client_cpus_of_its_own_or_shared_and_said_so():
+    own = client_cpus([0, 1, 2, 3], engine=[0, 1], reserved=[2])
+    assert own.cpus == (3,) and own.own and "of its own" in own.note
+    shared = client_cpus([0, 1], engine=[0], reserved=[1])
+    assert shared.cpus == (1,) and not shared.own
+    assert "SHARES CPU(s) [1] with the API servers" in shared.note and "2 CPU(s)" in shared.note
 
 
 def test_py_spy_summary_self_and_areas():
@@ -86,3 +143,8 @@ def test_workload_arguments_fix_the_lengths_and_ignore_eos():
     assert opts["--random-range-ratio"] == "0" and opts["--max-concurrency"] == "4"
     assert opts["--num-prompts"] == "16" and opts["--seed"] == "3" and opts["--dataset-name"] == "random"
     assert "--ignore-eos" in argv and opts["--metric-percentiles"] == "50,99"
+
+
+def test_reported_reads_the_json_the_service_serves():
+    # The field names the bench relies on are those of StartupReport.to_dict(); a round trip through JSON keeps them.
+    assert Reported(json.loads(json.dumps(HARDWARE))).engine_args == Reported(HARDWARE).engine_args

@@ -1,18 +1,28 @@
-"""Parsing of vllm.benchmarks.serve results, medians, ratios, verdicts and summary lines of the bench."""
+"""Parsing of vllm.benchmarks.serve results, paired estimates with 95% intervals, verdicts and summary lines."""
 from __future__ import annotations
+
+import math
+import statistics
 
 import pytest
 
-from service.bench.stats import (
+from bench.stats import (
+    CPU,
+    FRONTEND_TARGETS,
     DecodeResult,
+    Target,
     compare,
     decode_line,
+    estimate,
     extract_metrics,
     faster_dtype,
     headline,
     median_metrics,
+    paired_samples,
     ratio,
     summary_line,
+    t975,
+    verdict,
 )
 
 
@@ -21,14 +31,19 @@ def serve_result(req_s: float, tok_s: float, ttft: float, tpot: float, **extra) 
     out = {
         "duration": 10.0, "completed": 16, "failed": 0, "request_throughput": req_s, "output_throughput": tok_s,
         "p50_ttft_ms": ttft, "p99_ttft_ms": ttft * 2, "p50_tpot_ms": tpot, "p99_tpot_ms": tpot * 1.5,
-        "p50_itl_ms": tpot, "median_ttft_ms": ttft, "ttfts": [0.1] * 16, "generated_texts": ["x"] * 16,
+        "p50_itl_ms": tpot, "median_ttft_ms": ttft, "total_output_tokens": 1024, "ttfts": [0.1] * 16,
+        "generated_texts": ["x"] * 16,
     }
     out.update(extra)
     return out
 
 
-def run(server: str, c: int, rep: int, req_s: float, ttft: float = 50.0) -> dict:
-    return {"server": server, "concurrency": c, "rep": rep, "metrics": extract_metrics(serve_result(req_s, req_s * 64, ttft, 10.0))}
+def run(server: str, c: int, rep: int, tok_s: float, ttft: float = 50.0, rnd: int = 0, cpu: float | None = None,
+        starved: bool = False) -> dict:
+    metrics = extract_metrics(serve_result(tok_s / 64, tok_s, ttft, 10.0))
+    if cpu is not None:
+        metrics[CPU] = cpu
+    return {"server": server, "concurrency": c, "rep": rep, "round": rnd, "metrics": metrics, "client": {"starved": starved}}
 
 
 def test_extract_keeps_scalars_under_our_names():
@@ -46,44 +61,75 @@ def test_extract_names_missing_percentiles():
         extract_metrics(result)
 
 
-def test_median_is_robust_to_one_disturbed_repetition():
-    runs = [{"x": 10.0}, {"x": 11.0}, {"x": 2.0}]
-    assert median_metrics(runs) == {"x": 10.0}
+def test_median_and_ratio():
+    assert median_metrics([{"x": 10.0}, {"x": 11.0}, {"x": 2.0}]) == {"x": 10.0}
     with pytest.raises(ValueError):
         median_metrics([])
-
-
-def test_ratio_refuses_a_zero_baseline():
     assert ratio(1.0, 2.0) == 0.5
     with pytest.raises(ValueError):
         ratio(1.0, 0.0)
 
 
-def test_compare_pairs_by_repetition_and_checks_targets():
+def test_t_interval_on_log_ratios():
+    samples = [0.97, 1.01, 0.99, 1.03]
+    e = estimate("output_throughput", "ratio", samples)
+    logs = [math.log(s) for s in samples]
+    half = t975(3) * statistics.stdev(logs) / 2
+    assert e.value == pytest.approx(math.exp(statistics.fmean(logs)))
+    assert e.low == pytest.approx(math.exp(statistics.fmean(logs) - half))
+    assert e.high == pytest.approx(math.exp(statistics.fmean(logs) + half))
+    assert e.low < e.value < e.high and e.n == 4
+    assert t975(1) == pytest.approx(12.706) and t975(100) == 1.96
+    with pytest.raises(ValueError):
+        t975(0)
+
+
+def test_one_repetition_has_no_interval_and_stays_unresolved():
+    e = estimate("output_throughput", "ratio", [1.5])
+    assert e.low is None and e.high is None
+    assert verdict(e, Target("output_throughput", "ratio", ">=", 0.98)) == "unresolved"
+    assert "no interval" in e.fmt()
+
+
+def test_verdict_needs_the_whole_interval_on_one_side():
+    at_least = Target("output_throughput", "ratio", ">=", 0.98)
+    assert verdict(estimate("x", "ratio", [1.00, 1.01, 1.02]), at_least) == "met"
+    assert verdict(estimate("x", "ratio", [0.90, 0.91, 0.92]), at_least) == "missed"
+    assert verdict(estimate("x", "ratio", [0.90, 1.05, 1.00]), at_least) == "unresolved"
+    at_most = Target("ttft_p50_ms", "delta", "<=", 5.0)
+    assert verdict(estimate("x", "delta", [1.0, 2.0, 1.5]), at_most) == "met"
+    assert verdict(estimate("x", "delta", [9.0, 10.0, 11.0]), at_most) == "missed"
+    assert verdict(estimate("x", "delta", [0.0, 10.0, 4.0]), at_most) == "unresolved"
+
+
+def test_paired_samples_average_the_rounds_of_each_repetition():
     runs = [
-        run("ours", 4, 0, 9.9, ttft=52.0), run("vllm", 4, 0, 10.0, ttft=50.0),
-        run("ours", 4, 1, 10.1, ttft=51.0), run("vllm", 4, 1, 10.0, ttft=50.0),
-        run("ours", 4, 2, 9.0, ttft=60.0), run("vllm", 4, 2, 10.0, ttft=50.0),
-        run("ours", 1, 0, 1.0), run("vllm", 1, 0, 2.0),  # another concurrency: not mixed in
+        run("ours", 4, 0, 90.0, rnd=0), run("vllm", 4, 0, 100.0, rnd=0),
+        run("ours", 4, 0, 110.0, rnd=1), run("vllm", 4, 0, 100.0, rnd=1),
+        run("ours", 4, 1, 100.0, ttft=60.0), run("vllm", 4, 1, 100.0, ttft=50.0),
     ]
-    c = compare("frontend", "ours", "vllm", 4, runs)
-    assert c.repetitions == 3
-    assert c.request_ratio == pytest.approx(0.99)  # median 9.9 / median 10.0
-    assert c.output_ratio == pytest.approx(0.99)
-    assert c.paired_output_ratios == pytest.approx((0.99, 1.01, 0.9))
-    assert c.ttft_p50_delta_ms == pytest.approx(2.0)
-    assert c.throughput_ok and c.ttft_ok
+    got = paired_samples(runs, "ours", "vllm", "output_throughput", "ratio")
+    assert got == pytest.approx([math.sqrt(0.9 * 1.1), 1.0])
+    assert paired_samples(runs, "ours", "vllm", "ttft_p50_ms", "delta") == pytest.approx([0.0, 10.0])
+
+
+def test_compare_estimates_verdicts_and_summary():
+    runs = []
+    for rep, (a, b, ca, cb) in enumerate([(99.0, 100.0, 30.0, 27.0), (101.0, 100.0, 31.0, 28.0), (100.0, 100.0, 29.0, 27.0)]):
+        runs += [run("ours", 4, rep, a, ttft=51.0, cpu=ca), run("vllm", 4, rep, b, ttft=50.0, cpu=cb, starved=rep == 2)]
+    runs.append(run("ours", 1, 0, 1.0))  # another concurrency: not mixed in
+    c = compare("frontend", "ours", "vllm", 4, runs, FRONTEND_TARGETS)
+    assert c.repetitions == 3 and c.starved_runs == 1
+    assert c.throughput.value == pytest.approx(1.0, abs=0.01)
+    assert c.verdicts["output_throughput"] == "unresolved"  # 3 reps of +-1%: the interval crosses 0.98
+    assert c.verdicts["ttft_p50_ms"] == "met"  # +1 ms every time: no spread, within +5 ms
+    assert c.verdicts["tpot_p50_ms"] == "met"
+    assert c.verdicts[CPU] == "missed"  # ~x1.09 in every repetition: above 1.0
+    assert c.overall == "missed"
     line = summary_line(c)
-    assert line.startswith("frontend c=4 ours/vllm: req/s x0.990")
-    assert "pairs 0.900-1.010" in line and "[OK;" in line
-
-
-def test_compare_flags_below_target():
-    runs = [run("ours", 16, 0, 9.0, ttft=70.0), run("vllm", 16, 0, 10.0, ttft=50.0)]
-    c = compare("frontend", "ours", "vllm", 16, runs)
-    assert not c.throughput_ok and not c.ttft_ok
-    assert "BELOW TARGET" in summary_line(c)
-    assert c.as_dict()["throughput_ratio"] == pytest.approx(0.9)
+    assert line.startswith("frontend c=4 ours/vllm (n=3; 1 run(s) with a starved load generator): out tok/s x")
+    assert "unresolved (out tok/s >= x0.98)" in line and "API CPU/req x1.09" in line
+    assert c.as_dict()["overall"] == "missed"
 
 
 def test_compare_needs_both_sides():
@@ -91,13 +137,15 @@ def test_compare_needs_both_sides():
         compare("frontend", "ours", "vllm", 4, [run("ours", 4, 0, 1.0)])
 
 
-def test_headline_is_the_worst_front_end_ratio():
-    runs = [run("ours", 1, 0, 1.0), run("vllm", 1, 0, 1.0), run("ours", 4, 0, 0.97), run("vllm", 4, 0, 1.0)]
-    comps = [compare("frontend", "ours", "vllm", c, runs) for c in (1, 4)]
-    comps.append(compare("policy", "ours", "vllm", 1, runs))
-    assert headline(comps).startswith("frontend throughput ratio ours/vllm: 0.970")
+def test_headline_is_the_worst_front_end_ratio_with_its_interval():
+    runs = [run("ours", 1, r, 100.0) for r in range(2)] + [run("vllm", 1, r, 100.0) for r in range(2)]
+    runs += [run("ours", 4, 0, 96.0), run("vllm", 4, 0, 100.0), run("ours", 4, 1, 98.0), run("vllm", 4, 1, 100.0)]
+    comps = [compare("frontend", "ours", "vllm", c, runs, FRONTEND_TARGETS) for c in (1, 4)]
+    line = headline(comps + [compare("policy", "ours", "vllm", 1, runs)])
+    assert line.startswith("frontend throughput ratio ours/vllm: 0.970 [")
+    assert line.endswith("(worst of c=1,4: c=4)")
     with pytest.raises(ValueError):
-        headline(comps[2:])
+        headline([])
 
 
 def test_decode_fraction_of_the_bandwidth_ceiling():
@@ -109,4 +157,3 @@ def test_decode_fraction_of_the_bandwidth_ceiling():
     assert "= 50%" in decode_line(d) and "BELOW TARGET" in decode_line(d)
     fp32 = DecodeResult("float32", tpot_p50_ms=350.0, bandwidth_gbs=10.0, bytes_per_token=2_000_000_000)
     assert faster_dtype([d, fp32]) == "bfloat16"
-    assert fp32.fraction == pytest.approx((1000 / 350) / 5)

@@ -36,7 +36,7 @@ def stop_record(proc: subprocess.Popen | None) -> None:
         proc.wait(10)
 
 
-_REPO = f"{Path(__file__).resolve().parents[2]}/"
+_REPO = f"{Path(__file__).resolve().parents[1]}/"
 
 
 def _frame_name(frame: str) -> str:

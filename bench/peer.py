@@ -1,0 +1,235 @@
+"""llama.cpp's server as the peer: the bench model (and its quantized copies) as GGUF, served by `llama-server` with the
+engine's compute cores as its threads and one parallel slot per concurrent request, against our service on the same
+weights, with the same load and the same paired, restarted, interleaved method as the front-end comparison."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench import servers as srv
+from bench.load import Workload
+from bench.stats import PEER_ESTIMATES, Comparison, DecodeResult, compare, decode_line
+from harness import REPO, ServerProcess
+
+LLAMA_CPP_VERSION = "0.3.36"  # mk/bench.mk's LLAMA_CPP_VERSION
+TREE = REPO / ".cache" / "bench-src" / f"llama_cpp_python-{LLAMA_CPP_VERSION}" / "vendor" / "llama.cpp"
+BIN = REPO / ".cache" / "llama.cpp-build" / "bin"
+SERVED = "bench-llama"
+CTX_PER_SLOT = 512  # prompt + answer of every workload here, with room
+
+# format -> (the service's model: None = the bf16 bench model, else tests/support/quantized_models.py's scheme;
+#            llama.cpp's GGUF type). Q8_0: int8 blocks of 32 with an fp16 scale, vs W8A8 (int8 per channel, int8
+# dynamic activations); Q4_0: int4 blocks of 32, vs W4A16 (int4 groups of 128, bf16 activations).
+FORMATS: dict[str, tuple[str | None, str]] = {"bf16": (None, "BF16"), "q8_0": ("w8a8", "Q8_0"), "q4_0": ("w4a16", "Q4_0")}
+
+# The converter hashes the tokenizer's output on a test string to name its pre-tokenizer and refuses hashes it does
+# not know. The bench model's tokenizer is a byte-level BPE with GPT-2's split regex (service/demo_model.py), which is
+# llama.cpp's "gpt-2"; the tokenization check below verifies both servers count the same prompt tokens.
+_CONVERT = r"""
+import runpy, sys
+tree, model, out = sys.argv[1:4]
+sys.path[:0] = [tree, tree + "/gguf-py"]
+from conversion.base import TextModel
+TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sys.argv = ["convert_hf_to_gguf.py", model, "--outtype", "bf16", "--outfile", out]
+runpy.run_path(tree + "/convert_hf_to_gguf.py", run_name="__main__")
+"""
+
+
+def available() -> str | None:
+    """Why the peer cannot run, or None."""
+    missing = [p for p in (BIN / "llama-server", BIN / "llama-quantize", TREE / "convert_hf_to_gguf.py") if not p.exists()]
+    return f"llama.cpp not built ({', '.join(str(p.relative_to(REPO)) for p in missing)}): run `make bench-tools`" if missing else None
+
+
+def gguf_models(source: Path, formats: list[str], log: Path) -> dict[str, Path]:
+    """bf16 GGUF by llama.cpp's converter, the others by llama-quantize from it (cached next to the source model)."""
+    out: dict[str, Path] = {}
+    bf16 = source.parent / f"{source.name}.bf16.gguf"
+    if not bf16.exists():
+        with open(log, "ab") as f:
+            subprocess.run([sys.executable, "-c", _CONVERT, str(TREE), str(source), str(bf16) + ".tmp"], check=True,
+                           stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "NO_LOCAL_GGUF": ""})
+        os.replace(str(bf16) + ".tmp", bf16)
+    for fmt in formats:
+        gtype = FORMATS[fmt][1]
+        path = bf16 if gtype == "BF16" else source.parent / f"{source.name}.{fmt}.gguf"
+        if not path.exists():
+            with open(log, "ab") as f:
+                # --pure: every tensor in the one type (llama-quantize otherwise keeps output.weight at Q6_K/Q8_0).
+                subprocess.run([str(BIN / "llama-quantize"), "--pure", str(bf16), str(path) + ".tmp", gtype, "1"],
+                               check=True, stdout=f, stderr=subprocess.STDOUT)
+            os.replace(str(path) + ".tmp", path)
+        out[fmt] = path
+    return out
+
+
+def gguf_bytes_per_token(path: Path) -> int:
+    """Weight bytes one decode step reads from a GGUF: every tensor but the token-embedding table (one row read)."""
+    sys.path.insert(0, str(TREE / "gguf-py"))
+    try:
+        from gguf import GGUFReader
+    finally:
+        sys.path.pop(0)
+    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors if t.name != "token_embd.weight")
+
+
+def safetensors_bytes_per_token(model_dir: Path) -> int:
+    """The same for the service's model: every stored tensor but the input embedding table."""
+    total = 0
+    for f in model_dir.glob("*.safetensors"):
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+        for name, meta in header.items():
+            if name != "__metadata__" and name != "model.embed_tokens.weight":
+                total += meta["data_offsets"][1] - meta["data_offsets"][0]
+    return total
+
+
+def llama_server(gguf: Path, cpus: list[int], slots: int, log_path: Path) -> ServerProcess:
+    """llama-server with the engine's compute cores as its threads (pinned there, strictly), `slots` parallel slots
+    (continuous batching is its default), a context of CTX_PER_SLOT per slot."""
+    mask = hex(sum(1 << c for c in cpus))
+    argv = [
+        str(BIN / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", "{port}", "-a", SERVED,
+        "-np", str(slots), "-c", str(CTX_PER_SLOT * slots), "-t", str(len(cpus)), "-tb", str(len(cpus)),
+        "-C", mask, "--cpu-strict", "1", "-Cb", mask, "--cpu-strict-batch", "1", "--no-webui",
+    ]
+    return ServerProcess(srv.bench_env(), log_path, argv, "/health", "llama.cpp")
+
+
+def tokenization(ours_url: str, llama_url: str, tokenizer_dir: str, n: int = 8) -> dict[str, Any]:
+    """Prompts made as the benchmark client makes them (random token ids, decoded): the prompt tokens each server
+    counts (usage.prompt_tokens of a 1-token completion) must be equal."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    rng = random.Random(0)
+    special = set(tok.all_special_ids)
+    ids = [i for i in range(tok.vocab_size) if i not in special]
+    counts = []
+    for _ in range(n):
+        text = tok.decode([rng.choice(ids) for _ in range(64)])
+        body = {"model": SERVED, "prompt": text, "max_tokens": 1, "temperature": 0}
+        a = httpx.post(ours_url + "/v1/completions", json=body, timeout=120).json()["usage"]["prompt_tokens"]
+        b = httpx.post(llama_url + "/v1/completions", json=body, timeout=120).json()["usage"]["prompt_tokens"]
+        counts.append((a, b))
+    same = all(a == b for a, b in counts)
+    return {"same": same, "prompt_tokens": counts,
+            "line": f"{'same' if same else 'DIFFERENT'} prompt token counts on {n} random prompts "
+                    f"(ours, llama.cpp): {counts[:4]}{' ...' if n > 4 else ''}"}
+
+
+def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
+    """Per format and repetition: our service started (start order alternating with llama-server), warm; per
+    concurrency a llama-server with that many slots, warm; then A/B x peer_rounds on the same workload."""
+    from bench.bandwidth import read_bandwidth
+    from bench.models import ensure_bench_model
+    from bench.runner import cache_dir, log, ours_ready, start
+
+    why = available()
+    if why:
+        log(f"peer skipped: {why}")
+        results["peer"] = {"skipped": why}
+        return None
+    opts = ctx.opts
+    base = ensure_bench_model(cache_dir())
+    formats = list(opts.peer_formats)
+    service_models: dict[str, Path] = {}
+    for fmt in list(formats):
+        scheme = FORMATS[fmt][0]
+        if scheme is None:
+            service_models[fmt] = base
+            continue
+        try:
+            sys.path.insert(0, str(REPO))
+            from tests.support.quantized_models import quantized_bench
+        except ImportError:
+            log(f"peer: {fmt} skipped: tests/support/quantized_models.py (the service's {scheme} model) is not here")
+            formats.remove(fmt)
+            continue
+        service_models[fmt] = quantized_bench(cache_dir(), scheme)
+    ggufs = gguf_models(base, formats, ctx.logdir / "gguf.log")
+    peer: dict[str, Any] = {"model": str(base), "llama_server": f"llama.cpp from llama-cpp-python {LLAMA_CPP_VERSION}",
+                            "runs": [], "decode": [], "formats": {}}
+    results["peer"] = peer
+    w_of = lambda c, rep, rnd: Workload(c, opts.peer_prompts.get(c, 2 * c), opts.peer_input_len, opts.peer_output_len,  # noqa: E731
+                                        seed=3000 * rep + 10 * rnd + c)
+    comparisons: list[Comparison] = []
+    for fmt in formats:
+        model = str(service_models[fmt])
+        peer["formats"][fmt] = {"service_model": model, "gguf": str(ggufs[fmt])}
+        name = f"peer-{fmt}"
+        for rep in range(opts.peer_repetitions):
+            ours_first = rep % 2 == 0
+            live: list[ServerProcess] = []
+            try:
+                llama_log = lambda c: ctx.logdir / f"server-{name}-llama.cpp-rep{rep}-c{c}.log"  # noqa: E731
+                first_llama = None
+                if not ours_first:  # llama.cpp started first this repetition
+                    cpus = ctx.reported.engine_cpus if ctx.reported else [0]
+                    first_llama = start(llama_server(ggufs[fmt], cpus, opts.concurrencies[0], llama_log(opts.concurrencies[0])), ctx)
+                    live.append(first_llama)
+                ours = start(srv.ours(model, SERVED, ctx.logdir / f"server-{name}-ours-rep{rep}.log",
+                                      {"SERVICE_KV_CACHE_GIB": "1"}), ctx)
+                live.append(ours)
+                ours_ready(ctx, lambda: None)(ours)
+                cpus = ctx.reported.engine_cpus
+                peer.update(engine_cpus=cpus, threads=len(cpus))
+                for c in opts.concurrencies:
+                    llama = first_llama if (first_llama and c == opts.concurrencies[0]) else None
+                    if llama is None:
+                        llama = start(llama_server(ggufs[fmt], cpus, c, llama_log(c)), ctx)
+                        live.append(llama)
+                    if rep == 0 and c == opts.concurrencies[0]:
+                        check = tokenization(ours.url, llama.url, str(base))
+                        peer.setdefault("tokenization_by_format", {})[fmt] = check
+                        peer["tokenization"] = check["line"]
+                        log(f"peer {fmt} tokenization: {check['line']}")
+                    pair = [("ours", ours), ("llama.cpp", llama)]
+                    if not ours_first:
+                        pair.reverse()
+                    for _, proc in pair:  # warm, discarded
+                        ctx.load(Workload(c, c, opts.peer_input_len, opts.peer_output_len, seed=999), proc, model, SERVED)
+                    for rnd in range(opts.peer_rounds):
+                        w = w_of(c, rep, rnd)
+                        for position, (who, proc) in enumerate(pair):
+                            metrics, client = ctx.load(w, proc, model, SERVED)
+                            peer["runs"].append({
+                                "comparison": name, "server": who, "concurrency": c, "rep": rep, "round": rnd,
+                                "position": position, "workload": w.__dict__, "metrics": metrics, "client": client,
+                                "loadavg_1m": os.getloadavg()[0],
+                            })
+                            log(f"{name} rep {rep + 1} c={c} {who}: {metrics['output_throughput']:.1f} tok/s, TTFT p50 "
+                                f"{metrics['ttft_p50_ms']:.0f} ms, TPOT p50 {metrics['tpot_p50_ms']:.1f} ms; load {os.getloadavg()[0]:.1f}")
+                    llama.close()  # the next concurrency gets a server with its own slot count
+                    live.remove(llama)
+            finally:
+                for proc in live:
+                    proc.close()
+        runs = [r for r in peer["runs"] if r["comparison"] == name]
+        comparisons += [compare(name, "ours", "llama.cpp", c, runs, estimates=PEER_ESTIMATES) for c in opts.concurrencies]
+    # Batch-1 decode of each side against the bandwidth ceiling (c=1 runs' TPOT p50, medians).
+    lines = []
+    if 1 in opts.concurrencies and ctx.reported:
+        bw = read_bandwidth(ctx.reported.engine_cpus)
+        peer["bandwidth"] = bw
+        for fmt in formats:
+            c1 = next(c for c in comparisons if c.name == f"peer-{fmt}" and c.concurrency == 1)
+            for who, metrics, nbytes in (
+                (f"ours {fmt}", c1.candidate_metrics, safetensors_bytes_per_token(service_models[fmt])),
+                (f"llama.cpp {fmt}", c1.baseline_metrics, gguf_bytes_per_token(ggufs[fmt])),
+            ):
+                d = DecodeResult(who, metrics["tpot_p50_ms"], bw["gbs"], nbytes)
+                peer["decode"].append({"dtype": d.dtype, "tpot_p50_ms": d.tpot_p50_ms, "bandwidth_gbs": d.bandwidth_gbs,
+                                       "bytes_per_token": d.bytes_per_token})
+                lines.append(decode_line(d))
+    return {"comparisons": comparisons, "decode_lines": lines}

@@ -1,0 +1,400 @@
+"""`python -m bench`: front end against vLLM's own server, policy against vLLM's defaults, batch-1 decode against the
+bandwidth ceiling, and the llama.cpp peer (bench/peer.py). Every A/B comparison restarts both servers per repetition,
+in alternating start order, and runs A/B/A/B on each pair of processes."""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import servers as srv
+from bench.load import ClientCpus, Workload, client_cpus, run_load
+from bench.stats import (
+    FRONTEND_TARGETS,
+    POLICY_TARGETS,
+    Comparison,
+    DecodeResult,
+    compare,
+    decode_line,
+    faster_dtype,
+    headline,
+    summary_line,
+)
+from harness import REPO, ServerProcess
+
+RESULTS = REPO / "bench" / "results"
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    quick: bool = False
+    concurrencies: tuple[int, ...] = (1, 4, 16)
+    repetitions: int = 4  # restarts of both servers per comparison, start order alternating
+    rounds: int = 2  # A/B pairs per concurrency on each pair of server processes
+    input_len: int = 128
+    output_len: int = 64
+    prompts: dict[int, int] = field(default_factory=lambda: {1: 32, 4: 96, 16: 256})  # ~10 s a run
+    frontend: bool = True
+    policy: bool = True  # policy vs vLLM defaults
+    policy_repetitions: int = 2
+    decode: bool = True  # decode vs the bandwidth ceiling
+    profile: bool = True  # py-spy on both API processes, in an extra (uncounted) run
+    peer: bool = True  # llama.cpp's server, if `make bench-tools` built it
+    peer_formats: tuple[str, ...] = ("bf16", "q8_0", "q4_0")
+    peer_repetitions: int = 2
+    peer_rounds: int = 1
+    peer_input_len: int = 128
+    peer_output_len: int = 32
+    peer_prompts: dict[int, int] = field(default_factory=lambda: {1: 4, 4: 8, 16: 32})
+    dtypes: tuple[str, ...] = ("bfloat16", "float32")
+    decode_input_len: int = 32
+    decode_output_len: int = 64
+    decode_prompts: int = 3
+    results_dir: Path = RESULTS
+
+    @classmethod
+    def quick_mode(cls, **kw: Any) -> "BenchOptions":
+        base: dict[str, Any] = dict(
+            quick=True, concurrencies=(4,), repetitions=2, rounds=2, prompts={4: 48},
+            policy=False, decode=False, profile=False, peer=False,
+        )
+        base.update(kw)
+        return cls(**base)
+
+    def num_prompts(self, concurrency: int) -> int:
+        return self.prompts.get(concurrency, 4 * concurrency)
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Context:
+    """What one bench run shares between its parts."""
+
+    opts: BenchOptions
+    out: Path
+    model: str
+    served: str
+    reported: srv.Reported | None = None  # the service's latest GET /v1/hardware
+    client: ClientCpus | None = None
+    parity: list[dict[str, Any]] = field(default_factory=list)
+    startup_s: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def logdir(self) -> Path:
+        return self.out / "logs"
+
+    def client_log(self, name: str) -> Path:
+        return self.logdir / f"client-{name}.log"
+
+    def load(self, w: Workload, server: ServerProcess, model: str | None = None, served: str | None = None):
+        return run_load(w, server.url, model or self.model, served or self.served, self.client_log(server.name),
+                        self.client.cpus if self.client else None)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One server of an A/B comparison: how to make a fresh process, and what to do once it is ready."""
+
+    name: str
+    make: Callable[[Path], ServerProcess]
+    api_cpu: bool = True  # its own process is only the API server (the engine runs in child processes)
+    on_ready: Callable[[ServerProcess], None] | None = None
+
+
+def start(server: ServerProcess, ctx: Context, timeout: float = 900) -> ServerProcess:
+    log(f"starting {server.name} on {server.url} (log {server.log_path.name})")
+    server.start()
+    try:
+        took = server.wait_ready(timeout)
+    except BaseException:
+        server.kill_group()
+        raise
+    ctx.startup_s.setdefault(server.name, []).append(took)
+    log(f"{server.name} ready after {took:.0f} s")
+    return server
+
+
+def ours_ready(ctx: Context, engine_args_given: Callable[[], dict[str, Any] | None]) -> Callable[[ServerProcess], None]:
+    """Read the service's startup report over HTTP; check that vLLM's side got the same engine arguments."""
+
+    def hook(server: ServerProcess) -> None:
+        reported = srv.Reported.fetch(server.url)
+        if ctx.reported is None:
+            ctx.client = client_cpus(reported.allowed_cpus, reported.engine_cpus, reported.reserved_cpus)
+            log(ctx.client.note)
+        ctx.reported = reported
+        given = engine_args_given()
+        if given is not None:
+            ctx.parity.append({"same": given == reported.engine_args, "service": reported.engine_args, "vllm": given})
+
+    return hook
+
+
+def ab_runs(
+    name: str,
+    sides: tuple[Side, Side],
+    ctx: Context,
+    repetitions: int,
+    rounds: int,
+    workload: Callable[[int, int, int], Workload],
+    concurrencies: Sequence[int],
+    after_last: Callable[[dict[str, ServerProcess], list[dict[str, Any]]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Per repetition: start both servers anew (the first of `sides` first in even repetitions, second in odd ones),
+    warm both, then per concurrency `rounds` x (A, B) on the same workload, in start order."""
+    runs: list[dict[str, Any]] = []
+    for rep in range(repetitions):
+        order = sides if rep % 2 == 0 else sides[::-1]
+        live: dict[str, ServerProcess] = {}
+        try:
+            for side in order:
+                proc = start(side.make(ctx.logdir / f"server-{name}-{side.name}-rep{rep}.log"), ctx)
+                live[side.name] = proc
+                if side.on_ready:
+                    side.on_ready(proc)
+            for side in order:  # warm: each concurrency once, discarded
+                for c in concurrencies:
+                    ctx.load(Workload(c, max(2, 2 * c), ctx.opts.input_len, ctx.opts.output_len, seed=999), live[side.name])
+            for c in concurrencies:
+                for rnd in range(rounds):
+                    w = workload(c, rep, rnd)
+                    for position, side in enumerate(order):
+                        proc = live[side.name]
+                        cpu0 = proc.api_cpu_s()
+                        metrics, client = ctx.load(w, proc)
+                        if side.api_cpu:
+                            # CPU time of the API-server process only (not the engine core or workers): the front
+                            # end's own cost, which neighbours on a shared machine slow down but do not inflate.
+                            metrics["api_cpu_ms_per_request"] = 1000 * (proc.api_cpu_s() - cpu0) / metrics["completed"]
+                        runs.append({
+                            "comparison": name, "server": side.name, "concurrency": c, "rep": rep, "round": rnd,
+                            "position": position, "started_first": order[0].name, "workload": asdict(w),
+                            "metrics": metrics, "client": client, "loadavg_1m": os.getloadavg()[0],
+                        })
+                        log(
+                            f"{name} rep {rep + 1}/{repetitions} c={c} round {rnd + 1} {side.name}: "
+                            f"{metrics['output_throughput']:.0f} tok/s, TTFT p50 {metrics['ttft_p50_ms']:.1f} ms, "
+                            f"TPOT p50 {metrics['tpot_p50_ms']:.2f} ms"
+                            + (f", API CPU {metrics['api_cpu_ms_per_request']:.1f} ms/req" if side.api_cpu else "")
+                            + f"; client CPU {client['cpu_share']:.0%}, waited {client['run_queue_wait_share']:.0%}"
+                            + (" STARVED" if client["starved"] else "")
+                            + f"; load {os.getloadavg()[0]:.1f}"
+                        )
+            if after_last and rep == repetitions - 1:
+                after_last(live, runs)
+        finally:
+            for proc in live.values():
+                proc.close()
+    return runs
+
+
+def _profile(server: ServerProcess, c: int, ctx: Context) -> dict[str, Any]:
+    """py-spy (sampling, non-blocking) on the server's API process during one extra, uncounted run."""
+    from bench import profile
+
+    out = ctx.logdir / f"py-spy-{server.name}-c{c}.folded"
+    rec = profile.start_record(server.pid, out)
+    if rec is None:
+        return {"error": "py-spy not installed (pip install -e '.[bench]')"}
+    time.sleep(1)
+    cpu0, t0 = server.api_cpu_s(), time.monotonic()
+    try:
+        w = Workload(c, ctx.opts.num_prompts(c), ctx.opts.input_len, ctx.opts.output_len, seed=4242)
+        metrics, _ = ctx.load(w, server)
+    finally:
+        profile.stop_record(rec)
+    if not out.exists():
+        return {"error": f"py-spy wrote nothing (exit {rec.returncode}); ptrace not permitted?"}
+    summary = profile.summarize(out.read_text())
+    summary.update(
+        concurrency=c, folded=str(out), wall_s=time.monotonic() - t0, api_cpu_s=server.api_cpu_s() - cpu0,
+        output_throughput=metrics["output_throughput"],
+    )
+    return summary
+
+
+def frontend(ctx: Context, results: dict[str, Any]) -> list[Comparison]:
+    """Ours against vLLM's own server with the engine arguments and environment ours reports."""
+    opts = ctx.opts
+    given: dict[str, Any] = {}
+
+    def make_vllm(path: Path) -> ServerProcess:
+        assert ctx.reported is not None, "the service starts first in the first repetition"
+        given["args"] = ctx.reported.engine_args
+        return srv.vllm_same_engine(ctx.model, ctx.served, ctx.reported, path)
+
+    ours = Side("ours", lambda p: srv.ours(ctx.model, ctx.served, p), on_ready=ours_ready(ctx, lambda: given.get("args")))
+    vllm = Side("vllm", make_vllm)
+
+    def after_last(live: dict[str, ServerProcess], runs: list[dict[str, Any]]) -> None:
+        if not opts.profile:
+            return
+        comps = [compare("frontend", "ours", "vllm", c, runs) for c in opts.concurrencies]
+        worst = min(comps, key=lambda c: c.throughput.value).concurrency
+        log(f"py-spy on both API processes at c={worst} (the worst ratio), one extra uncounted run each")
+        results["frontend"]["profile"] = {n: _profile(p, worst, ctx) for n, p in live.items()}
+
+    results["frontend"] = {}
+    runs = ab_runs(
+        "frontend", (ours, vllm), ctx, opts.repetitions, opts.rounds,
+        lambda c, rep, rnd: Workload(c, opts.num_prompts(c), opts.input_len, opts.output_len, seed=1000 * rep + 10 * rnd + c),
+        opts.concurrencies, after_last,
+    )
+    results["frontend"]["runs"] = runs
+    return [compare("frontend", "ours", "vllm", c, runs, FRONTEND_TARGETS) for c in opts.concurrencies]
+
+
+def policy(ctx: Context, results: dict[str, Any]) -> list[Comparison]:
+    """vLLM's server with the policy's arguments against vLLM's server with its defaults (same KV-cache size)."""
+    opts = ctx.opts
+    if ctx.reported is None:  # the front end was skipped: the service reports once
+        server = start(srv.ours(ctx.model, ctx.served, ctx.logdir / "server-report.log"), ctx)
+        try:
+            ours_ready(ctx, lambda: None)(server)
+        finally:
+            server.close()
+    reported = ctx.reported
+    kv = reported.engine_args.get("kv_cache_memory_bytes")
+    with_policy = Side("vllm", lambda p: srv.vllm_same_engine(ctx.model, ctx.served, reported, p))
+    defaults = Side("vllm-defaults", lambda p: srv.vllm_defaults(ctx.model, ctx.served, kv, p))
+    runs = ab_runs(
+        "policy", (with_policy, defaults), ctx, opts.policy_repetitions, opts.rounds,
+        lambda c, rep, rnd: Workload(c, opts.num_prompts(c), opts.input_len, opts.output_len, seed=2000 * rep + 10 * rnd + c),
+        opts.concurrencies,
+    )
+    results["policy_vs_defaults"] = {"runs": runs, "defaults_argv": srv.vllm_defaults(ctx.model, ctx.served, kv, Path()).argv}
+    return [compare("policy", "vllm", "vllm-defaults", c, runs, POLICY_TARGETS) for c in opts.concurrencies]
+
+
+def decode(ctx: Context, results: dict[str, Any]) -> list[DecodeResult]:
+    """Batch-1 decode of the bandwidth-bound model against the memory-bandwidth ceiling, per dtype."""
+    from bench.bandwidth import read_bandwidth
+    from bench.models import bytes_per_token, ensure_bench_model, parameters
+    from service.policy.dtype import BYTES
+
+    opts = ctx.opts
+    log("building the bandwidth-bound model (random weights, once)")
+    big = str(ensure_bench_model(cache_dir()))
+    out: list[DecodeResult] = []
+    results["decode"] = {"model": big, "parameters": parameters(), "runs": []}
+    for dtype in opts.dtypes:
+        server = start(
+            srv.ours(big, "bench-llama", ctx.logdir / f"server-decode-{dtype}.log",
+                     {"SERVICE_DTYPE": dtype, "SERVICE_KV_CACHE_GIB": "1"}, name=f"ours-{dtype}"),
+            ctx,
+        )
+        try:
+            engine_cpus = srv.Reported.fetch(server.url).engine_cpus
+            ctx.load(Workload(1, 1, opts.decode_input_len, 8, seed=7), server, big, "bench-llama")
+            w = Workload(1, opts.decode_prompts, opts.decode_input_len, opts.decode_output_len, seed=11)
+            metrics, client = ctx.load(w, server, big, "bench-llama")
+        finally:
+            server.close()
+        bw = read_bandwidth(engine_cpus)
+        log(f"read bandwidth on CPU(s) {engine_cpus}: {bw['gbs']:.1f} GB/s {bw['by_op_gbs']}")
+        d = DecodeResult(dtype, metrics["tpot_p50_ms"], bw["gbs"], bytes_per_token(BYTES[dtype]))
+        out.append(d)
+        results["decode"]["runs"].append({**d.as_dict(), "metrics": metrics, "client": client, "bandwidth": bw})
+        log(decode_line(d))
+    results["decode"]["faster"] = faster_dtype(out)
+    return out
+
+
+def cache_dir() -> Path:
+    """The service's model cache (configs/default.yaml < SERVICE_CACHE_DIR), read from its settings."""
+    from service.settings import load_settings
+
+    return load_settings(None).cache_dir
+
+
+def run_bench(opts: BenchOptions, command: str | None = None) -> int:
+    from bench import report as rep
+    from service.demo_model import DEMO_NAME, ensure_demo_model
+
+    started = dt.datetime.now()
+    stamp = started.strftime("%Y%m%d-%H%M%S") + ("-quick" if opts.quick else "")
+    out = opts.results_dir / stamp
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    command = command or "python -m bench" + (" --quick" if opts.quick else "")
+    log(f"results in {out}")
+    ctx = Context(opts, out, str(ensure_demo_model(cache_dir())), DEMO_NAME)
+    results: dict[str, Any] = {
+        "command": command,
+        "started": started.isoformat(timespec="seconds"),
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
+        "model": {"path": ctx.model, "served_name": ctx.served},
+        "host": {"python": platform.python_version(), "kernel": platform.release(), "loadavg_start": os.getloadavg()},
+        "note": "2 cores shared with other workers: absolute numbers are noisy; ratios are paired, with intervals",
+    }
+    comparisons: list[Comparison] = []
+    decoded: list[DecodeResult] = []
+    peer: dict[str, Any] | None = None
+    if opts.frontend:
+        comparisons += frontend(ctx, results)
+    if opts.policy:
+        comparisons += policy(ctx, results)
+    if opts.decode:
+        decoded = decode(ctx, results)
+    if opts.peer:
+        from bench import peer as peer_mod
+
+        peer = peer_mod.run_peer(ctx, results)
+        comparisons += peer.get("comparisons", []) if peer else []
+    if ctx.reported is None:  # nothing started the service: its report once, for the machine facts
+        server = start(srv.ours(ctx.model, ctx.served, ctx.logdir / "server-report.log"), ctx)
+        try:
+            ours_ready(ctx, lambda: None)(server)
+        finally:
+            server.close()
+
+    results["machine"] = ctx.reported.machine() | {"client": asdict(ctx.client) if ctx.client else None}
+    results["policy"] = {"engine_args": ctx.reported.engine_args, "env": ctx.reported.env}
+    results["parity"] = ctx.parity
+    results["startup_s"] = ctx.startup_s
+    results["comparisons"] = [c.as_dict() for c in comparisons]
+    results["finished"] = dt.datetime.now().isoformat(timespec="seconds")
+    results["host"]["loadavg_end"] = os.getloadavg()
+    during = [r["loadavg_1m"] for r in _all_runs(results)]
+    results["host"]["loadavg_1m_max_during_runs"] = max(during) if during else None
+    results["summary"] = [summary_line(c) for c in comparisons] + [decode_line(d) for d in decoded]
+    if peer:
+        results["summary"] += peer.get("decode_lines", [])
+    front = [c for c in comparisons if c.name == "frontend"]
+    results["headline"] = headline(front) if front else None
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=_json_default))
+    (out / "table.md").write_text(rep.markdown(results, comparisons, decoded))
+    plots = rep.plots(out, comparisons, decoded, results)
+    latest = opts.results_dir / ("latest-quick" if opts.quick else "latest")
+    with contextlib.suppress(FileNotFoundError):
+        latest.unlink()
+    latest.symlink_to(out.name)
+    log(f"wrote {out / 'results.json'}, {out / 'table.md'}, {', '.join(p.name for p in plots)}")
+    if ctx.client:
+        print(ctx.client.note)
+    for line in results["summary"]:
+        print(line)
+    if results["headline"]:
+        print(results["headline"])
+    return 0
+
+
+def _all_runs(results: dict[str, Any]) -> list[dict[str, Any]]:
+    runs = [r for part in ("frontend", "policy_vs_defaults") for r in results.get(part, {}).get("runs", [])]
+    return runs + results.get("peer", {}).get("runs", [])
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "as_dict"):
+        return obj.as_dict()
+    return str(obj)

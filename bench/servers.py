@@ -1,0 +1,111 @@
+"""The servers under test, each a harness.ServerProcess: our service, vLLM's own OpenAI server with the engine
+arguments and environment our running service reports (GET /v1/hardware) or with vLLM's defaults, and llama.cpp's
+llama-server (bench/peer.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from harness import ServerProcess, offline_env, python_module
+from service.cpulist import parse_cpulist
+from service.server.engine import _flag  # the flag spelling the service hands vLLM's parser
+
+VLLM_SERVER = "vllm.entrypoints.openai.api_server"
+# Given to both sides (the service does not report it): admitted requests, far above any concurrency measured.
+MAX_QUEUED = 64
+
+
+def bench_env() -> dict[str, str]:
+    """Offline, CPU, and nothing the policy sets: each server gets exactly what its side decides."""
+    return offline_env(drop=("SERVICE_", "VLLM_CPU_", "OMP_", "KMP_", "GOMP_"))
+
+
+@dataclass(frozen=True)
+class Reported:
+    """What a running service reports at GET /v1/hardware (its startup report), as the bench uses it."""
+
+    raw: dict[str, Any]
+
+    @classmethod
+    def fetch(cls, url: str) -> "Reported":
+        resp = httpx.get(url + "/v1/hardware", timeout=10)
+        resp.raise_for_status()
+        return cls(resp.json())
+
+    def _decided(self, prefix: str) -> dict[str, Any]:
+        return {
+            d["setting"].removeprefix(prefix): d["value"]
+            for d in self.raw["decisions"]
+            if d["setting"].startswith(prefix) and d["value"] is not None
+        }
+
+    @property
+    def engine_args(self) -> dict[str, Any]:
+        return self._decided("engine.")
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {k: str(v) for k, v in self._decided("env.").items()}
+
+    @property
+    def engine_cpus(self) -> list[int]:
+        return sorted(c for rank in self.raw["threads"]["ranks"] for c in parse_cpulist(rank))
+
+    @property
+    def reserved_cpus(self) -> list[int]:
+        return sorted(parse_cpulist(self.raw["threads"]["reserved"] or ""))
+
+    @property
+    def allowed_cpus(self) -> list[int]:
+        return list(self.raw["hardware"]["allowed_cpus"])
+
+    def machine(self) -> dict[str, Any]:
+        hw = self.raw["hardware"]
+        return {
+            "cpu": hw["model_name"],
+            "family_model": f"{hw['family']}/{hw['model']}",
+            "microarchitecture": hw["microarchitecture"],
+            "isa": hw["isa"],
+            "physical_cores": hw["physical_cores"],
+            "logical_cpus": hw["logical_cpus"],
+            "numa_nodes": hw["numa_nodes"],
+            "memory_gib": round(hw["memory_limit_bytes"] / 1024**3, 1) if hw["memory_limit_bytes"] else None,
+            "engine_cpus": self.engine_cpus,
+            "reserved_cpus": self.reserved_cpus,
+            "backend": self.raw["backend"]["name"],
+            "software": self.raw["software"],
+        }
+
+
+def ours(model: str, served: str, log_path: Path, settings_env: dict[str, str] | None = None, name: str = "ours") -> ServerProcess:
+    """`python -m service serve`: the startup policy runs inside it, as in production."""
+    env = bench_env()
+    env.update(settings_env or {})
+    env.update(SERVICE_MODEL=model, SERVICE_SERVED_MODEL_NAME=served, SERVICE_MAX_QUEUED_REQUESTS=str(MAX_QUEUED))
+    return ServerProcess(env, log_path, name=name)
+
+
+def vllm_argv(model: str, served: str, engine_args: dict[str, Any], max_queued: int | None = MAX_QUEUED) -> list[str]:
+    """vLLM's own server with the given engine arguments: the one place this argv is written."""
+    argv = python_module(VLLM_SERVER, "--model", model, "--served-model-name", served, "--host", "127.0.0.1", "--port", "{port}")
+    for name, value in engine_args.items():
+        argv += _flag(name, value)
+    return argv + (["--max-num-queued-reqs", str(max_queued)] if max_queued else [])
+
+
+def vllm_same_engine(model: str, served: str, reported: Reported, log_path: Path) -> ServerProcess:
+    """vLLM's own server with the engine arguments and environment the service reported deciding."""
+    env = bench_env()
+    env.update(reported.env)
+    return ServerProcess(env, log_path, vllm_argv(model, served, reported.engine_args), "/v1/models", "vllm")
+
+
+def vllm_defaults(model: str, served: str, kv_cache_bytes: int | None, log_path: Path) -> ServerProcess:
+    """vLLM's own server with its defaults, except the KV-cache size: vLLM's default claims 92% of the
+    machine's memory (--gpu-memory-utilization 0.92), which refuses to start, or starves every other
+    process, on a shared machine. It gets the same KV size as the policy chose."""
+    args = {"kv_cache_memory_bytes": kv_cache_bytes} if kv_cache_bytes else {}
+    return ServerProcess(bench_env(), log_path, vllm_argv(model, served, args, None), "/v1/models", "vllm-defaults")
