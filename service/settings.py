@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     dtype: DtypeName = Field("auto", description="Model dtype; auto lets the policy choose")
     max_model_len: int | None = Field(None, ge=16, description="Max context; default: the model's")
     tensor_parallel_size: int | None = Field(None, ge=1, description="Default: NUMA nodes holding allowed CPUs")
+    simulate_numa_nodes: int | None = Field(
+        None, ge=2, description="Test only: split the allowed cores into this many simulated NUMA nodes (memory stays one node)"
+    )
     reserved_cpus: int = Field(1, ge=0, description="CPUs kept free of engine threads for the API server")
     kv_cache_gib: float | None = Field(None, gt=0, description="KV cache size; default: from the memory limit")
     memory_headroom_gib: float | None = Field(None, ge=0, description="Memory kept free; default: policy")

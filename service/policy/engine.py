@@ -20,7 +20,7 @@ from service.policy.dtype import BYTES, choose_dtype
 from service.policy.kernels import check_kernels
 from service.policy.memory import plan_memory
 from service.policy.preload import choose_preload
-from service.policy.threads import ThreadPlan, plan_threads, worker_omp_env
+from service.policy.threads import SIM_MULTI_NUMA_ERROR, VLLM_SIM_MULTI_NUMA, ThreadPlan, plan_threads, worker_omp_env
 from service.settings import Settings
 
 GDN_AMX_REASON = (
@@ -86,7 +86,10 @@ def build_plan(
         b.decisions.append(preload.decision)
         b.env.update(preload.env)
         b.warnings.extend(preload.warnings)
-    threads = plan_threads(hardware.topology, hardware.limits, settings.tensor_parallel_size, settings.reserved_cpus)
+    threads = plan_threads(
+        hardware.topology, hardware.limits, settings.tensor_parallel_size, settings.reserved_cpus,
+        settings.simulate_numa_nodes,
+    )
     # The workers' OpenMP variables follow the runtime that will be preloaded, not this process's.
     _thread_decisions(b, threads, {**environ, **b.env})
     _zen_decisions(b, backend.name, settings, user)
@@ -109,6 +112,10 @@ def _thread_decisions(b: _Builder, threads: ThreadPlan, environ: Mapping[str, st
     if threads.error:
         b.errors.append(threads.error)
         return
+    if environ.get(VLLM_SIM_MULTI_NUMA, "0") != "0":
+        b.errors.append(SIM_MULTI_NUMA_ERROR)
+    if threads.simulated_nodes:
+        b.decisions.append(threads.simulated_nodes)
     b.engine("tensor_parallel_size", threads.tp_size, threads.tp_reason, threads.tp_source)
     b.setenv("VLLM_CPU_OMP_THREADS_BIND", threads.bind, threads.reason, "policy")
     b.setenv(

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from service.policy.decision import Source
+from service.policy.decision import Decision, Source
 from service.cpulist import format_cpulist
 from service.facts.limits import Limits
 from service.facts.topology import Topology
@@ -20,6 +20,7 @@ class ThreadPlan:
     reason: str
     warnings: tuple[str, ...] = ()
     error: str | None = None
+    simulated_nodes: Decision | None = None  # topology.numa_nodes, when the nodes the ranks follow are simulated
 
     @property
     def bind(self) -> str:
@@ -35,6 +36,28 @@ def _cores_by_node(topology: Topology, allowed: frozenset[int]) -> dict[int, lis
         if usable:
             by_node.setdefault(core.node, []).append(usable[0])
     return {node: sorted(cpus) for node, cpus in sorted(by_node.items())}
+
+
+# vLLM (ompmultiprocessing.OMPProcessManager) asserts VLLM_CPU_OMP_THREADS_BIND=auto when this is set; the
+# service always passes explicit bind lists, so the engine would fail at start.
+VLLM_SIM_MULTI_NUMA = "VLLM_CPU_SIM_MULTI_NUMA"
+SIM_MULTI_NUMA_ERROR = (
+    f"{VLLM_SIM_MULTI_NUMA} is set: vLLM accepts it only with VLLM_CPU_OMP_THREADS_BIND=auto, and the service "
+    "binds each rank explicitly; unset it and set SERVICE_SIMULATE_NUMA_NODES=N to simulate N NUMA nodes"
+)
+
+
+def _simulated_nodes(by_node: dict[int, list[int]], count: int) -> tuple[dict[int, list[int]], Decision]:
+    """The allowed cores of the real nodes, in order, cut into `count` contiguous simulated nodes."""
+    flat = [cpu for cpus in by_node.values() for cpu in cpus]
+    nodes = {i: chunk for i, chunk in enumerate(_split(flat, count))}
+    reason = (
+        f"simulated: simulate_numa_nodes={count} cuts the {len(flat)} allowed physical core(s) of "
+        f"{len(by_node)} real NUMA node(s) into {count} nodes "
+        f"({' | '.join(format_cpulist(c) for c in nodes.values())}); memory is not split, every rank "
+        "allocates from the real node(s)"
+    )
+    return nodes, Decision("topology.numa_nodes", count, reason, "user")
 
 
 def _split(cpus: list[int], parts: int) -> list[list[int]]:
@@ -100,12 +123,24 @@ def _reserve(ranks: list[list[int]], spare: list[int], count: int) -> tuple[list
     return ranks, sorted(reserved), warnings
 
 
-def plan_threads(topology: Topology, limits: Limits, tp_size: int | None, reserved_cpus: int) -> ThreadPlan:
+def plan_threads(
+    topology: Topology, limits: Limits, tp_size: int | None, reserved_cpus: int, simulate_nodes: int | None = None
+) -> ThreadPlan:
     allowed = limits.allowed_cpus & topology.online_cpus
     by_node = _cores_by_node(topology, allowed)
     if not by_node:
         error = f"no usable CPU: allowed CPUs {format_cpulist(limits.allowed_cpus)} are not online"
         return ThreadPlan((), (), tp_size or 1, error, "policy", error, error=error)
+    simulated = None
+    if simulate_nodes:
+        cores = sum(map(len, by_node.values()))
+        if simulate_nodes > cores:
+            error = (
+                f"simulate_numa_nodes={simulate_nodes} needs at least {simulate_nodes} physical cores; "
+                f"{cores} are allowed"
+            )
+            return ThreadPlan((), (), tp_size or 1, error, "user", error, error=error)
+        by_node, simulated = _simulated_nodes(by_node, simulate_nodes)
 
     nodes = len(by_node)
     tp = tp_size or nodes
@@ -113,7 +148,8 @@ def plan_threads(topology: Topology, limits: Limits, tp_size: int | None, reserv
     tp_reason = (
         "set by the user"
         if tp_size
-        else f"{nodes} NUMA node(s) hold allowed CPUs ({', '.join(map(str, by_node))}): one rank per node"
+        else f"{nodes} {'simulated ' if simulated else ''}NUMA node(s) hold allowed CPUs "
+        f"({', '.join(map(str, by_node))}): one rank per node"
     )
     cores = sum(map(len, by_node.values()))
     if tp > cores:
@@ -121,6 +157,9 @@ def plan_threads(topology: Topology, limits: Limits, tp_size: int | None, reserv
         return ThreadPlan((), (), tp, tp_reason, tp_source, error, error=error)
 
     ranks, warnings = _assign_ranks(by_node, tp)
+    if simulated:
+        warnings.insert(0, f"NUMA nodes are simulated (simulate_numa_nodes={simulate_nodes}), for tests: no rank "
+                           "gets node-local memory")
     notes = [f"{cores} physical core(s) on the allowed CPUs {format_cpulist(allowed)} ({limits.allowed_cpus_source})"]
     if any(len(c.cpus) > 1 for c in topology.cores):
         notes.append("one thread per physical core, SMT siblings left out")
@@ -143,6 +182,7 @@ def plan_threads(topology: Topology, limits: Limits, tp_size: int | None, reserv
         tp_source=tp_source,
         reason="; ".join(notes),
         warnings=tuple(warnings + reserve_warnings),
+        simulated_nodes=simulated,
     )
 
 
