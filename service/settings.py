@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -14,6 +14,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+
+from service.facts.chat_template import read_parser_registry
 
 BackendName = Literal["auto", "zen", "amx", "avx512", "avx2"]
 DtypeName = Literal["auto", "bfloat16", "float16", "float32"]
@@ -66,6 +68,12 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
     shutdown_grace_seconds: float = Field(30.0, ge=0, description="Time in-flight requests get on SIGTERM")
     warmup: bool = Field(True, description="Run one generation before /ready turns 200")
+    tool_call_parser: str = Field(
+        "auto", description="vLLM tool-call parser: auto (from the chat template), none, forced_only, or a vLLM name"
+    )
+    reasoning_parser: str = Field(
+        "auto", description="vLLM reasoning parser: auto (from the chat template), none, or a vLLM name"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     _field_sources: dict[str, FieldSource] = PrivateAttr(default_factory=dict)
@@ -75,6 +83,15 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: Any) -> Any:
         # Compose passes unset variables as empty strings.
         return None if value == "" else value
+
+    @field_validator("tool_call_parser", "reasoning_parser")
+    @classmethod
+    def _known_parser(cls, value: str, info: ValidationInfo) -> str:
+        registry = read_parser_registry()
+        names = registry.tool | {"forced_only"} if info.field_name == "tool_call_parser" else registry.reasoning
+        if value not in names | {"auto", "none"}:
+            raise ValueError(f"{value!r} is not a parser vLLM knows; one of auto, none, {', '.join(sorted(names))}")
+        return value
 
     @field_validator("api_key", mode="before")
     @classmethod

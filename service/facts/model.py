@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.facts.chat_template import ChatTemplateFacts, read_chat_template
 Config = Mapping[str, Any]
 
 
@@ -36,6 +37,9 @@ class ModelFacts:
     linear_value_head_dim: int | None = None
     linear_num_key_heads: int | None = None
     linear_num_value_heads: int | None = None
+    vocab_size: int | None = None  # rows of the LM head: valid token ids are 0 .. vocab_size-1
+    is_multimodal: bool = False  # takes image/audio/video parts (a vision or audio tower in the config)
+    chat_template: ChatTemplateFacts | None = None  # read from the model directory
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV-cache bytes one token occupies across all attention layers (linear-attention layers keep a
@@ -110,6 +114,10 @@ _NUM_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 _NUM_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
 _NUM_KV_HEAD_KEYS = ("num_key_value_heads", "multi_query_group_num", "n_head_kv", "num_kv_heads")
 _DTYPE_KEYS = ("torch_dtype", "dtype")
+# Multimodal configs carry their encoder's config or the placeholder token of its inputs.
+_MULTIMODAL_KEYS = (
+    "vision_config", "audio_config", "vision_tower", "mm_vision_tower", "image_token_id", "image_token_index"
+)
 _GDN_SHAPE_KEYS = ("linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads")
 
 # Encoder-only families: no generation, vLLM serves them as pooling (embedding) models.
@@ -311,5 +319,8 @@ def _facts_from_config(cfg: Config, directory: Path) -> ModelFacts:
         head_dim=_head_dim(lm, uses_mla),
         kv_lora_rank=int(lm["kv_lora_rank"]) if uses_mla else None,
         qk_rope_head_dim=int(lm["qk_rope_head_dim"]) if lm.get("qk_rope_head_dim") is not None else None,
+        vocab_size=int(lm["vocab_size"]) if lm.get("vocab_size") else None,
+        is_multimodal=any(cfg.get(key) is not None for key in _MULTIMODAL_KEYS),
+        chat_template=read_chat_template(directory),
         **{key: int(lm[key]) if lm.get(key) is not None else None for key in _GDN_SHAPE_KEYS},
     )

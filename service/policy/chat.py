@@ -1,0 +1,112 @@
+"""Tool-call and reasoning parsers for a chat model: from the markers its chat template and added tokens carry.
+
+vLLM parses a model's tool calls and thinking only with a parser named for the model's format
+(`--tool-call-parser`, `--reasoning-parser`); it never guesses. The service does: a table of formats, first
+match wins, each row the markers that identify it. A setting ("auto" | "none" | a vLLM name) overrides.
+Named and `required` tool_choice work on every chat model: they are grammar-forced, and a model with no
+known format gets the service's `forced_only` parser (service/forced_tool_parser.py), which serves them and
+leaves `auto` to answer in text.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.facts.chat_template import ChatTemplateFacts
+from service.facts.model import ModelFacts
+from service.policy.decision import Decision
+from service.settings import Settings
+
+FORCED_ONLY = "forced_only"
+FORCED_ONLY_PLUGIN = "service.forced_tool_parser"  # imported by vLLM's --tool-parser-plugin mechanism
+
+
+@dataclass(frozen=True)
+class Format:
+    markers: frozenset[str]  # all must be present in the template or among the added tokens
+    parser: str  # vLLM 0.32 registry name
+    label: str
+
+
+def _f(markers: set[str], parser: str, label: str) -> Format:
+    return Format(frozenset(markers), parser, label)
+
+
+# Most specific first. Every parser name is checked against vLLM's registry by tests/unit/test_chat_policy.py.
+TOOL_FORMATS = (
+    _f({"<|channel|>"}, "openai", "gpt-oss harmony channels"),
+    _f({"<tool_call>", "<function="}, "qwen3_xml", "Qwen3-Coder XML <function=...> inside <tool_call>"),
+    _f({"<tool_call>"}, "hermes", "Hermes-style <tool_call> JSON (Qwen2.5, Qwen3, QwQ, Hermes)"),
+    _f({"[TOOL_CALLS]"}, "mistral", "Mistral [TOOL_CALLS]"),
+    _f({"<｜tool▁calls▁begin｜>"}, "deepseek_v3", "DeepSeek V3 / R1 tool-call tokens"),
+    _f({"<|start_header_id|>", '{"name": function name, "parameters"'}, "llama3_json", "Llama 3.1/3.2 JSON tool calls"),
+)
+
+REASONING_FORMATS = (
+    _f({"<|channel|>"}, "openai_gptoss", "gpt-oss analysis channel"),
+    _f({"[THINK]"}, "mistral", "Magistral [THINK] ... [/THINK]"),
+    _f({"<think>", "</think>", "<｜Assistant｜>"}, "deepseek_r1", "DeepSeek-R1 <think> (the prompt may open it)"),
+    _f({"<think>", "</think>", "<|im_start|>"}, "qwen3", "Qwen3 / QwQ <think> ... </think> in ChatML"),
+)
+
+
+def _match(formats: tuple[Format, ...], template: ChatTemplateFacts) -> Format | None:
+    return next((f for f in formats if f.markers <= set(template.markers)), None)
+
+
+def _found(fmt: Format) -> str:
+    return f"{fmt.label}: the chat template / added tokens carry {', '.join(sorted(fmt.markers))}"
+
+
+def chat_decisions(model: ModelFacts, settings: Settings) -> list[Decision]:
+    """engine.* decisions for tool calling and reasoning; none for pooling models."""
+    template = model.chat_template
+    if model.is_embedding or template is None:
+        return []
+    return [*_tool_decisions(template, settings.tool_call_parser), _reasoning_decision(template, settings.reasoning_parser)]
+
+
+def _tool_decisions(template: ChatTemplateFacts, setting: str) -> list[Decision]:
+    if setting == "none":
+        return [Decision("engine.tool_call_parser", None, "turned off by the user: every tool_choice but none is a 400", "user")]
+    if not template.has_template:
+        return [Decision(
+            "engine.tool_call_parser", None, "the model has no chat template: /v1/chat/completions cannot serve it",
+            "policy",
+        )]
+    if setting != "auto":
+        parser, reason, source = setting, "set by the user", "user"
+    elif (fmt := _match(TOOL_FORMATS, template)) is not None:
+        parser, reason, source = fmt.parser, _found(fmt) + "; tool_choice auto, required and named all work", "policy"
+    else:
+        parser, source = FORCED_ONLY, "policy"
+        reason = (
+            "no tool-call format vLLM knows in the chat template: named and required tool_choice only "
+            "(grammar-forced JSON arguments); with tool_choice auto the model answers in text"
+        )
+    decisions = [
+        Decision("engine.tool_call_parser", parser, reason, source),
+        Decision(
+            "engine.enable_auto_tool_choice", True,
+            "vLLM sets up a tool parser only with auto tool choice on; without one, every tool_choice but none is a 400",
+            source,
+        ),
+    ]
+    if parser == FORCED_ONLY:
+        decisions.append(Decision(
+            "engine.tool_parser_plugin", FORCED_ONLY_PLUGIN, "registers the forced_only tool parser", source
+        ))
+    return decisions
+
+
+def _reasoning_decision(template: ChatTemplateFacts, setting: str) -> Decision:
+    if setting == "none":
+        return Decision("engine.reasoning_parser", None, "turned off by the user: thinking stays in content", "user")
+    if setting != "auto":
+        return Decision("engine.reasoning_parser", setting, "set by the user", "user")
+    fmt = _match(REASONING_FORMATS, template)
+    if fmt is None:
+        return Decision(
+            "engine.reasoning_parser", None, "no reasoning markers in the chat template: not a thinking model", "policy"
+        )
+    reason = _found(fmt) + "; the thinking goes to message.reasoning, the answer to message.content"
+    return Decision("engine.reasoning_parser", fmt.parser, reason, "policy")

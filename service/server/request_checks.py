@@ -1,0 +1,132 @@
+"""Checks of a completion request where OpenAI answers 400 and vLLM 0.32 does not (or does without naming the
+field): pure functions of (path, parsed JSON body, model facts) -> the problem, or None.
+
+Only what vLLM lets through is checked here (each case was tried against a running server, see
+tests/reliability/test_bad_input.py): a role OpenAI does not have ("wizard" was answered 200), a tool message
+without its tool_call_id (200), logit_bias values outside OpenAI's [-100, 100] (200), an image/audio/video part
+sent to a text-only model (400 without `param`), a JSON schema that is not one (400 "Grammar error" without
+`param`). Everything else (types, unknown tool in tool_choice, stop that is not strings, out-of-vocab
+logit_bias ids) vLLM already answers with 400 naming the field.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema.exceptions import SchemaError
+from jsonschema.validators import validator_for
+
+from service.facts.model import ModelFacts
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+CHECKED_PATHS = frozenset({CHAT, COMPLETIONS})
+
+# Roles of OpenAI's chat API (function: deprecated, still accepted by OpenAI).
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# Content parts that carry something other than text (vLLM's names and OpenAI's).
+MEDIA_PARTS = frozenset(
+    {"image_url", "input_image", "image_embeds", "image_pil", "audio_url", "input_audio", "video_url", "file"}
+)
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
+
+
+@dataclass(frozen=True)
+class RequestProblem:
+    message: str
+    param: str  # the offending field, e.g. "messages[2].role"
+
+
+def check_request(path: str, body: Mapping[str, Any], model: ModelFacts | None) -> RequestProblem | None:
+    """The first problem of a request to `path`, or None. Bodies of the wrong shape are left to vLLM, whose
+    schema validation names the field."""
+    if path not in CHECKED_PATHS or not isinstance(body, Mapping):
+        return None
+    checks = [_logit_bias(body)]
+    if path == CHAT:
+        checks += [_messages(body.get("messages"), model), _response_format(body.get("response_format")),
+                   _tools(body.get("tools"))]
+    return next((problem for problem in checks if problem is not None), None)
+
+
+def _messages(messages: Any, model: ModelFacts | None) -> RequestProblem | None:
+    if not isinstance(messages, list):
+        return None
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            continue
+        role = message.get("role")
+        if isinstance(role, str) and role not in ROLES:
+            return RequestProblem(
+                f"messages[{i}].role {role!r} is not a role: one of {', '.join(sorted(ROLES))}", f"messages[{i}].role"
+            )
+        if role == "tool" and not message.get("tool_call_id"):
+            return RequestProblem(
+                f"messages[{i}] has role 'tool' but no tool_call_id: a tool message answers the assistant's tool call "
+                "with that id",
+                f"messages[{i}].tool_call_id",
+            )
+        problem = _content_parts(i, message.get("content"), model)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _content_parts(i: int, content: Any, model: ModelFacts | None) -> RequestProblem | None:
+    if not isinstance(content, list) or model is None or model.is_multimodal:
+        return None
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if isinstance(kind, str) and kind in MEDIA_PARTS:
+            return RequestProblem(
+                f"messages[{i}].content[{j}] is a {kind!r} part, but the model takes text only", f"messages[{i}].content[{j}]"
+            )
+    return None
+
+
+def _logit_bias(body: Mapping[str, Any]) -> RequestProblem | None:
+    bias = body.get("logit_bias")
+    if not isinstance(bias, Mapping):
+        return None
+    low, high = LOGIT_BIAS_RANGE
+    for token, value in bias.items():
+        if isinstance(value, int | float) and not isinstance(value, bool) and not low <= value <= high:
+            return RequestProblem(
+                f"logit_bias[{token}] = {value} is out of range: biases go from {low:g} to {high:g}", f"logit_bias[{token}]"
+            )
+    return None
+
+
+def _schema_problem(schema: Any, param: str) -> RequestProblem | None:
+    if not isinstance(schema, Mapping):
+        return None  # vLLM's own validation names the field
+    if not isinstance(schema.get("$schema", ""), str):
+        return RequestProblem(f"{param} is not a valid JSON Schema: $schema must be a URI string", param)
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        return RequestProblem(f"{param} is not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else ""), param)
+    return None
+
+
+def _response_format(response_format: Any) -> RequestProblem | None:
+    if not isinstance(response_format, Mapping) or response_format.get("type") != "json_schema":
+        return None
+    json_schema = response_format.get("json_schema")
+    if not isinstance(json_schema, Mapping):
+        return None
+    return _schema_problem(json_schema.get("schema"), "response_format.json_schema.schema")
+
+
+def _tools(tools: Any) -> RequestProblem | None:
+    if not isinstance(tools, list):
+        return None
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if isinstance(function, Mapping):
+            problem = _schema_problem(function.get("parameters"), f"tools[{i}].function.parameters")
+            if problem is not None:
+                return problem
+    return None

@@ -1,0 +1,107 @@
+"""OpenAI-strict request checks (service/server/request_checks.py): the problem and the field it names."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.facts.model import inspect_model
+from service.server.request_checks import RequestProblem, check_request
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+TEXT_MODEL = inspect_model(str(FIXTURES / "llama-3.1-8b-instruct"))
+VISION_MODEL = dataclasses.replace(TEXT_MODEL, is_multimodal=True)
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+USER = {"role": "user", "content": "hi"}
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+def problem(body: dict, path: str = CHAT, model=TEXT_MODEL) -> RequestProblem | None:
+    return check_request(path, {"model": "m", **body}, model)
+
+
+@pytest.mark.parametrize(
+    "body,param,words",
+    [
+        ({"messages": [USER, {"role": "wizard", "content": "hi"}]}, "messages[1].role", "'wizard' is not a role"),
+        ({"messages": [{"role": "tool", "content": "22 C"}]}, "messages[0].tool_call_id", "no tool_call_id"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, IMAGE]}]},
+         "messages[0].content[1]", "'image_url' part, but the model takes text only"),
+        ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
+         "messages[0].content[0]", "text only"),
+        ({"messages": [USER], "logit_bias": {"5": 150}}, "logit_bias[5]", "out of range"),
+        ({"messages": [USER], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "flurb"}}}},
+         "response_format.json_schema.schema", "not a valid JSON Schema"),
+        ({"messages": [USER], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"minLength": -1}}}}}},
+         "response_format.json_schema.schema", "(at properties/a/minLength)"),
+        ({"messages": [USER], "tools": [TOOL, {"type": "function", "function": {"name": "f", "parameters": {"required": "city"}}}]},
+         "tools[1].function.parameters", "not a valid JSON Schema"),
+        ({"messages": [USER], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"$schema": [1]}}}]},
+         "tools[0].function.parameters", "$schema must be a URI string"),
+    ],
+    ids=["role", "tool-without-id", "image-to-text-model", "audio-to-text-model", "logit-bias-range", "schema-type",
+         "schema-where", "tool-parameters", "schema-dialect-not-a-string"],
+)
+def test_problems_name_the_field(body, param, words):
+    found = problem(body)
+    assert found is not None and found.param == param and words in found.message, found
+
+
+@pytest.mark.parametrize(
+    "body,path,model",
+    [
+        ({"messages": [{"role": "developer", "content": "be brief"}, USER]}, CHAT, TEXT_MODEL),
+        ({"messages": [{"role": "tool", "tool_call_id": "call_1", "content": "22 C"}]}, CHAT, TEXT_MODEL),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, IMAGE]}]}, CHAT, VISION_MODEL),
+        ({"messages": [USER], "logit_bias": {"5": -100, "6": 100}}, CHAT, TEXT_MODEL),
+        ({"messages": [USER], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}, CHAT, TEXT_MODEL),
+        ({"messages": [USER], "tools": [TOOL]}, CHAT, TEXT_MODEL),
+        ({"prompt": "hi", "logit_bias": {"5": 10}}, COMPLETIONS, TEXT_MODEL),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "/tokenize", TEXT_MODEL),  # only completions are checked
+        ({"messages": [{"role": "user", "content": [IMAGE]}]}, CHAT, None),  # no model facts: left to vLLM
+    ],
+    ids=["developer", "tool-with-id", "image-to-vision-model", "bias-at-limits", "valid-schema", "valid-tool",
+         "completions", "other-path", "no-model-facts"],
+)
+def test_valid_requests_pass(body, path, model):
+    assert problem(body, path, model) is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"messages": "hi"}, {"messages": [5, None]}, {"messages": [{"role": 7}]}, {"logit_bias": [1, 2]},
+     {"logit_bias": {"5": "high"}}, {"messages": [USER], "response_format": {"type": "json_schema", "json_schema": {"schema": 5}}},
+     {"messages": [USER], "tools": "all"}, {"messages": [{"role": "user", "content": [{"type": ["image_url"]}, 3]}]}],
+    ids=["messages-str", "messages-not-objects", "role-int", "bias-list", "bias-str", "schema-int", "tools-str", "part-type-list"],
+)
+def test_wrong_shapes_are_left_to_vllm_which_names_them(body):
+    assert problem(body) is None
+    assert check_request(CHAT, ["not", "an", "object"], TEXT_MODEL) is None  # type: ignore[arg-type]
+
+
+def test_completions_check_logit_bias_too():
+    found = problem({"prompt": "hi", "logit_bias": {"7": -101}}, COMPLETIONS)
+    assert found is not None and found.param == "logit_bias[7]"
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+FIELDS = ["messages", "logit_bias", "response_format", "tools", "role", "content", "type", "json_schema", "schema",
+          "function", "parameters", "$schema", "tool_call_id"]
+# Objects keyed by the names the checks look at, so the fuzz reaches them.
+SHAPED = st.recursive(JSON, lambda inner: st.dictionaries(st.sampled_from(FIELDS), inner, max_size=4) | st.lists(inner, max_size=3),
+                      max_leaves=16)
+
+
+@settings(max_examples=50, deadline=None)
+@given(body=st.dictionaries(st.sampled_from(FIELDS), SHAPED, max_size=4), path=st.sampled_from([CHAT, COMPLETIONS]))
+def test_any_json_body_gets_an_answer_never_an_exception(body, path):
+    found = check_request(path, body, TEXT_MODEL)
+    assert found is None or (found.message and found.param)
