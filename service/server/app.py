@@ -69,18 +69,7 @@ def create_app(
             Depends(_strict_request_checks(report.model)),  # [agents, issue 12]
         ],
     }
-    handlers = _service_handlers(app, report, lifecycle, metrics, demo)
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-            if key:
-                schema.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-                schema["security"] = [{"bearer": []}]
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+    handlers = _service_handlers(app, report, lifecycle, metrics, demo, bearer=bool(key))
     for path, access in SERVICE_ROUTES.items():
         app.add_api_route(
             path, handlers[path], methods=["GET"], dependencies=dependencies[access],
@@ -98,7 +87,7 @@ def create_app(
         app.router.routes.remove(catch_all)
         app.include_router(router, dependencies=dependencies[Access.ENGINE])
         app.router.routes.append(catch_all)
-        app.openapi_schema = None  # rebuilt with vLLM's routes (run.py does it before /ready: seconds of CPU)
+        app.openapi_schema = None
 
     Instrumentator(excluded_handlers=list(UNCOUNTED), registry=metrics.registry).instrument(app)
     app.add_middleware(StreamStartErrorMiddleware)
@@ -130,7 +119,7 @@ async def _not_served(request: Request) -> None:
 
 
 def _service_handlers(
-    app: FastAPI, report: StartupReport, lifecycle: Lifecycle, metrics: ServiceMetrics, demo: bool
+    app: FastAPI, report: StartupReport, lifecycle: Lifecycle, metrics: ServiceMetrics, demo: bool, *, bearer: bool
 ) -> dict[str, Callable[..., Any]]:
     hardware = report.to_dict()
     versions = {
@@ -176,9 +165,15 @@ def _service_handlers(
                 card.update(demo=True, description=_DEMO_DESCRIPTION)
         return JSONResponse(body)
 
-    async def openapi() -> Response:
+    async def openapi() -> dict[str, Any]:
         """Every route this port serves (vLLM's once the engine is up)."""
-        return JSONResponse(app.openapi())
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            if bearer:
+                schema.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+                schema["security"] = [{"bearer": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
 
     return {
         "/health": health,
