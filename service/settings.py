@@ -57,6 +57,12 @@ class Settings(BaseSettings):
     enable_prefix_caching: bool | None = Field(None, description="Default: policy")
     enable_chunked_prefill: bool | None = Field(None, description="Default: policy")
     zentorch_weight_prepack: bool = Field(True, description="Zen: prepack weights for zentorch")
+    int4_w4a8: bool | None = Field(
+        None, description="int4 models on Zen/AMX: int8 activations (DA8W4 / AMX W4A8) or weight-only; default: policy"
+    )
+    w8a8_zentorch: bool | None = Field(
+        None, description="W8A8 models on Zen: zentorch qlinear (decode) or oneDNN int8 (prefill); default: policy"
+    )
     max_num_seqs: int | None = Field(None, ge=1, description="Max concurrent sequences; default: vLLM's")
     max_queued_requests: int = Field(
         64, ge=0, description="Requests in the engine (running + waiting) beyond which /v1 answers 503; 0: no cap"

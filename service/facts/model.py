@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from service.facts.chat_template import ChatTemplateFacts, read_chat_template
+from service.facts.quantization import QuantFacts, read_quantization
+
 Config = Mapping[str, Any]
 
 
@@ -32,6 +34,7 @@ class ModelFacts:
     head_dim: int | None
     kv_lora_rank: int | None  # MLA
     qk_rope_head_dim: int | None  # MLA
+    quant: QuantFacts | None = None  # format, bits, groups, act-order, activation scheme (service.facts.quantization)
     # Gated-DeltaNet layers (Qwen3-Next / Qwen3.5 config keys): the shapes vLLM's CPU GDN kernels check
     linear_key_head_dim: int | None = None
     linear_value_head_dim: int | None = None
@@ -322,5 +325,6 @@ def _facts_from_config(cfg: Config, directory: Path) -> ModelFacts:
         vocab_size=int(lm["vocab_size"]) if lm.get("vocab_size") else None,
         is_multimodal=any(cfg.get(key) is not None for key in _MULTIMODAL_KEYS),
         chat_template=read_chat_template(directory),
+        quant=read_quantization(lm),
         **{key: int(lm[key]) if lm.get(key) is not None else None for key in _GDN_SHAPE_KEYS},
     )

@@ -21,6 +21,7 @@ from service.policy.dtype import BYTES, choose_dtype
 from service.policy.kernels import check_kernels
 from service.policy.memory import plan_memory
 from service.policy.preload import choose_preload
+from service.policy.quant import plan_quant
 from service.policy.threads import SIM_MULTI_NUMA_ERROR, VLLM_SIM_MULTI_NUMA, ThreadPlan, plan_threads, worker_omp_env
 from service.settings import Settings
 
@@ -99,6 +100,11 @@ def build_plan(
         kernels = check_kernels(model, backend.name, b.engine_args["dtype"])
         b.decisions.extend([kernels.decision] if kernels.decision else [])
         b.errors.extend(kernels.errors)
+        quant = plan_quant(model.quant, backend.name, b.engine_args.get("dtype"), settings, environ)
+        b.decisions.extend(quant.decisions)
+        b.env.update(quant.env)
+        b.warnings.extend(quant.warnings)
+        b.errors.extend(quant.errors)
     _general_decisions(b, settings, user)
     compile_cache = plan_compile_cache(settings.cache_dir, software.vllm, environ)
     b.decisions.extend(compile_cache.decisions)

@@ -1,0 +1,74 @@
+"""Measured speed of the quantized linear kernels: the data the quantization policy's defaults come from.
+
+One row per (machine, format, kernel candidate), from `bench/quant_kernels.py` (vLLM's offline `LLM`, one engine per
+candidate, enforce_eager, the ~0.5 B random Llama of service/bench/models.py quantized by round-to-nearest; decode
+at batch 1 and prefill, median of repetitions with their min-max spread). Add a row set when a new machine is
+measured; the policy cites what it finds here for its backend and says when nothing was measured.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    backend: str  # the service backend it ran on
+    how: str  # command, date, runs
+
+
+@dataclass(frozen=True)
+class Measurement:
+    machine: Machine
+    format: str  # "bf16", "w8a8", "w8a8-static", "w4a16" (the schemes of tests/support/quantized_models.py)
+    kernel: str  # kernel key of service/policy/quant.py KERNELS ("bf16" for the unquantized reference)
+    knobs: str  # the environment the candidate ran with
+    decode_tok_s: float
+    prefill_tok_s: float | None
+    decode_spread: tuple[float, float] | None = None  # (min, max) over repetitions; None for a single run
+    prefill_spread: tuple[float, float] | None = None
+
+    def describe(self) -> str:
+        def fmt(value: float | None, spread: tuple[float, float] | None) -> str:
+            if value is None:
+                return "n/a"
+            return f"{value:.1f}" + (f" [{spread[0]:.1f}-{spread[1]:.1f}]" if spread else " (one run)")
+
+        return (
+            f"decode {fmt(self.decode_tok_s, self.decode_spread)} tok/s, "
+            f"prefill {fmt(self.prefill_tok_s, self.prefill_spread)} tok/s"
+        )
+
+
+ZEN5_FIELD_NOTES = Machine(
+    "AMD EPYC Zen 5 KVM guest (1 compute core)",
+    "zen",
+    "../shared/field-notes.md: offline LLM, enforce_eager, 0.5 B random Llama, ONE run each on another machine",
+)
+
+MEASUREMENTS: tuple[Measurement, ...] = (
+    Measurement(ZEN5_FIELD_NOTES, "bf16", "bf16", "zentorch", 28.8, None),
+    Measurement(ZEN5_FIELD_NOTES, "w8a8", "zentorch-w8a8", "", 45.1, 1213.0),
+    Measurement(ZEN5_FIELD_NOTES, "w8a8", "onednn-w8a8", "generic CpuPlatform", 41.4, 1480.0),
+    Measurement(ZEN5_FIELD_NOTES, "w4a16", "zentorch-da8w4", "VLLM_CPU_INT4_W4A8=1", 11.5, None),
+    Measurement(ZEN5_FIELD_NOTES, "w4a16", "zentorch-woq", "VLLM_CPU_INT4_W4A8=0", 31.1, None),
+    Measurement(ZEN5_FIELD_NOTES, "w4a16", "wna16-vec", "generic CpuPlatform", 13.9, None),
+)
+
+
+def find(backend: str, format: str, kernel: str) -> Measurement | None:
+    return next(
+        (m for m in MEASUREMENTS if m.machine.backend == backend and m.format == format and m.kernel == kernel),
+        None,
+    )
+
+
+def cite(backend: str, format: str, kernels: tuple[str, ...]) -> str:
+    """'measured on <machine> (<how>): <kernel>: <numbers>; ...' for the kernels measured on this backend."""
+    found = [(k, find(backend, format, k)) for k in kernels]
+    found = [(k, m) for k, m in found if m is not None]
+    if not found:
+        return f"not measured on the {backend} backend yet (bench/quant_kernels.py measures it)"
+    machine = found[0][1].machine
+    parts = "; ".join(f"{k}: {m.describe()}" for k, m in found)
+    return f"measured on {machine.name} ({machine.how}): {parts}"

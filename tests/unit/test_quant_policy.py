@@ -1,0 +1,220 @@
+"""Quantized checkpoints: facts from config.json, the kernel per (format x backend), knobs, refusals, overrides."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from service.facts.model import inspect_model
+from service.facts.quantization import read_quantization
+from service.policy.quant import KERNELS, RULES, plan_quant
+from service.policy.engine import build_plan
+from service.policy.quant_measurements import MEASUREMENTS
+from service.settings import Settings, load_settings
+from tests.unit.conftest import MODELS, software
+from tests.unit.test_policy_engine import decision, hw, plan
+
+ZEN, AMX, AVX512, AVX2 = (
+    "epyc_9755_zen5.txt",
+    "xeon_8480_sapphirerapids.txt",
+    "xeon_emeraldrapids_kvm_noamx.txt",
+    "epyc_7763_zen3.txt",
+)
+GiB = 1024**3
+
+LLAMA = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8)
+
+
+def ct_config(weights: dict, activations: dict | None = None, fmt: str = "pack-quantized", **extra) -> dict:
+    group = {"targets": ["Linear"], "weights": {"type": "int", "symmetric": True, "dynamic": False, **weights}}
+    group["input_activations"] = activations
+    return {**LLAMA, "quantization_config": {"quant_method": "compressed-tensors", "format": fmt,
+                                             "config_groups": {"group_0": group}, "ignore": ["lm_head"], **extra}}
+
+
+W4A16 = ct_config({"num_bits": 4, "strategy": "group", "group_size": 128})
+W8A8_DYNAMIC = ct_config(
+    {"num_bits": 8, "strategy": "channel"},
+    {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": True, "strategy": "token"},
+    fmt="int-quantized",
+)
+W8A8_STATIC = ct_config(
+    {"num_bits": 8, "strategy": "channel"},
+    {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": False, "strategy": "tensor"},
+    fmt="int-quantized",
+)
+
+
+def quant_plan(config: dict, cpu: str, tmp_path, env=None, **settings):
+    d = tmp_path / "m"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                               "num_hidden_layers": 2, "max_position_embeddings": 4096, **config}))
+    return build_plan(hw(cpu, memory=256 * GiB), inspect_model(str(d)), software(True), load_settings(**settings), env or {})
+
+
+def kernel(p) -> str:
+    return decision(p, "quant.linear_kernel").value
+
+
+def test_facts_of_a_compressed_tensors_w4a16_checkpoint():
+    f = read_quantization(W4A16)
+    assert (f.key, f.weight_bits, f.group_size, f.weight_symmetric, f.act_order, f.activation_scheme) == (
+        "w4a16", 4, 128, True, None, None
+    )
+    assert [(s.name, s.in_features, s.out_features) for s in f.linear_shapes] == [
+        ("qkv_proj", 4096, 6144), ("o_proj", 4096, 4096), ("gate_up_proj", 4096, 28672), ("down_proj", 14336, 4096)
+    ]
+
+
+def test_facts_of_static_and_dynamic_w8a8():
+    assert read_quantization(W8A8_DYNAMIC).activation_scheme == "dynamic"
+    static = read_quantization(W8A8_STATIC)
+    assert (static.key, static.activation_scheme, static.activation_strategy) == ("w8a8", "static", "tensor")
+
+
+def test_facts_of_the_recorded_gptq_model(tmp_path):
+    f = inspect_model(str(MODELS / "qwen2.5-7b-instruct-gptq-int4")).quant
+    assert (f.key, f.group_size, f.weight_symmetric, f.act_order) == ("gptq-w4a16", 128, True, None)
+
+
+def test_ignored_projections_are_not_checked():
+    f = read_quantization(ct_config({"num_bits": 4, "strategy": "group", "group_size": 128}, ignore=["lm_head", "re:.*down_proj"]))
+    assert "down_proj" not in [s.name for s in f.linear_shapes]
+
+
+def test_every_rule_names_a_known_kernel_and_condition():
+    from service.policy.quant import CONDITIONS
+
+    for rules in RULES.values():
+        for rule in rules:
+            assert rule.kernel in KERNELS and all(c in CONDITIONS for c in rule.needs)
+    for m in MEASUREMENTS:
+        assert m.kernel == "bf16" or m.kernel in KERNELS
+
+
+@pytest.mark.parametrize(
+    ("cpu", "config", "expected"),
+    [
+        (ZEN, W8A8_DYNAMIC, "zentorch-w8a8"),
+        (ZEN, W8A8_STATIC, "onednn-w8a8"),  # zentorch qlinear needs dynamic activations: named fallback
+        (AMX, W8A8_DYNAMIC, "amx-w8a8"),
+        (AVX512, W8A8_DYNAMIC, "onednn-w8a8"),
+        (AVX2, W8A8_STATIC, "onednn-w8a8"),
+        (ZEN, W4A16, "zentorch-woq"),  # the measured Zen default: weight-only, VLLM_CPU_INT4_W4A8=0
+        (AMX, W4A16, "amx-w4a8"),
+        (AVX512, W4A16, "wna16-vec"),
+        (AVX2, W4A16, "wna16-vec"),
+    ],
+)
+def test_kernel_per_format_and_backend(tmp_path, cpu, config, expected):
+    p = quant_plan(config, cpu, tmp_path)
+    assert not p.errors
+    d = decision(p, "quant.linear_kernel")
+    assert d.value == expected and KERNELS[expected].vllm_class in d.reason and d.source == "policy"
+
+
+def test_zen_int4_default_comes_from_the_measurement_and_says_so(tmp_path):
+    d = decision(quant_plan(W4A16, ZEN, tmp_path), "env.VLLM_CPU_INT4_W4A8")
+    assert (d.value, d.source) == ("0", "policy")
+    assert "31.1" in d.reason and "11.5" in d.reason and "one run" in d.reason.lower()
+
+
+def test_user_turns_da8w4_back_on(tmp_path):
+    p = quant_plan(W4A16, ZEN, tmp_path, int4_w4a8=True)
+    assert decision(p, "env.VLLM_CPU_INT4_W4A8").source == "user" and p.env["VLLM_CPU_INT4_W4A8"] == "1"
+    d = decision(p, "quant.linear_kernel")
+    assert (d.value, d.source) == ("zentorch-da8w4", "user")
+
+
+def test_int4_knob_set_in_the_environment_is_respected_not_overwritten(tmp_path):
+    p = quant_plan(W4A16, ZEN, tmp_path, env={"VLLM_CPU_INT4_W4A8": "1"})
+    assert kernel(p) == "zentorch-da8w4" and "VLLM_CPU_INT4_W4A8" not in p.env
+    assert decision(p, "env.VLLM_CPU_INT4_W4A8").source == "user"
+
+
+def test_int4_knob_is_left_alone_where_it_has_no_effect(tmp_path):
+    p = quant_plan(W4A16, AVX512, tmp_path)
+    assert "VLLM_CPU_INT4_W4A8" not in p.env
+    assert not [d for d in p.decisions if d.setting == "env.VLLM_CPU_INT4_W4A8"]
+
+
+def test_zen_w8a8_favours_decode_and_the_user_can_choose_prefill(tmp_path):
+    default = decision(quant_plan(W8A8_DYNAMIC, ZEN, tmp_path), "quant.linear_kernel")
+    assert "favours decode" in default.reason and "w8a8_zentorch=false" in default.reason
+    assert "45.1" in default.reason and "1480" in default.reason
+    p = quant_plan(W8A8_DYNAMIC, ZEN, tmp_path, w8a8_zentorch=False)
+    assert p.env["VLLM_DISABLED_KERNELS"] == "ZentorchInt8ScaledMMLinearKernel"
+    assert decision(p, "quant.linear_kernel").value == "onednn-w8a8"
+    assert decision(p, "quant.linear_kernel").source == "user"
+
+
+def test_disabled_kernels_from_the_environment_are_kept(tmp_path):
+    p = quant_plan(W8A8_DYNAMIC, ZEN, tmp_path, env={"VLLM_DISABLED_KERNELS": "Foo"}, w8a8_zentorch=False)
+    assert p.env["VLLM_DISABLED_KERNELS"] == "Foo,ZentorchInt8ScaledMMLinearKernel"
+
+
+def test_fp32_activations_take_zen_int4_to_weight_only(tmp_path):
+    p = quant_plan(W4A16, ZEN, tmp_path, int4_w4a8=True, dtype="float32")
+    d = decision(p, "quant.linear_kernel")
+    assert d.value == "zentorch-woq" and "bf16 activations" in d.reason
+
+
+def test_mixed_kernels_name_their_layers(tmp_path):
+    # down_proj's K is not a whole number of 64-wide groups: zentorch cannot take it, vLLM's generic kernel can.
+    config = ct_config({"num_bits": 4, "strategy": "group", "group_size": 64})
+    config["intermediate_size"] = 14336 + 32  # down_proj K not a multiple of 64
+    p = quant_plan(config, ZEN, tmp_path)
+    d = decision(p, "quant.linear_kernel")
+    assert d.value == "zentorch-woq+wna16-vec" and "down_proj: CPUWNA16LinearKernel" in d.reason
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (ct_config({"num_bits": 4, "strategy": "group", "group_size": 128, "actorder": "group"}), "actorder=group"),
+        (ct_config({"num_bits": 8, "strategy": "group", "group_size": 128}), "8-bit weight-only"),
+        ({**LLAMA, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True,
+                                           "sym": True}}, "desc_act=True"),
+        ({**LLAMA, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
+                                           "sym": False}}, "asymmetric GPTQ"),
+    ],
+)
+@pytest.mark.parametrize("cpu", [ZEN, AMX, AVX512])
+def test_refusals_are_pre_flight_errors(tmp_path, cpu, config, message):
+    p = quant_plan(config, cpu, tmp_path)
+    assert any(message in e for e in p.errors)
+
+
+def test_static_act_order_runs(tmp_path):
+    p = quant_plan(ct_config({"num_bits": 4, "strategy": "group", "group_size": 128, "actorder": "static"}), AVX512, tmp_path)
+    assert not p.errors and kernel(p) == "wna16-vec"
+
+
+def test_shapes_no_kernel_can_take_are_refused(tmp_path):
+    config = ct_config({"num_bits": 4, "strategy": "group", "group_size": 16})
+    config["intermediate_size"] = 688  # the demo model's down_proj: K=688 is not a multiple of 32
+    p = quant_plan(config, AVX512, tmp_path)
+    assert any("down_proj" in e and "multiples of 32" in e for e in p.errors)
+
+
+def test_gptq_on_zen_is_a_named_fallback(tmp_path):
+    config = {**LLAMA, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
+                                               "sym": True}}
+    p = quant_plan(config, ZEN, tmp_path)
+    assert kernel(p) == "zentorch-wna16-fallback" and any("compressed-tensors W4A16 copy" in w for w in p.warnings)
+
+
+def test_fp8_without_amx_warns_of_the_generic_path(tmp_path):
+    p = quant_plan({**LLAMA, "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}, AVX512, tmp_path)
+    assert kernel(p) == "torch-fp8" and any("torch._scaled_mm" in w for w in p.warnings)
+    assert kernel(quant_plan({**LLAMA, "quantization_config": {"quant_method": "fp8"}}, AMX, tmp_path)) == "amx-fp8"
+
+
+def test_unquantized_model_has_no_quant_decisions():
+    p = plan(hw(AVX512, memory=256 * GiB), model_name="llama-3.1-8b-instruct", max_model_len=4096)
+    assert not [d for d in p.decisions if d.setting.startswith("quant.")]
+
+
+def test_plan_quant_without_facts_is_empty():
+    assert plan_quant(None, "zen", "bfloat16", Settings(), {}).decisions == ()
