@@ -55,6 +55,7 @@ class StartupReport:
                 "name": self.plan.backend.name,
                 "reason": self.plan.backend.reason,
                 "requested": self.plan.backend.requested,
+                "platform": self.plan.backend.platform,  # the vLLM platform class, enforced by our plugin
             },
             "threads": _threads_dict(self.plan),
             "decisions": [d.as_dict() for d in self.decisions],
@@ -139,6 +140,7 @@ def _summary_table(r: StartupReport) -> Table:
         rows.append(("model", f"{r.model.architecture} ({r.model.model_type}) at {r.model.path}"))
     name = r.plan.backend.name or "none"
     rows.append(("backend", f"{name}: {r.plan.backend.reason}"))
+    rows.append(("vLLM platform", r.plan.backend.platform or "none"))
     for k, v in rows:
         table.add_row(k, str(v))
     return table

@@ -7,10 +7,22 @@ from typing import Callable
 from service.facts.cpu import CpuInfo
 from service.facts.software import SoftwareFacts
 
-# Best first. vLLM picks its kernels from the CPU itself (ZenCpuPlatform when zentorch imports on an
-# AMD AVX-512 CPU; the _C build with AMX/AVX-512 BF16, else _C_AVX512, else _C_AVX2), so the service can
-# confirm a backend but never force vLLM below the one the CPU gets.
+# Best first. vLLM picks its kernel build from the CPU itself (the _C build with AMX/AVX-512 BF16, else
+# _C_AVX512, else _C_AVX2): the service can confirm that part but never force it lower. The platform class
+# is the one thing it can choose, through its vLLM platform plugin (service/vllm_plugin.py).
 ORDER = ("zen", "amx", "avx512", "avx2")
+
+ZEN_PLATFORM = "vllm.platforms.zen_cpu.ZenCpuPlatform"
+GENERIC_PLATFORM = "vllm.platforms.cpu.CpuPlatform"
+# The vLLM platform class each backend runs on.
+PLATFORMS = {"zen": ZEN_PLATFORM, "amx": GENERIC_PLATFORM, "avx512": GENERIC_PLATFORM, "avx2": GENERIC_PLATFORM}
+# (best, requested) pairs the platform plugin can enforce: on a Zen host, vLLM's generic CpuPlatform runs the
+# same AVX-512 kernel build vLLM would pick without zentorch.
+LOWERINGS = {("zen", "avx512")}
+LOWERING_REASON = (
+    "requested: vLLM's generic CpuPlatform instead of ZenCpuPlatform, zentorch off (the escape hatch when "
+    "zentorch misbehaves on a model, and the A/B switch against backend: auto)"
+)
 
 
 @dataclass(frozen=True)
@@ -19,6 +31,11 @@ class BackendChoice:
     reason: str
     requested: str
     error: str | None = None
+
+    @property
+    def platform(self) -> str | None:
+        """Qualified name of the vLLM platform class this backend runs on."""
+        return PLATFORMS.get(self.name) if self.name else None
 
 
 Check = Callable[[CpuInfo, SoftwareFacts], tuple[bool, str]]
@@ -75,11 +92,14 @@ def choose_backend(cpu: CpuInfo, software: SoftwareFacts, requested: str = "auto
         return BackendChoice(best, f"requested and available: {verdicts[best][1]}", requested)
     if not verdicts[requested][0]:
         error = f"backend '{requested}' was requested but this machine cannot run it: {verdicts[requested][1]}"
+    elif (best, requested) in LOWERINGS:
+        return BackendChoice(requested, f"{LOWERING_REASON}; {verdicts[requested][1]}", requested)
     else:
+        allowed = sorted(low for top, low in LOWERINGS if top == best)
         error = (
             f"backend '{requested}' was requested but vLLM would run '{best}' on this CPU "
-            f"({verdicts[best][1]}); vLLM picks its kernels from the CPU, so a lower backend cannot be forced. "
-            f"Use backend: auto or '{best}'"
+            f"({verdicts[best][1]}); vLLM picks its kernel build from the CPU, so a lower one cannot be forced. "
+            f"Use backend: auto or '{best}'" + "".join(f" or '{low}'" for low in allowed)
         )
     return BackendChoice(None, error, requested, error=error)
 

@@ -20,6 +20,7 @@ from service.policy.decision import Decision, Source
 from service.policy.dtype import BYTES, choose_dtype
 from service.policy.kernels import check_kernels
 from service.policy.memory import plan_memory
+from service.policy.platform import choose_platform
 from service.policy.preload import choose_preload
 from service.policy.quant import plan_quant
 from service.policy.threads import SIM_MULTI_NUMA_ERROR, VLLM_SIM_MULTI_NUMA, ThreadPlan, plan_threads, worker_omp_env
@@ -83,6 +84,10 @@ def build_plan(
         b.errors.append(backend.error)
         return EnginePlan(backend, None, tuple(b.decisions), tuple(b.warnings), tuple(b.errors))
 
+    platform = choose_platform(backend, environ)
+    b.decisions.extend(platform.decisions)
+    b.env.update(platform.env)
+    b.warnings.extend(platform.warnings)
     if libraries is not None:
         preload = choose_preload(backend.name, libraries, environ)
         b.decisions.append(preload.decision)

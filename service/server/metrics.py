@@ -40,6 +40,7 @@ class ServiceMetrics:
             {
                 "backend": _label(report.plan.backend.name),
                 "backend_reason": report.plan.backend.reason[:200],
+                "platform": _label(report.plan.backend.platform),
                 "vendor": hw.cpu.vendor,
                 "microarchitecture": hw.cpu.microarchitecture,
                 "model": served_model,

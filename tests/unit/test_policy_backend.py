@@ -4,7 +4,10 @@ from __future__ import annotations
 import pytest
 
 from service.facts.hardware import read_hardware
-from service.policy.backend import choose_backend
+from service.policy.backend import GENERIC_PLATFORM, ZEN_PLATFORM, choose_backend
+from service.policy.engine import build_plan
+from service.policy.platform import PLATFORM_ENV
+from service.settings import Settings
 from tests.unit.conftest import CPUINFO, software
 
 EXPECTED_AUTO = {
@@ -78,9 +81,42 @@ def test_requested_amx_on_cascadelake_is_an_error():
     assert chosen.name is None and "AMX" in chosen.error
 
 
-def test_requesting_a_lower_backend_than_vllm_would_run_is_an_error_not_a_silent_change():
-    chosen = choose_backend(cpu("xeon_8480_sapphirerapids.txt"), software(True), "avx2")
-    assert chosen.name is None and "would run 'amx'" in chosen.error
+@pytest.mark.parametrize("requested", ["avx2", "avx512"])
+def test_requesting_a_lower_kernel_build_than_vllm_would_run_is_an_error_not_a_silent_change(requested):
+    chosen = choose_backend(cpu("xeon_8480_sapphirerapids.txt"), software(True), requested)
+    assert chosen.name is None and "would run 'amx'" in chosen.error and "kernel build" in chosen.error
+
+
+@pytest.mark.parametrize("name", ["epyc_9654_zen4.txt", "epyc_9755_zen5.txt"])
+def test_avx512_on_a_zen_host_with_zentorch_is_the_generic_platform_escape_hatch(name):
+    chosen = choose_backend(cpu(name), software(True), "avx512")
+    assert (chosen.name, chosen.error, chosen.platform) == ("avx512", None, GENERIC_PLATFORM)
+    assert "escape hatch" in chosen.reason and "A/B" in chosen.reason and "zentorch off" in chosen.reason
+
+
+def test_avx2_on_a_zen_host_stays_refused_naming_the_lowering_that_exists():
+    chosen = choose_backend(cpu("epyc_9755_zen5.txt"), software(True), "avx2")
+    assert chosen.name is None and "would run 'zen'" in chosen.error
+    assert "kernel build from the CPU" in chosen.error and "'avx512'" in chosen.error
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_AUTO))
+def test_platform_follows_the_backend(name):
+    for zentorch in (True, False):
+        chosen = choose_backend(cpu(name), software(zentorch))
+        assert chosen.platform == (ZEN_PLATFORM if chosen.name == "zen" else GENERIC_PLATFORM)
+
+
+@pytest.mark.parametrize(("requested", "platform", "source"), [("auto", ZEN_PLATFORM, "policy"), ("avx512", GENERIC_PLATFORM, "user")])
+def test_zen_fixture_plan_carries_the_platform_to_vllm_processes(requested, platform, source):
+    """The path `detect --cpuinfo` takes: the plan's environment names the class the plugin will return."""
+    hardware = read_hardware(cpuinfo_path=CPUINFO / "epyc_9755_zen5.txt")
+    plan = build_plan(hardware, None, software(True), Settings(backend=requested), {"VLLM_TARGET_DEVICE": "cpu"})
+    assert not plan.errors and plan.backend.platform == platform and plan.env[PLATFORM_ENV] == platform
+    decision = next(d for d in plan.decisions if d.setting == f"env.{PLATFORM_ENV}")
+    assert (decision.value, decision.source) == (platform, source)
+    # vLLM asks platform plugins only when VLLM_TARGET_DEVICE is not "cpu".
+    assert plan.env["VLLM_TARGET_DEVICE"] == ""
 
 
 @pytest.mark.parametrize(
