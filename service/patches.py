@@ -3,7 +3,9 @@
 torch 2.10's `FxGraphCachePickler.dumps` lets a `ValueError` escape (e.g. from tensors with blocked,
 prepacked layouts), which fails the whole torch.compile instead of skipping the cache. Later torch releases
 turn it into `BypassFxGraphCache` themselves (pytorch/pytorch#176557). vLLM ships the same backport in
-`vllm/env_override.py`; ours runs before vLLM is imported, so the two must agree on one wrapper.
+`vllm/env_override.py`; ours runs in every vLLM process (service/vllm_plugin.py), before or after vLLM's, so
+the two must agree on one wrapper. Whether it is needed is decided once at startup (service/startup.py) and
+carried to vLLM's processes in PATCH_ENV: a process applies the decision, it does not decide again.
 """
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import enum
 import functools
 import re
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
 # Our own marks, on the class and on the wrapper.
@@ -21,6 +22,9 @@ _VLLM_CLASS_MARK = "_vllm_fxgraph_dumps_patched"
 _VLLM_FUNC_MARK = "_vllm_patched"
 
 _AFFECTED_MINOR = (2, 10)
+
+# The startup decision as every vLLM process reads it: "1" apply, "0" leave torch alone.
+PATCH_ENV = "SERVICE_TORCH_FXGRAPH_PATCH"
 
 
 class PatchStatus(str, enum.Enum):
@@ -64,13 +68,11 @@ def _wrap_dumps(original: Any, bypass_cls: type[Exception]) -> Any:
     return dumps
 
 
-def apply_fxgraph_pickle_patch(torch_version: str | None = None) -> PatchResult:
-    """Patch `FxGraphCachePickler.dumps` on torch 2.10.x; a no-op elsewhere and when already patched.
-
-    `torch_version` defaults to the installed torch's (from metadata: no import when nothing is to do)."""
-    version = torch_version or metadata.version("torch")
-    if not needs_fxgraph_pickle_patch(version):
-        return PatchResult(NAME, PatchStatus.NOT_NEEDED, f"not needed on torch {version}: only 2.10.x lacks the fix")
+def apply_fxgraph_pickle_patch(needed: bool) -> PatchResult:
+    """Patch `FxGraphCachePickler.dumps` when the startup decision says so; idempotent, and a no-op when vLLM's
+    own copy is already in place."""
+    if not needed:
+        return PatchResult(NAME, PatchStatus.NOT_NEEDED, "decided at startup: only torch 2.10.x lacks the fix")
 
     # Both classes live in torch._inductor.codecache on 2.10 (where vLLM imports them) and still on 2.13.
     from torch._inductor.codecache import BypassFxGraphCache, FxGraphCachePickler
@@ -82,6 +84,4 @@ def apply_fxgraph_pickle_patch(torch_version: str | None = None) -> PatchResult:
 
     FxGraphCachePickler.dumps = _wrap_dumps(FxGraphCachePickler.dumps, BypassFxGraphCache)
     setattr(FxGraphCachePickler, _OUR_CLASS_MARK, True)
-    return PatchResult(
-        NAME, PatchStatus.APPLIED, f"torch {version}: ValueError while pickling a cache key now bypasses the cache"
-    )
+    return PatchResult(NAME, PatchStatus.APPLIED, "a ValueError while pickling a cache key now bypasses the cache")

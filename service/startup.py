@@ -11,7 +11,7 @@ from service.facts.hardware import read_hardware
 from service.facts.libraries import read_libraries
 from service.facts.model import ModelFacts, ModelNotFound, inspect_model
 from service.facts.software import read_software
-from service.patches import apply_fxgraph_pickle_patch, needs_fxgraph_pickle_patch
+from service.patches import PATCH_ENV, needs_fxgraph_pickle_patch
 from service.policy.decision import Decision
 from service.policy.engine import build_plan
 from service.report import StartupReport
@@ -50,6 +50,9 @@ def build_report(
     )
 
 
+PATCH_SETTING = "patch.torch_fxgraph_pickle"
+
+
 def fxgraph_patch_decision(torch_version: str | None) -> Decision:
     needed = torch_version is not None and needs_fxgraph_pickle_patch(torch_version)
     reason = (
@@ -57,13 +60,18 @@ def fxgraph_patch_decision(torch_version: str | None) -> Decision:
         if needed
         else f"not needed on torch {torch_version}: only 2.10.x lacks the fix"
     )
-    return Decision("patch.torch_fxgraph_pickle", needed, reason, "policy")
+    carried = f"; carried to every vLLM process in {PATCH_ENV}, applied there by the service's vLLM plugin"
+    return Decision(PATCH_SETTING, needed, reason + carried, "policy")
 
 
 def apply(report: StartupReport, environ: MutableMapping[str, str] = os.environ) -> None:
-    """Set the decided environment in this process (inherited by vLLM's engine and workers) and patch torch."""
+    """Set the decided environment in this process before vLLM starts: vLLM's API server code in this process,
+    its engine core and workers (which inherit it) all read their platform and the torch patch decision from it
+    through the service's vLLM plugins (service/vllm_plugin.py)."""
     if not report.ok:
         raise RuntimeError("refusing to start: " + "; ".join(report.errors))
     environ.update(report.plan.env)
-    result = apply_fxgraph_pickle_patch()
-    log.info("%s: %s (%s)", result.name, result.status.value, result.reason)
+    patch = next(d for d in report.decisions if d.setting == PATCH_SETTING)
+    environ[PATCH_ENV] = "1" if patch.value else "0"
+    backend = report.plan.backend
+    log.info("vLLM platform %s for backend %s: %s", backend.platform, backend.name, backend.reason)

@@ -16,7 +16,8 @@ import pytest
 import torch
 from torch._inductor.codecache import BypassFxGraphCache, FxGraphCachePickler
 
-from service.patches import PatchStatus, apply_fxgraph_pickle_patch, needs_fxgraph_pickle_patch
+from service.patches import PATCH_ENV, PatchStatus, apply_fxgraph_pickle_patch, needs_fxgraph_pickle_patch
+from service.startup import fxgraph_patch_decision
 
 _CLASS_ATTRS = ("dumps", "_cpu_llm_service_fxgraph_dumps_patched", "_vllm_fxgraph_dumps_patched")
 
@@ -66,7 +67,7 @@ def test_without_patch_the_value_error_escapes(torch_2_10_pickler):
 
 
 def test_value_error_becomes_bypass_chained(torch_2_10_pickler):
-    result = apply_fxgraph_pickle_patch("2.10.1")
+    result = apply_fxgraph_pickle_patch(True)
     assert result.status is PatchStatus.APPLIED and result.changed
     original = ValueError("blocked layout")
     with pytest.raises(BypassFxGraphCache) as caught:
@@ -75,7 +76,7 @@ def test_value_error_becomes_bypass_chained(torch_2_10_pickler):
 
 
 def test_other_exceptions_pass_through(torch_2_10_pickler):
-    apply_fxgraph_pickle_patch("2.10.1")
+    apply_fxgraph_pickle_patch(True)
     with pytest.raises(RuntimeError, match="not a pickling problem"):
         pickler().dumps(Raises(RuntimeError("not a pickling problem")))
 
@@ -83,14 +84,14 @@ def test_other_exceptions_pass_through(torch_2_10_pickler):
 def test_normal_pickling_unchanged(torch_2_10_pickler):
     payload = {"shape": (2, 3), "tensor": torch.ones(2, 3), "name": "linear"}
     before = pickler().dumps(payload)
-    apply_fxgraph_pickle_patch("2.10.1")
+    apply_fxgraph_pickle_patch(True)
     assert pickler().dumps(payload) == before
 
 
 def test_idempotent(torch_2_10_pickler):
-    apply_fxgraph_pickle_patch("2.10.1")
+    apply_fxgraph_pickle_patch(True)
     wrapped = FxGraphCachePickler.dumps
-    again = apply_fxgraph_pickle_patch("2.10.1")
+    again = apply_fxgraph_pickle_patch(True)
     assert again.status is PatchStatus.ALREADY_APPLIED and not again.changed
     assert FxGraphCachePickler.dumps is wrapped
     assert wrapped.__wrapped__ is dumps_as_in_torch_2_10  # one layer, not two
@@ -98,7 +99,7 @@ def test_idempotent(torch_2_10_pickler):
 
 def test_vllm_marked_class_left_alone(torch_2_10_pickler):
     FxGraphCachePickler._vllm_fxgraph_dumps_patched = True
-    result = apply_fxgraph_pickle_patch("2.10.1")
+    result = apply_fxgraph_pickle_patch(True)
     assert result.status is PatchStatus.PATCHED_BY_VLLM
     assert FxGraphCachePickler.dumps is dumps_as_in_torch_2_10
 
@@ -109,18 +110,22 @@ def test_vllm_marked_function_left_alone(torch_2_10_pickler):
 
     vllm_dumps._vllm_patched = True
     FxGraphCachePickler.dumps = vllm_dumps
-    assert apply_fxgraph_pickle_patch("2.10.1").status is PatchStatus.PATCHED_BY_VLLM
+    assert apply_fxgraph_pickle_patch(True).status is PatchStatus.PATCHED_BY_VLLM
     assert FxGraphCachePickler.dumps is vllm_dumps
 
 
-def test_no_op_on_installed_torch():
-    before = FxGraphCachePickler.__dict__["dumps"]
-    result = apply_fxgraph_pickle_patch("2.13.0+cpu")
+def test_not_needed_leaves_torch_alone(torch_2_10_pickler):
+    result = apply_fxgraph_pickle_patch(False)
     assert result.status is PatchStatus.NOT_NEEDED and not result.changed
-    assert "2.13.0+cpu" in result.reason
-    assert FxGraphCachePickler.__dict__["dumps"] is before
-    # Default: the installed torch's version from metadata, which is 2.13 here.
-    assert apply_fxgraph_pickle_patch().status is PatchStatus.NOT_NEEDED
+    assert FxGraphCachePickler.__dict__["dumps"] is dumps_as_in_torch_2_10
+
+
+def test_the_startup_decision_carries_the_version_gate():
+    """The gate is decided once, from the installed torch, and carried to vLLM's processes in PATCH_ENV."""
+    assert fxgraph_patch_decision("2.10.1+cpu").value is True
+    installed = fxgraph_patch_decision(torch.__version__)
+    assert installed.value is needs_fxgraph_pickle_patch(torch.__version__)
+    assert torch.__version__ in installed.reason and PATCH_ENV in installed.reason
 
 
 @pytest.mark.parametrize(
@@ -141,7 +146,7 @@ def test_vllm_backport_does_not_stack_on_ours_in_either_order():
         from service.patches import apply_fxgraph_pickle_patch, PatchStatus
 
         original = P.dumps
-        assert apply_fxgraph_pickle_patch("2.10.1").status is PatchStatus.APPLIED
+        assert apply_fxgraph_pickle_patch(True).status is PatchStatus.APPLIED
         ours = P.dumps
         vllm_patch(P, B)
         assert P.dumps is ours and ours.__wrapped__ is original, "vLLM stacked on ours"
@@ -150,7 +155,7 @@ def test_vllm_backport_does_not_stack_on_ours_in_either_order():
         del P._cpu_llm_service_fxgraph_dumps_patched
         vllm_patch(P, B)
         theirs = P.dumps
-        assert apply_fxgraph_pickle_patch("2.10.1").status is PatchStatus.PATCHED_BY_VLLM
+        assert apply_fxgraph_pickle_patch(True).status is PatchStatus.PATCHED_BY_VLLM
         assert P.dumps is theirs, "we stacked on vLLM"
         print("ok")
         """

@@ -1,0 +1,73 @@
+"""The service's vLLM entry points (pyproject.toml): the platform the startup report chose, and what each vLLM
+process does.
+
+- `platform` (group `vllm.platform_plugins`): vLLM calls it in every process while resolving its platform.
+- `every_process` (group `vllm.general_plugins`): vLLM runs it once in each process it starts (API server,
+  engine core, workers). It applies the torch patch as decided at startup and logs one line saying which
+  platform that process runs and what became of the patch.
+
+Both only carry out decisions the startup hook put in the environment (service/startup.py `apply`); without
+them (vLLM used without the service) they leave vLLM to decide as usual.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+
+from service.patches import PATCH_ENV, apply_fxgraph_pickle_patch
+from service.policy.backend import ZEN_PLATFORM
+from service.policy.platform import PLATFORM_ENV
+
+# A handler of its own: the plugins run before vLLM configures its logging in the API server (from its
+# arguments), and in the engine core and workers nothing configures the root logger.
+log = logging.getLogger(__name__)
+if not log.handlers:
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    log.addHandler(_handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+STATE_PREFIX = "service plugin state: "  # followed by one JSON object per process
+
+
+def platform() -> str | None:
+    """The vLLM platform class (qualified name) the startup report chose, or None to let vLLM decide."""
+    qualname = os.environ.get(PLATFORM_ENV) or None
+    if qualname == ZEN_PLATFORM:
+        # vLLM's own Zen detection imports zentorch, which registers the torch.ops.zentorch kernels that
+        # ZenCpuPlatform dispatches to: do the same when the choice is ours.
+        try:
+            import zentorch  # noqa: F401
+        except (ImportError, OSError) as exc:
+            log.error("ZenCpuPlatform was decided but zentorch does not import in pid %d: %s", os.getpid(), exc)
+            return None
+    return qualname
+
+
+def every_process() -> None:
+    if PATCH_ENV not in os.environ and PLATFORM_ENV not in os.environ:
+        return
+    patch = apply_fxgraph_pickle_patch(os.environ.get(PATCH_ENV) == "1")
+    from vllm.platforms import current_platform
+
+    running = f"{type(current_platform).__module__}.{type(current_platform).__qualname__}"
+    decided = os.environ.get(PLATFORM_ENV)
+    state = {
+        "pid": os.getpid(),
+        "process": multiprocessing.current_process().name,
+        "title": _process_title(),
+        "platform": running,
+        "decided_platform": decided,
+        "fxgraph_patch": patch.status.value,
+        "fxgraph_patch_reason": patch.reason,
+    }
+    log.log(logging.INFO if running == decided else logging.ERROR, "%s%s", STATE_PREFIX, json.dumps(state))
+
+
+def _process_title() -> str:
+    import setproctitle  # a dependency of vLLM, which sets titles such as VLLM::EngineCore with it
+
+    return setproctitle.getproctitle()

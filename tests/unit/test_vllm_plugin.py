@@ -1,0 +1,65 @@
+"""The platform decision, its trip through the environment (startup.apply), and the plugin's answer.
+
+vLLM itself resolving the platform with the plugin, and the per-process state lines, are integration tests
+(tests/integration/test_platform.py): they need vLLM imported or an engine running.
+"""
+from __future__ import annotations
+
+import pytest
+
+from service import vllm_plugin
+from service.facts.hardware import read_hardware
+from service.patches import PATCH_ENV
+from service.policy.backend import GENERIC_PLATFORM, ZEN_PLATFORM, choose_backend
+from service.policy.platform import PLATFORM_ENV, PLUGIN_NAME, choose_platform
+from service.settings import Settings
+from service.startup import PATCH_SETTING, apply, build_report
+from tests.unit.conftest import CPUINFO, software
+
+
+def backend(name: str = "epyc_9755_zen5.txt", requested: str = "auto"):
+    return choose_backend(read_hardware(cpuinfo_path=CPUINFO / name).cpu, software(True), requested)
+
+
+def test_target_device_cpu_is_emptied_so_that_vllm_asks_the_plugin():
+    choice = choose_platform(backend(), {"VLLM_TARGET_DEVICE": "CPU"})
+    assert choice.env == {PLATFORM_ENV: ZEN_PLATFORM, "VLLM_TARGET_DEVICE": ""}
+    assert "never asks platform plugins" in choice.decisions[1].reason
+
+
+def test_nothing_to_undo_without_target_device():
+    choice = choose_platform(backend("xeon_8380_icelake.txt"), {})
+    assert choice.env == {PLATFORM_ENV: GENERIC_PLATFORM} and len(choice.decisions) == 1
+    assert choice.decisions[0].source == "policy" and "CpuPlatform" in choice.decisions[0].reason
+
+
+def test_a_plugin_allowlist_without_ours_is_a_warning():
+    assert choose_platform(backend(), {"VLLM_PLUGINS": f"other,{PLUGIN_NAME}"}).warnings == ()
+    (warning,) = choose_platform(backend(), {"VLLM_PLUGINS": "other"}).warnings
+    assert PLUGIN_NAME in warning and "ZenCpuPlatform" in warning
+
+
+@pytest.mark.parametrize("requested", ["auto", "avx512"])
+def test_apply_puts_both_decisions_in_the_environment(requested):
+    """`serve` on the recorded Zen 5 host: what every vLLM process will inherit."""
+    environ = {"VLLM_TARGET_DEVICE": "cpu"}
+    report = build_report(Settings(backend=requested), model=None, cpuinfo=CPUINFO / "epyc_9755_zen5.txt", environ=environ)
+    apply(report, environ)
+    patch = next(d for d in report.decisions if d.setting == PATCH_SETTING)
+    assert environ[PLATFORM_ENV] == report.plan.backend.platform == report.to_dict()["backend"]["platform"]
+    assert environ[PATCH_ENV] == ("1" if patch.value else "0")
+    assert environ["VLLM_TARGET_DEVICE"] == ""
+
+
+def test_the_plugin_returns_the_decision_or_leaves_vllm_alone(monkeypatch):
+    monkeypatch.delenv(PLATFORM_ENV, raising=False)
+    assert vllm_plugin.platform() is None
+    monkeypatch.setenv(PLATFORM_ENV, GENERIC_PLATFORM)
+    assert vllm_plugin.platform() == GENERIC_PLATFORM
+
+
+def test_every_process_does_nothing_without_the_service(monkeypatch, capfd):
+    monkeypatch.delenv(PLATFORM_ENV, raising=False)
+    monkeypatch.delenv(PATCH_ENV, raising=False)
+    vllm_plugin.every_process()
+    assert capfd.readouterr().err == ""
