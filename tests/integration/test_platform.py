@@ -1,0 +1,182 @@
+"""The backend decision is what vLLM runs, in every process it starts; the torch patch decision reaches them too.
+
+Each vLLM process logs one state line from the service's general plugin (service/vllm_plugin.py): the platform
+class vLLM resolved in that process, and what became of the torch patch there. The expectation for the live
+machine comes from the raw facts vLLM's own Zen detection reads (vendor, AVX-512, zentorch), never a literal.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.facts.software import read_software
+from service.patches import PatchStatus, needs_fxgraph_pickle_patch
+from service.policy.backend import GENERIC_PLATFORM, ZEN_PLATFORM
+from service.policy.platform import PLATFORM_ENV
+from service.vllm_plugin import STATE_PREFIX
+from tests.integration.conftest import _start
+from tests.support.server import REPO, service_env
+
+pytestmark = pytest.mark.engine
+
+ZEN5_FIXTURE = REPO / "tests" / "fixtures" / "cpuinfo" / "epyc_9755_zen5.txt"
+
+
+def live_platform() -> str:
+    """What vLLM itself would run here: ZenCpuPlatform on an AMD CPU with AVX-512 and a usable zentorch."""
+    amd = "AuthenticAMD" in Path("/proc/cpuinfo").read_text()
+    zen = amd and torch.cpu._is_avx512_supported() and read_software().zentorch_usable
+    return ZEN_PLATFORM if zen else GENERIC_PLATFORM
+
+
+def process_states(log: str) -> list[dict]:
+    return [json.loads(line.split(STATE_PREFIX, 1)[1]) for line in log.splitlines() if STATE_PREFIX in line]
+
+
+def check_running_platform(server, platform: str) -> None:
+    """The report, /v1/hardware, service_info, the startup log and every vLLM process name `platform`."""
+    report = httpx.get(f"{server.url}/v1/hardware", headers=server.headers()).json()
+    assert report["backend"]["platform"] == platform, report["backend"]
+    decided = {d["setting"]: d["value"] for d in report["decisions"]}
+    assert decided[f"env.{PLATFORM_ENV}"] == platform
+
+    families = text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text)
+    info = next(s for f in families for s in f.samples if s.name == "service_info")
+    assert info.labels["platform"] == platform and info.labels["backend"] == report["backend"]["name"]
+
+    log = server.process.log_path.read_text(errors="replace")
+    assert f"vLLM platform {platform} for backend {report['backend']['name']}" in log
+    states = process_states(log)
+    names = {s["process"] for s in states}
+    assert "EngineCore" in names and any(n.startswith("VllmWorker") for n in names), states
+    assert len({s["pid"] for s in states}) == len(states), "one line per process"
+    assert {(s["platform"], s["decided_platform"]) for s in states} == {(platform, platform)}, states
+    engine_core = next(s for s in states if s["process"] == "EngineCore")
+    assert engine_core["title"] == "VLLM::EngineCore"
+
+
+def test_the_engine_runs_the_platform_the_report_chose(chat_server):
+    check_running_platform(chat_server, live_platform())
+
+
+def test_every_vllm_process_applies_the_startup_patch_decision(chat_server):
+    """No forcing here: the installed torch decides, once, and each process reports that decision."""
+    states = process_states(chat_server.process.log_path.read_text(errors="replace"))
+    needed = needs_fxgraph_pickle_patch(torch.__version__)
+    statuses = {s["fxgraph_patch"] for s in states}
+    if needed:  # vLLM's env_override patches at import; ours then finds its marks, or patches first
+        assert statuses <= {PatchStatus.APPLIED.value, PatchStatus.PATCHED_BY_VLLM.value}, states
+    else:
+        assert statuses == {PatchStatus.NOT_NEEDED.value}, states
+
+
+def test_avx512_on_a_zen_host_runs_vllms_generic_platform(server_logs):
+    """The A/B switch away from zentorch. Live on a Zen host; elsewhere the recorded Zen 5 host's plan,
+    through `detect --cpuinfo`, handed to vLLM's own platform resolution with the service's plugin."""
+    if live_platform() == ZEN_PLATFORM:
+        server = _start("ab-avx512", server_logs, "demo-tiny-llama", backend="avx512")
+        try:
+            check_running_platform(server, GENERIC_PLATFORM)
+        finally:
+            server.process.stop()
+            server.process.kill_group()
+        return
+
+    plans = {requested: _detect_env(requested) for requested in ("auto", "avx512")}
+    assert plans["avx512"][PLATFORM_ENV] == GENERIC_PLATFORM
+    resolved = _vllm_resolves(plans)
+    # What vLLM resolves with the plan's environment is what the plan says, for both requests ...
+    assert resolved == {requested: env[PLATFORM_ENV] for requested, env in plans.items()}
+    # ... and the plugin, not vLLM's own detection, decided it: vLLM alone would run its generic platform
+    # on this non-Zen host, while the plan for the recorded Zen host (zentorch usable here) says Zen.
+    if read_software().zentorch_usable:
+        assert resolved["auto"] == ZEN_PLATFORM
+
+
+def _detect_env(backend: str) -> dict[str, str]:
+    """The environment `serve` would set for the recorded Zen 5 host (as the startup hook's apply does)."""
+    env = service_env(REPO / ".cache" / "test-models")
+    out = subprocess.run(
+        [sys.executable, "-m", "service", "detect", "--json", "--cpuinfo", str(ZEN5_FIXTURE), "--backend", backend],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
+    )
+    report = json.loads(out.stdout)
+    assert out.returncode == 0, report["errors"]
+    return {d["setting"][4:]: d["value"] for d in report["decisions"] if d["setting"].startswith("env.")}
+
+
+def _vllm_resolves(plans: dict[str, dict[str, str]]) -> dict[str, str]:
+    """vLLM's platform resolution (as each of its processes runs it) under each plan's environment."""
+    script = textwrap.dedent(
+        """
+        import json, os, sys
+        from vllm.platforms import resolve_current_platform_cls_qualname
+
+        resolved = {}
+        for requested, env in json.loads(sys.argv[1]).items():
+            os.environ.update(env)
+            resolved[requested] = resolve_current_platform_cls_qualname()
+        print(json.dumps(resolved))
+        """
+    )
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}  # what the Makefile exports; the plans empty it
+    out = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(plans)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+FORCED_ENGINE = textwrap.dedent(
+    """
+    import os
+
+    from service.demo_model import ensure_demo_model
+    from service.patches import PATCH_ENV
+    from service.settings import load_settings
+    from service.startup import apply, build_report
+
+    if __name__ == "__main__":  # vLLM spawns its engine core and workers
+        settings = load_settings()
+        model = str(ensure_demo_model(settings.cache_dir))
+        report = build_report(settings, model=model)
+        apply(report)
+        os.environ[PATCH_ENV] = "1"  # force the version gate: the decision startup makes on torch 2.10
+        from vllm import LLM, EngineArgs
+
+        # The plan's engine arguments that are EngineArgs fields (it also holds the API server's own).
+        args = {k: v for k, v in report.plan.engine_args.items() if k in EngineArgs.__dataclass_fields__}
+        LLM(model=model, **args)
+        print("engine started")
+    """
+)
+
+
+def test_a_forced_patch_is_applied_in_every_process_vllm_starts(tmp_path):
+    """One offline engine: the startup hook's environment with the patch decision forced on; every vLLM
+    process (this one, the engine core, the worker) reports the patch applied by the service's plugin."""
+    script = tmp_path / "forced_engine.py"
+    script.write_text(FORCED_ENGINE)
+    # A small KV cache: this engine only has to start, on a machine other test servers share.
+    env = service_env(REPO / ".cache" / "test-models", kv_cache_gib="0.25", max_model_len="256")
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=REPO, timeout=600
+    )
+    log = out.stdout + out.stderr
+    assert out.returncode == 0 and "engine started" in out.stdout, log[-5000:]
+    states = process_states(log)
+    names = {s["process"] for s in states}
+    assert {"MainProcess", "EngineCore"} <= names and any(n.startswith("VllmWorker") for n in names), states
+    # On torch 2.10 itself vLLM's env_override wraps dumps at import, before the plugin runs: one wrapper.
+    expected = PatchStatus.PATCHED_BY_VLLM if needs_fxgraph_pickle_patch(torch.__version__) else PatchStatus.APPLIED
+    assert {s["fxgraph_patch"] for s in states} == {expected.value}, states
+    assert {s["platform"] for s in states} == {live_platform()}, states
