@@ -3,6 +3,7 @@ validated against the Kubernetes OpenAPI schemas (kubernetes-validate) or the CR
 operator: tests/fixtures/kubernetes), and the invariants the service depends on."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -44,6 +45,15 @@ def render(directory: Path) -> list[dict[str, Any]]:
     out = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def schema_files_read_once():
+    """kubernetes-validate reads its schema files (1.8 MB of definitions) on every call: once per file is enough."""
+    with pytest.MonkeyPatch.context() as patch:
+        read = functools.cache(kubernetes_validate.utils.schema_contents)
+        patch.setattr(kubernetes_validate.utils, "schema_contents", read)
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +237,8 @@ def test_scalers_query_metrics_the_service_exports(rendered):
     assert metric_names(trigger["metadata"]["query"]) == {"vllm:num_requests_waiting"}
 
     rules = yaml.safe_load((DEPLOY / "overlays" / "hpa" / "prometheus-adapter-rules.yaml").read_text())["rules"]
-    hpa_metrics = {m["pods"]["metric"]["name"] for m in one(rendered["hpa"], "HorizontalPodAutoscaler")["spec"]["metrics"]}
+    hpa = one(rendered["hpa"], "HorizontalPodAutoscaler")
+    hpa_metrics = {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]}
     assert hpa_metrics == {rule["name"]["as"] for rule in rules}
     queried = set()
     for rule in rules:

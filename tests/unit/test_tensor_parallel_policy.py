@@ -57,7 +57,8 @@ def test_simulated_nodes_split_the_allowed_cores_not_the_real_nodes():
 
 
 def test_more_simulated_nodes_than_cores_is_an_error():
-    report = build_report(Settings(simulate_numa_nodes=3), model=None, environ={}, cpuinfo=CPUINFO / "build_machine.txt")
+    settings = Settings(simulate_numa_nodes=3)
+    report = build_report(settings, model=None, environ={}, cpuinfo=CPUINFO / "build_machine.txt")
     assert any("simulate_numa_nodes=3 needs at least 3 physical cores" in e for e in report.errors)
 
 
