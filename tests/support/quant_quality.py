@@ -30,12 +30,17 @@ class Threshold:
     max_mean_abs_dlogprob: float
 
 
-# Per scheme of tests/support/quantized_models.py (int4 rounds far coarser than int8).
+# Per scheme of tests/support/quantized_models.py. Measured on the demo model with the exact dequantized weights
+# (an ideal kernel) against copies whose o_proj scales were multiplied (a broken one), 4 prompts x 24 tokens:
+#   w8a8  exact: top1 0.99, |dlogprob| 0.004;  scale x1.25: 0.98, 0.078;  x2: 0.94, 0.21;  x4: 0.93, 0.35
+#   w4a16 exact: top1 0.97, |dlogprob| 0.035;  scale x2: 0.93, 0.23;  x4: 0.94, 0.34
+# Greedy tokens of a random model agree often even when broken, so the logprob gap is what separates them; the
+# margins above leave room for an engine's own bf16 rounding and (W8A8) its activation quantization.
 THRESHOLDS = {
-    "bf16": Threshold(0.95, 0.05),
-    "w8a8": Threshold(0.85, 0.15),
-    "w8a8-static": Threshold(0.85, 0.15),
-    "w4a16": Threshold(0.6, 0.5),
+    "bf16": Threshold(0.9, 0.05),
+    "w8a8": Threshold(0.85, 0.12),
+    "w8a8-static": Threshold(0.85, 0.12),
+    "w4a16": Threshold(0.85, 0.15),
 }
 
 

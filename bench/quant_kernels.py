@@ -1,0 +1,283 @@
+"""Which quantized linear kernel is fastest on this machine, and is it right? One vLLM engine per candidate.
+
+For each format (bf16 reference, W8A8 dynamic, W8A8 static, W4A16 group 128) of the ~0.5 B random Llama
+(bench/models.py, quantized by tests/support/quantized_models.py) and each kernel the machine can be steered to
+(VLLM_CPU_INT4_W4A8=0/1, ZentorchInt8ScaledMMLinearKernel on/off on Zen), run vLLM's offline `LLM` in a fresh
+process (enforce_eager, batch 1) and measure:
+- decode tok/s at batch 1: (N tokens - 1 token) / (time(N) - time(1)) for one short prompt, greedy, ignore_eos;
+- prefill tok/s: prompt tokens / time of a 1-token generation of a long prompt (prefix caching off);
+- quality: greedy decode scored against the bf16 source in transformers (tests/support/quant_quality.py);
+each over `--reps` repetitions (median, min-max). The kernel each candidate ran is the one the service policy
+predicts for the live backend with that candidate's knobs, confirmed against the engine's log markers.
+
+    .venv/bin/python bench/quant_kernels.py [--formats bf16,w8a8,w8a8-static,w4a16] [--reps 3] [--corrupt]
+
+Writes .cache/bench/quant_kernels.json and prints a table. CPU time matters here: run on an idle machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# Run as a script, Python puts bench/ first on sys.path, where bench/profile.py shadows the stdlib's profile.
+sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+DECODE_PROMPT = "hello world, the server thread answers"
+DECODE_TOKENS = 64
+PREFILL_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class Candidate:
+    format: str  # a scheme of tests/support/quantized_models.SCHEMES, "bf16", or "<scheme>-corrupt"
+    env: dict[str, str]
+
+    @property
+    def label(self) -> str:
+        knobs = ",".join(f"{k}={v}" for k, v in sorted(self.env.items()))
+        return f"{self.format}" + (f" [{knobs}]" if knobs else "")
+
+
+def candidates(backend: str, formats: list[str], corrupt: bool) -> list[Candidate]:
+    """The knobs that change the kernel on this backend (service/policy/quant.py RULES)."""
+    out = []
+    for fmt in formats:
+        if fmt == "w4a16" and backend in ("zen", "amx"):
+            out += [Candidate(fmt, {"VLLM_CPU_INT4_W4A8": v}) for v in ("0", "1")]
+        elif fmt == "w8a8" and backend == "zen":
+            out += [Candidate(fmt, {}), Candidate(fmt, {"VLLM_DISABLED_KERNELS": "ZentorchInt8ScaledMMLinearKernel"})]
+        else:
+            out.append(Candidate(fmt, {}))
+    if corrupt:
+        out += [Candidate(f"{fmt}-corrupt", {}) for fmt in formats if fmt == "w8a8"]
+    return out
+
+
+def model_dir(cache: Path, fmt: str) -> Path:
+    from bench.models import ensure_bench_model
+    from tests.support.quantized_models import quantized_bench
+
+    if fmt == "bf16":
+        return ensure_bench_model(cache)
+    scheme, _, corrupt = fmt.partition("-corrupt")
+    return quantized_bench(cache, scheme, 4.0 if fmt.endswith("-corrupt") else None)
+
+
+def predicted_kernel(backend_name: str, directory: Path, env: dict[str, str]) -> str:
+    """What the service policy says this candidate runs (the live machine, this candidate's environment)."""
+    from service.facts.model import inspect_model
+    from service.policy.quant import plan_quant
+    from service.settings import Settings
+
+    facts = inspect_model(str(directory)).quant
+    if facts is None:
+        return "bf16"
+    plan = plan_quant(facts, backend_name, "bfloat16", Settings(), env)
+    return next((d.value for d in plan.decisions if d.setting == "quant.linear_kernel"), "refused: " + "; ".join(plan.errors))
+
+
+def bytes_per_token(directory: Path) -> int:
+    """Bytes one decode step reads: every stored tensor (quantized values, scales, bf16 layers) but the input
+    embedding table, of which a step gathers one row (KV-cache reads at these lengths add well under 1%)."""
+    from safetensors import safe_open
+
+    total = 0
+    for shard in directory.glob("*.safetensors"):
+        with safe_open(str(shard), "pt") as f:
+            for name in f.keys():
+                if not name.endswith("embed_tokens.weight"):
+                    t = f.get_slice(name)
+                    n = 1
+                    for d in t.get_shape():
+                        n *= d
+                    total += n * {"BF16": 2, "F16": 2, "F32": 4, "I32": 4, "I64": 8, "I8": 1, "U8": 1}[t.get_dtype()]
+    return total
+
+
+def compute_cpus() -> list[int]:
+    """The CPUs vLLM's engine computes on here (the service's thread plan: allowed cores minus the reserved)."""
+    from service.facts.hardware import read_hardware
+    from service.policy.threads import plan_threads
+
+    hw = read_hardware()
+    return list(plan_threads(hw.topology, hw.limits, None, 1).ranks[0])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Worker: one engine, one candidate (a fresh process, so each candidate's environment reaches vLLM)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _worker(spec: dict) -> dict:
+    from vllm import LLM, SamplingParams
+
+    from tests.support.quant_quality import QUALITY_TOKENS
+
+    llm = LLM(
+        model=spec["model"],
+        dtype="bfloat16",
+        enforce_eager=True,
+        max_model_len=PREFILL_TOKENS + 64,
+        max_num_seqs=1,
+        enable_prefix_caching=False,
+        kv_cache_memory_bytes=512 * 2**20,
+        seed=0,
+    )
+    tok = llm.get_tokenizer()
+    short = {"prompt_token_ids": tok(DECODE_PROMPT)["input_ids"]}
+    long_ids = (tok(DECODE_PROMPT * 200)["input_ids"])[:PREFILL_TOKENS]
+    greedy = dict(temperature=0.0, ignore_eos=True)
+
+    def timed(prompt, n: int) -> float:
+        t = time.perf_counter()
+        llm.generate([prompt], SamplingParams(max_tokens=n, **greedy), use_tqdm=False)
+        return time.perf_counter() - t
+
+    timed(short, 8)  # warm-up: first-call allocations and repacks
+    decode, prefill = [], []
+    for _ in range(spec["reps"]):
+        one, many = timed(short, 1), timed(short, DECODE_TOKENS)
+        decode.append((DECODE_TOKENS - 1) / (many - one))
+        prefill.append(PREFILL_TOKENS / timed({"prompt_token_ids": long_ids}, 1))
+
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in spec["prompts"]],
+        SamplingParams(max_tokens=QUALITY_TOKENS, logprobs=0, **greedy),
+        use_tqdm=False,
+    )
+    gens = [list(o.outputs[0].token_ids) for o in outs]
+    lps = [[step[t].logprob for t, step in zip(g, o.outputs[0].logprobs)] for g, o in zip(gens, outs)]
+    return {"decode": decode, "prefill": prefill, "generated": gens, "logprobs": lps}
+
+
+def run_candidate(cand: Candidate, directory: Path, prompts: list[list[int]], reps: int, log: Path) -> dict:
+    spec = {"model": str(directory), "reps": reps, "prompts": prompts}
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", **cand.env}
+    with open(log, "w") as f:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--worker", json.dumps(spec)], env=env, stdout=subprocess.PIPE, stderr=f,
+            text=True, timeout=1800,
+        )
+    if proc.returncode != 0:
+        return {"error": f"exit {proc.returncode}, log {log}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--formats", default="bf16,w8a8,w8a8-static,w4a16")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--corrupt", action="store_true", help="also run the W8A8 copy with a corrupted o_proj scale (x4)")
+    ap.add_argument("--cache", type=Path, default=REPO / ".cache")
+    ap.add_argument("--out", type=Path, default=REPO / ".cache" / "bench" / "quant_kernels.json")
+    ap.add_argument("--render", type=Path, help="re-print (and complete) a saved result file instead of measuring")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(_worker(json.loads(args.worker))))
+        return
+    if args.render:
+        render(json.loads(args.render.read_text()), args.cache, args.render)
+        return
+
+    from service.facts.hardware import read_hardware
+    from service.facts.software import read_software
+    from service.policy.backend import choose_backend
+    from service.policy.quant import KERNELS
+    from tests.support.quant_quality import prompt_ids, score
+
+    hardware = read_hardware()
+    backend = choose_backend(hardware.cpu, read_software()).name or "none"
+    machine = f"{hardware.cpu.vendor} {hardware.cpu.model_name} ({hardware.cpu.microarchitecture}), backend {backend}"
+    formats = args.formats.split(",")
+    source = model_dir(args.cache, "bf16")
+    prompts = prompt_ids(source)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for cand in candidates(backend, formats, args.corrupt):
+        directory = model_dir(args.cache, cand.format)
+        kernel = predicted_kernel(backend, directory, cand.env)
+        log = args.out.parent / f"quant_kernels-{cand.label.replace(' ', '_').replace('/', '_')}.log"
+        print(f"running {cand.label} (policy: {kernel}) ...", flush=True)
+        result = run_candidate(cand, directory, prompts, args.reps, log)
+        row = {"format": cand.format, "env": cand.env, "kernel": kernel, "log": str(log)}
+        if "error" in result:
+            rows.append({**row, **result})
+            print(f"  failed: {result['error']}", flush=True)
+            continue
+        logged = log.read_text(errors="replace")
+        markers = [m for k in kernel.split("+") if k in KERNELS for m in KERNELS[k].log_markers]
+        scheme = cand.format.removesuffix("-corrupt")
+        quality = score(source, prompts, result["generated"], result["logprobs"])
+        row.update(
+            decode=_summary(result["decode"]),
+            prefill=_summary(result["prefill"]),
+            kernel_confirmed=all(m in logged for m in markers),
+            quality=quality.as_dict(),
+            quality_passes=quality.passes(scheme),
+        )
+        rows.append(row)
+        print(
+            f"  decode {row['decode']['median']:.1f} tok/s [{row['decode']['min']:.1f}-{row['decode']['max']:.1f}], "
+            f"prefill {row['prefill']['median']:.0f} tok/s [{row['prefill']['min']:.0f}-{row['prefill']['max']:.0f}], "
+            f"top1 {quality.top1:.2f}, |dlogprob| {quality.mean_abs_dlogprob:.3f} "
+            f"({'pass' if row['quality_passes'] else 'FAIL'}), kernel in log: {row['kernel_confirmed']}",
+            flush=True,
+        )
+    render({
+        "machine": machine,
+        "backend": backend,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(sys.argv),
+        "load_average": os.getloadavg(),
+        "rows": rows,
+    }, args.cache, args.out)
+
+
+def render(report: dict, cache: Path, out: Path) -> None:
+    """Add bytes/token and the bandwidth ceiling (bench/bandwidth.py on the engine's CPUs), write, print."""
+    from bench.bandwidth import read_bandwidth
+
+    if "bandwidth" not in report:
+        cpus = compute_cpus()
+        report["bandwidth"] = read_bandwidth(cpus, size_bytes=1 << 30, repeats=5)
+    gbs = report["bandwidth"]["gbs"]
+    for r in report["rows"]:
+        if "decode" in r:
+            r["bytes_per_token"] = bytes_per_token(model_dir(cache, r["format"]))
+            r["ceiling_tok_s"] = gbs * 1e9 / r["bytes_per_token"]
+            r["ceiling_fraction"] = r["decode"]["median"] / r["ceiling_tok_s"]
+    out.write_text(json.dumps(report, indent=2))
+    print(f"\n{report['machine']}; read bandwidth {gbs:.1f} GB/s on CPUs {report['bandwidth']['cpus']}; "
+          f"load average {', '.join(f'{x:.1f}' for x in report['load_average'])}")
+    head = f"{'candidate':<50} {'kernel':<14} {'decode tok/s':>20} {'prefill tok/s':>18} {'MB/token':>9} {'ceiling':>8} quality"
+    print(head)
+    for r in report["rows"]:
+        label = Candidate(r["format"], r["env"]).label
+        if "error" in r:
+            print(f"{label:<50} {r['kernel']:<14} {r['error']}")
+            continue
+        d, pf = r["decode"], r["prefill"]
+        print(
+            f"{label:<50} {r['kernel']:<14} {d['median']:>7.1f} [{d['min']:.1f}-{d['max']:.1f}] "
+            f"{pf['median']:>6.0f} [{pf['min']:.0f}-{pf['max']:.0f}] {r['bytes_per_token'] / 1e6:>9.0f} "
+            f"{r['ceiling_fraction']:>7.0%} top1 {r['quality']['top1']:.2f} "
+            f"|dlp| {r['quality']['mean_abs_dlogprob']:.3f} {'pass' if r['quality_passes'] else 'FAIL'}"
+        )
+    print(f"\nwritten to {out}")
+
+
+if __name__ == "__main__":
+    main()
