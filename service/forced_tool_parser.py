@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vllm.entrypoints.generate.base.protocol import DeltaMessage, ExtractedToolCallInformation
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.tool_parsers.abstract_tool_parser import ToolParser, ToolParserManager
 
 NAME = "forced_only"
@@ -27,7 +28,7 @@ class ForcedOnlyToolParser(ToolParser):
     supports_required_and_named = True
     structural_tag_model = None
 
-    def extract_tool_calls(self, model_output: str, request) -> ExtractedToolCallInformation:  # noqa: ANN001
+    def extract_tool_calls(self, model_output: str, request: ChatCompletionRequest) -> ExtractedToolCallInformation:
         return ExtractedToolCallInformation(tools_called=False, tool_calls=[], content=model_output)
 
     def extract_tool_calls_streaming(
@@ -38,6 +39,6 @@ class ForcedOnlyToolParser(ToolParser):
         previous_token_ids: Sequence[int],
         current_token_ids: Sequence[int],
         delta_token_ids: Sequence[int],
-        request,  # noqa: ANN001
+        request: ChatCompletionRequest,
     ) -> DeltaMessage | None:
         return DeltaMessage(content=delta_text) if delta_text else None

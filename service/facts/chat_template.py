@@ -102,9 +102,9 @@ class ParserRegistry:
 def _registered_names(source: Path, table: str) -> frozenset[str]:
     tree = ast.parse(source.read_text())
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == table for t in node.targets):
-            if isinstance(node.value, ast.Dict):
-                return frozenset(k.value for k in node.value.keys if isinstance(k, ast.Constant))
+        named = isinstance(node, ast.Assign) and any(getattr(t, "id", None) == table for t in node.targets)
+        if named and isinstance(node.value, ast.Dict):
+            return frozenset(k.value for k in node.value.keys if isinstance(k, ast.Constant))
     return frozenset()
 
 
