@@ -26,6 +26,10 @@ class GdnLimits:
     # chunk_gated_delta_rule_cpu: TORCH_CHECK(Hv % H == 0, "expect num_heads_kv multiple of num_heads");
     # measured 2 key / 6 value heads run, 4 / 6 rejected.
     value_heads_multiple_of_key_heads: bool
+    # CPUs with AVX-512 BF16 run the GDN layers' causal conv in C++ (gdn_attention.py `use_cpp_conv`), whose weight
+    # layout (layers/utils.py packs only width-4 conv weights) and kernel take linear_conv_kernel_dim 4 only:
+    # measured width 2, 3, 5 rejected ("Unexpected block size, 3 x 64"). Elsewhere a torch conv runs any width.
+    conv_kernel_dims_avx512_bf16: frozenset[int]
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ GDN = GdnLimits(
     head_dims=frozenset({64, 128}),
     equal_key_value_head_dims=True,
     value_heads_multiple_of_key_heads=True,
+    conv_kernel_dims_avx512_bf16=frozenset({4}),
 )
 CPU_ATTENTION_HEAD_SIZES = frozenset({32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512})
 _X86_DTYPES = frozenset({"bfloat16", "float16", "float32"})

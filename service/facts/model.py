@@ -40,6 +40,7 @@ class ModelFacts:
     linear_value_head_dim: int | None = None
     linear_num_key_heads: int | None = None
     linear_num_value_heads: int | None = None
+    linear_conv_kernel_dim: int | None = None
     vocab_size: int | None = None  # rows of the LM head: valid token ids are 0 .. vocab_size-1
     is_multimodal: bool = False  # takes image/audio/video parts (a vision or audio tower in the config)
     chat_template: ChatTemplateFacts | None = None  # read from the model directory
@@ -121,7 +122,10 @@ _DTYPE_KEYS = ("torch_dtype", "dtype")
 _MULTIMODAL_KEYS = (
     "vision_config", "audio_config", "vision_tower", "mm_vision_tower", "image_token_id", "image_token_index"
 )
-_GDN_SHAPE_KEYS = ("linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads")
+_GDN_SHAPE_KEYS = (
+    "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads",
+    "linear_conv_kernel_dim",
+)
 
 # Encoder-only families: no generation, vLLM serves them as pooling (embedding) models.
 _ENCODER_MODEL_TYPES = frozenset(

@@ -102,7 +102,7 @@ def build_plan(
     _zen_decisions(b, backend.name, settings, user)
     if model is not None:
         _model_decisions(b, hardware, model, backend.name, settings, user, environ, threads.tp_size)
-        kernels = check_kernels(model, backend.name, b.engine_args["dtype"])
+        kernels = check_kernels(model, backend.name, b.engine_args["dtype"], hardware.cpu.isa)
         b.decisions.extend([kernels.decision] if kernels.decision else [])
         b.errors.extend(kernels.errors)
         quant = plan_quant(model.quant, backend.name, b.engine_args.get("dtype"), settings, environ)

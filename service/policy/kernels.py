@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from service.facts.cpu import Isa
 from service.facts.kernels import KERNELS, BackendKernels
 from service.facts.model import ModelFacts
 from service.policy.decision import Decision
@@ -22,14 +23,14 @@ class KernelCheck:
     errors: tuple[str, ...]
 
 
-def check_kernels(model: ModelFacts, backend: str, dtype: str) -> KernelCheck:
+def check_kernels(model: ModelFacts, backend: str, dtype: str, isa: Isa) -> KernelCheck:
     kernels = KERNELS.get(backend)
     if kernels is None:
         return KernelCheck(None, ())
     checked: list[str] = []
     errors: list[str] = []
     for check in (_dtype, _attention, _gdn):
-        ok, problems = check(model, backend, dtype, kernels)
+        ok, problems = check(model, backend, dtype, isa, kernels)
         checked.extend(ok)
         errors.extend(problems)
     if errors:
@@ -41,13 +42,13 @@ def _sorted(values: frozenset[int]) -> str:
     return ", ".join(str(v) for v in sorted(values))
 
 
-def _dtype(model: ModelFacts, backend: str, dtype: str, k: BackendKernels) -> tuple[list[str], list[str]]:
+def _dtype(model: ModelFacts, backend: str, dtype: str, isa: Isa, k: BackendKernels) -> tuple[list[str], list[str]]:
     if dtype in k.dtypes:
         return [f"{dtype} on {backend}"], []
     return [], [f"the {backend} backend's kernels compute {'/'.join(sorted(k.dtypes))}, not {dtype} ({k.dtype_source})"]
 
 
-def _attention(model: ModelFacts, backend: str, dtype: str, k: BackendKernels) -> tuple[list[str], list[str]]:
+def _attention(model: ModelFacts, backend: str, dtype: str, isa: Isa, k: BackendKernels) -> tuple[list[str], list[str]]:
     # MLA layers run on vLLM's MLA backends, pure linear-attention stacks on no attention kernel at all.
     if model.uses_mla or model.full_attention_layers == 0 or model.head_dim is None:
         return [], []
@@ -59,7 +60,7 @@ def _attention(model: ModelFacts, backend: str, dtype: str, k: BackendKernels) -
     ]
 
 
-def _gdn(model: ModelFacts, backend: str, dtype: str, k: BackendKernels) -> tuple[list[str], list[str]]:
+def _gdn(model: ModelFacts, backend: str, dtype: str, isa: Isa, k: BackendKernels) -> tuple[list[str], list[str]]:
     key, value = model.linear_key_head_dim, model.linear_value_head_dim
     if not model.has_linear_attention or key is None or value is None:
         return [], []
@@ -83,6 +84,12 @@ def _gdn(model: ModelFacts, backend: str, dtype: str, k: BackendKernels) -> tupl
         errors.append(
             f"{kernel} needs linear_num_value_heads to be a multiple of linear_num_key_heads (\"expect "
             f"num_heads_kv multiple of num_heads\"); this model has {heads_v} value and {heads_k} key heads"
+        )
+    width = model.linear_conv_kernel_dim
+    if isa.avx512_bf16 and width is not None and width not in gdn.conv_kernel_dims_avx512_bf16:
+        errors.append(
+            f"on AVX-512 BF16 CPUs vLLM runs the GDN causal conv in C++ for linear_conv_kernel_dim "
+            f"{_sorted(gdn.conv_kernel_dims_avx512_bf16)} only (\"Unexpected block size\"); this model has {width}"
         )
     if errors:
         return [], errors
