@@ -24,8 +24,8 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.y
 
 # Where a field's value came from, later sources winning. The shipped configs/default.yaml repeats the
 # built-in defaults, so only a config file of the user's own counts as the user's choice.
-FieldSource = Literal["default", "shipped config", "config file", "env", "flag"]
-USER_SOURCES: frozenset[FieldSource] = frozenset({"config file", "env", "flag"})
+FieldSource = Literal["default", "shipped config", "config file", "env", "flag", "argument"]
+USER_SOURCES: frozenset[FieldSource] = frozenset({"config file", "env", "flag", "argument"})
 
 
 def default_cache_dir() -> Path:
@@ -111,6 +111,14 @@ class Settings(BaseSettings):
         if self.api_key_file is not None:
             return self.api_key_file.read_text().strip() or None
         return None
+
+    def __init__(self, **values: Any) -> None:
+        """Direct construction (tests, embedding code): the given values and SERVICE_* variables are the user's.
+        `load_settings` records the sources of a full load itself."""
+        super().__init__(**values)
+        fields = type(self).model_fields
+        env: dict[str, FieldSource] = {name: "env" for name in EnvSettingsSource(type(self))() if name in fields}
+        self._field_sources = env | {name: "argument" for name in values if name in fields}
 
     def source_of(self, name: str) -> FieldSource:
         """The settings source that set `name` (as `load_settings` recorded it), else "default"."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from service.settings import load_settings
+from service.settings import Settings, load_settings
 
 
 @pytest.fixture
@@ -96,3 +96,10 @@ def test_the_shipped_config_is_not_the_users(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     s = load_settings()
     assert s.source_of("port") == "shipped config" and "port" not in s.explicitly_set()
+
+
+def test_direct_construction_counts_given_values_as_the_users(monkeypatch):
+    monkeypatch.setenv("SERVICE_RESERVED_CPUS", "2")
+    s = Settings(enforce_eager=False)
+    assert s.source_of("enforce_eager") == "argument" and s.source_of("reserved_cpus") == "env"
+    assert {"enforce_eager", "reserved_cpus"} <= s.explicitly_set() and "port" not in s.explicitly_set()
