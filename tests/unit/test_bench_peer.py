@@ -1,0 +1,35 @@
+"""The llama.cpp peer's server arguments and weight-byte counts (the build and the runs themselves: `make bench-peer`)."""
+from __future__ import annotations
+
+import torch
+from safetensors.torch import save_file
+
+from bench import peer
+
+
+def test_llama_server_gets_the_engine_cores_and_one_slot_per_concurrent_request(tmp_path):
+    server = peer.llama_server(tmp_path / "m.gguf", [2, 3], 16, tmp_path / "log")
+    argv = server.argv
+    opt = dict(zip(argv, argv[1:]))
+    assert argv[0].endswith("llama-server") and opt["-m"] == str(tmp_path / "m.gguf")
+    assert opt["-t"] == "2" and opt["-tb"] == "2"
+    assert opt["-C"] == "0xc" and opt["-Cb"] == "0xc" and opt["--cpu-strict"] == "1"
+    assert opt["-np"] == "16" and opt["-c"] == str(16 * peer.CTX_PER_SLOT)
+    assert opt["--port"] == "{port}" and opt["-a"] == peer.SERVED and server.ready_path == "/health"
+
+
+def test_safetensors_bytes_per_token_leave_out_the_embedding_table(tmp_path):
+    save_file(
+        {"model.embed_tokens.weight": torch.zeros(10, 4, dtype=torch.bfloat16),
+         "lm_head.weight": torch.zeros(10, 4, dtype=torch.bfloat16),
+         "model.layers.0.mlp.up_proj.weight": torch.zeros(8, 4, dtype=torch.int8)},
+        str(tmp_path / "model.safetensors"),
+    )
+    assert peer.safetensors_bytes_per_token(tmp_path) == 10 * 4 * 2 + 8 * 4
+
+
+def test_each_format_pairs_a_service_model_with_a_gguf_type():
+    assert peer.FORMATS["bf16"] == (None, "BF16")
+    assert peer.FORMATS["q8_0"] == ("w8a8", "Q8_0") and peer.FORMATS["q4_0"] == ("w4a16", "Q4_0")
+    why = peer.available()
+    assert why is None or "make bench-tools" in why
