@@ -5,8 +5,8 @@
 "with": the service's own decision (tcmalloc + the backend's OpenMP runtime). "without": what vLLM does on its
 own when nothing is preloaded: it preloads torch's GNU OpenMP and no allocator (vllm/platforms/cpu.py); the
 benchmark sets exactly that as the user's LD_PRELOAD, which the policy leaves alone. Each repetition starts
-both variants once, in alternating order; each start serves `requests` greedy streams of `max_tokens` tokens
-(ignore_eos) one after the other. Decode tok/s of a stream = (chunks - 1) / (last chunk - first chunk).
+both variants once, in alternating order; each start measures `requests` decode rates (decode_rate: a long and
+a short greedy request, ignore_eos, one after the other).
 `measure()` is what the benchmark tool calls; main() prints a table and writes JSON.
 """
 from __future__ import annotations
@@ -44,18 +44,19 @@ def torch_gomp() -> str:
     return str(gomp)
 
 
-def _stream_decode(url: str, model: str, max_tokens: int) -> float:
-    body = {"model": model, "prompt": "The quick brown fox", "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True}
-    stamps = []
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as resp:
+def decode_rate(url: str, model: str, max_tokens: int, short: int = 8) -> float:
+    """Decode tok/s at batch 1 from two greedy requests of the same prompt that differ only in length (ignore_eos:
+    exactly that many tokens): (max_tokens - short) / (time of the long one - time of the short one). Prefill and
+    request overheads cancel; a random-weight model's text may be held back mid-character, token counts are not."""
+    def timed(n: int) -> float:
+        body = {"model": model, "prompt": "The quick brown fox", "max_tokens": n, "temperature": 0, "ignore_eos": True}
+        start = time.perf_counter()
+        resp = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
         resp.raise_for_status()
-        for line in resp.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]" and json.loads(line[6:])["choices"][0]["text"]:
-                stamps.append(time.perf_counter())
-    if len(stamps) < 2:
-        raise RuntimeError(f"only {len(stamps)} chunks streamed")
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+        assert resp.json()["usage"]["completion_tokens"] == n, resp.json()["usage"]
+        return time.perf_counter() - start
+
+    return (max_tokens - short) / (timed(max_tokens) - timed(short))
 
 
 def serve(env: dict[str, str], log_path: Path, timeout: float) -> tuple[subprocess.Popen, str]:
@@ -115,9 +116,9 @@ def measure(
             try:
                 report = httpx.get(f"{url}/v1/hardware", timeout=30).json()
                 preload = next((d for d in report.get("decisions", []) if d["setting"] == "env.LD_PRELOAD"), None)
-                _stream_decode(url, "bench", 8)  # first request after start: not timed
+                decode_rate(url, "bench", 16)  # first requests after start: not timed
                 load_before = os.getloadavg()[0]
-                tok_s = [_stream_decode(url, "bench", max_tokens) for _ in range(requests)]
+                tok_s = [decode_rate(url, "bench", max_tokens) for _ in range(requests)]
                 runs.append({"variant": variant, "repetition": rep, "tok_s": tok_s, "median": statistics.median(tok_s),
                              "ld_preload": preload, "loadavg_1m": [load_before, os.getloadavg()[0]]})
             finally:

@@ -154,8 +154,9 @@ def test_image_metadata(images, target):
                        "check=True, capture_output=True, text=True).stdout); "
                        "d = next(d for d in r['decisions'] if d['setting'] == 'env.LD_PRELOAD'); "
                        "print(json.dumps(d)); "
-                       "subprocess.run([sys.executable, '-c', 'import torch, vllm'], check=True, "
-                       "env=dict(os.environ, LD_PRELOAD=d['value'])); "
+                       "p = subprocess.run([sys.executable, '-c', 'import torch, vllm'], capture_output=True, "
+                       "text=True, env=dict(os.environ, LD_PRELOAD=d['value'])); "
+                       "sys.stderr.write(p.stdout + p.stderr); assert p.returncode == 0; "
                        "print(sorted(d.metadata['Name'] for d in m.distributions() "
                        "if d.metadata['Name'] in ('torchvision', 'torchaudio', 'torchcodec')))",
                  check=False, timeout=300)
@@ -200,6 +201,18 @@ def test_default_image_chooses_the_live_cpus_backend_and_preload(images, cache_v
     openmp = "libgomp" if hw["backend"]["name"] == "zen" else "libiomp5"
     assert any(os.path.basename(p).startswith(openmp) for p in libraries), libraries
     assert "libtcmalloc is not found in LD_PRELOAD" not in log
+
+
+def test_default_image_restarts_warm_from_the_cache_volume(images, cache_volume):
+    """torch.compile's cache lives in the cache volume (VLLM_CACHE_ROOT under the service's cache dir): a restart
+    loads the compiled model instead of compiling it again."""
+    for _ in range(2):  # the first start may compile; the second must load what was saved
+        with running(f"{IMAGE}:{DEFAULT_TARGET}", cache_volume) as (name, base):
+            wait_ready(name, base)
+            log = podman("logs", name, check=False)
+            log = log.stdout + log.stderr
+    assert "Directly load AOT compilation from path /home/app/.cache/cpu-llm-service/vllm/" in log, log[-6000:]
+    assert "Compiling model again due to a load failure" not in log, log[-6000:]
 
 
 def test_generic_image_serves(images, cache_volume, host_backend_without_zentorch, host_report):
