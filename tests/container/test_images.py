@@ -174,12 +174,13 @@ def preload_check(name: str, hw: dict) -> list[str]:
     decision = next(d for d in hw["decisions"] if d["setting"] == "env.LD_PRELOAD")
     assert decision["source"] == "policy" and decision["value"], decision
     libraries = decision["value"].split(":")
-    # Processes that loaded torch are vLLM's engine core and workers; none of them may lack a library.
+    # vLLM names its engine core and workers VLLM::EngineCore / VLLM::Worker...; none may lack a library (the
+    # API server, PID 1, is not preloaded: it spawns them after the decision).
     script = ("import glob, json, os; libs = json.loads(os.environ['LIBS']); out = {}\n"
-              "for m in glob.glob('/proc/[0-9]*/maps'):\n"
-              "    try: text = open(m).read()\n"
+              "for d in glob.glob('/proc/[0-9]*'):\n"
+              "    try: cmd, text = open(d + '/cmdline').read(), open(d + '/maps').read()\n"
               "    except OSError: continue\n"
-              "    if 'libtorch_cpu' in text: out[m] = [l for l in libs if os.path.realpath(l) not in text]\n"
+              "    if cmd.startswith('VLLM::'): out[d + ' ' + cmd.strip(chr(0))] = [l for l in libs if os.path.realpath(l) not in text]\n"
               "print(json.dumps(out))")
     res = podman("exec", "-e", f"LIBS={json.dumps(libraries)}", name, "python", "-c", script, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
