@@ -33,6 +33,7 @@ sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != 
 DECODE_PROMPT = "hello world, the server thread answers"
 DECODE_TOKENS = 64
 PREFILL_TOKENS = 512
+RESULT = "quant_kernels result: "
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,8 @@ def run_candidate(cand: Candidate, directory: Path, prompts: list[list[int]], re
         )
     if proc.returncode != 0:
         return {"error": f"exit {proc.returncode}, log {log}"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    # vLLM logs to stdout too: the result is the line with the marker.
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith(RESULT))[len(RESULT):])
 
 
 def _summary(values: list[float]) -> dict:
@@ -186,7 +188,7 @@ def main() -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(_worker(json.loads(args.worker))))
+        print(RESULT + json.dumps(_worker(json.loads(args.worker))), flush=True)
         return
     if args.render:
         render(json.loads(args.render.read_text()), args.cache, args.render)
@@ -229,6 +231,7 @@ def main() -> None:
             quality_passes=quality.passes(scheme),
         )
         rows.append(row)
+        args.out.write_text(json.dumps({"machine": machine, "backend": backend, "rows": rows}, indent=2))  # partial
         print(
             f"  decode {row['decode']['median']:.1f} tok/s [{row['decode']['min']:.1f}-{row['decode']['max']:.1f}], "
             f"prefill {row['prefill']['median']:.0f} tok/s [{row['prefill']['min']:.0f}-{row['prefill']['max']:.0f}], "
@@ -261,7 +264,7 @@ def render(report: dict, cache: Path, out: Path) -> None:
             r["ceiling_fraction"] = r["decode"]["median"] / r["ceiling_tok_s"]
     out.write_text(json.dumps(report, indent=2))
     print(f"\n{report['machine']}; read bandwidth {gbs:.1f} GB/s on CPUs {report['bandwidth']['cpus']}; "
-          f"load average {', '.join(f'{x:.1f}' for x in report['load_average'])}")
+          f"load average at the end {', '.join(f'{x:.1f}' for x in report.get('load_average', os.getloadavg()))}")
     head = f"{'candidate':<50} {'kernel':<14} {'decode tok/s':>20} {'prefill tok/s':>18} {'MB/token':>9} {'ceiling':>8} quality"
     print(head)
     for r in report["rows"]:

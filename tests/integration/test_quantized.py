@@ -1,0 +1,136 @@
+"""Quantized models served end to end: the demo model quantized at test time (W8A8 and W4A16, compressed-tensors),
+served by `python -m service serve`, asked through the official `openai` client; the kernel the running engine
+logged is the one the policy names for the live backend; the outputs agree with the bf16 source."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from service.demo_model import ensure_demo_model
+from service.facts.model import inspect_model
+from service.policy.quant import KERNELS, plan_quant
+from service.settings import Settings
+from tests.integration.conftest import _start
+from tests.support.quant_quality import QUALITY_TOKENS, greedy_with, prompt_ids, score
+from tests.support.quantized_models import dequantized_state, quantized_demo
+from tests.support.server import REPO
+
+MODELS = REPO / ".cache" / "test-models"
+SCHEMES = ("w8a8", "w4a16")
+
+
+def _serve(name: str, scheme: str, server_logs):
+    model = quantized_demo(MODELS, scheme)
+    # A small KV cache: the demo model needs little, and the build machines are shared.
+    server = _start(
+        name, server_logs, f"demo-{scheme}", model=str(model), served_model_name=f"demo-{scheme}", kv_cache_gib="0.25"
+    )
+    server.scheme, server.model = scheme, model
+    return server
+
+
+@pytest.fixture(scope="session")
+def w8a8_server(server_logs):
+    server = _serve("w8a8", "w8a8", server_logs)
+    yield server
+    server.process.stop()
+    server.process.kill_group()
+
+
+@pytest.fixture(scope="session")
+def w4a16_server(server_logs):
+    server = _serve("w4a16", "w4a16", server_logs)
+    yield server
+    server.process.stop()
+    server.process.kill_group()
+
+
+@pytest.fixture(params=SCHEMES)
+def quantized_server(request):
+    return request.getfixturevalue(f"{request.param}_server")
+
+
+def _decisions(server) -> tuple[dict, dict]:
+    report = httpx.get(f"{server.url}/v1/hardware", headers=server.headers(), timeout=30).json()
+    return report, {d["setting"]: d for d in report["decisions"]}
+
+
+@pytest.mark.engine
+def test_chat_completion_answers(quantized_server):
+    client = openai.OpenAI(base_url=f"{quantized_server.url}/v1", api_key="unused")
+    answer = client.chat.completions.create(
+        model=quantized_server.served_model, messages=[{"role": "user", "content": "hello"}], max_tokens=8
+    )
+    assert answer.choices[0].message.content and answer.usage.completion_tokens > 0
+
+
+@pytest.mark.engine
+def test_the_engine_runs_the_kernel_the_policy_names_for_the_live_backend(quantized_server):
+    report, decided = _decisions(quantized_server)
+    backend = report["backend"]["name"]
+    facts = inspect_model(str(quantized_server.model)).quant
+    expected = plan_quant(facts, backend, decided["engine.dtype"]["value"], Settings(), {})
+    kernel = next(d.value for d in expected.decisions if d.setting == "quant.linear_kernel")
+    assert decided["quant.linear_kernel"]["value"] == kernel
+    assert decided["quant.format"]["value"] == quantized_server.scheme
+
+    log = quantized_server.process.log_tail(10**7)
+    for name in kernel.split("+"):
+        for marker in KERNELS[name].log_markers:
+            assert marker in log, f"{backend}: policy says {name}, vLLM did not log {marker!r}"
+    # The knobs the policy set reached the processes vLLM spawned (engine core and workers rename themselves with
+    # setproctitle, which blanks their /proc environ; the other spawned helpers show what all of them inherited).
+    knobs = {s.removeprefix("env."): d["value"] for s, d in decided.items()
+             if s in ("env.VLLM_CPU_INT4_W4A8", "env.VLLM_DISABLED_KERNELS")}
+    envs = [_environ(pid) for pid in _spawned(quantized_server)]
+    assert envs
+    for name, value in knobs.items():
+        assert all(env.get(name) == value for env in envs), (name, value)
+
+
+def _spawned(server) -> list[int]:
+    group = subprocess.run(["pgrep", "-g", str(server.process.proc.pid)], capture_output=True, text=True).stdout
+    pids = [int(p) for p in group.split() if int(p) != server.process.proc.pid]
+    return [p for p in pids if Path(f"/proc/{p}/cmdline").exists()
+            and not Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"VLLM::")]
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
+@pytest.mark.engine
+def test_outputs_agree_with_the_bf16_source(quantized_server):
+    source = ensure_demo_model(MODELS)
+    prompts = prompt_ids(source)
+    client = openai.OpenAI(base_url=f"{quantized_server.url}/v1", api_key="unused")
+    generated, logprobs = [], []
+    for prompt in prompts:
+        out = client.completions.create(
+            model=quantized_server.served_model, prompt=prompt, max_tokens=QUALITY_TOKENS, temperature=0, logprobs=1,
+            extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+        )
+        lp = out.choices[0].logprobs
+        generated.append([int(t.removeprefix("token_id:")) for t in lp.tokens])
+        logprobs.append(list(lp.token_logprobs))
+    quality = score(source, prompts, generated, logprobs)
+    assert quality.passes(quantized_server.scheme), quality
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_quality_checks_fail_a_corrupted_scale_and_pass_the_exact_dequantization(scheme):
+    """The thresholds separate a correct kernel (here: the exact dequantized weights) from a broken one (the same
+    checkpoint with every o_proj scale x4), without an engine."""
+    source = ensure_demo_model(MODELS)
+    prompts = prompt_ids(source)
+    exact = score(source, prompts, *greedy_with(source, dequantized_state(quantized_demo(MODELS, scheme)), prompts, QUALITY_TOKENS))
+    broken = score(
+        source, prompts, *greedy_with(source, dequantized_state(quantized_demo(MODELS, scheme, 4.0)), prompts, QUALITY_TOKENS)
+    )
+    assert exact.passes(scheme), exact
+    assert not broken.passes(scheme), broken
