@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from bench import servers as srv
 from bench.load import ClientCpus, Workload, client_cpus, run_load
 from bench.stats import (
@@ -31,6 +33,10 @@ from bench.stats import (
 from harness import REPO, ServerProcess
 
 RESULTS = REPO / "bench" / "results"
+# Two servers are up at once, each holding its KV cache: the policy's default (a share of the machine's memory) twice
+# over got a worker OOM-killed on the shared 24 GiB machine. 0.5 GiB holds c=16 x 192 tokens of the demo model many
+# times; vLLM's side gets the same size through the reported engine arguments.
+FRONTEND_SETTINGS = {"SERVICE_KV_CACHE_GIB": "0.5"}
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,9 @@ def ab_runs(
                 live[side.name] = proc
                 if side.on_ready:
                     side.on_ready(proc)
+            for side in order:  # still alive once both are up (a shared machine's OOM killer picks big workers)
+                if live[side.name].proc.poll() is not None or httpx.get(live[side.name].url + live[side.name].ready_path, timeout=10).status_code != 200:
+                    raise RuntimeError(f"{side.name} stopped serving while the other started:\n{live[side.name].log_tail()}")
             for side in order:  # warm: each concurrency once, discarded
                 for c in concurrencies:
                     ctx.load(Workload(c, max(2, 2 * c), ctx.opts.input_len, ctx.opts.output_len, seed=999), live[side.name])
@@ -234,7 +243,8 @@ def frontend(ctx: Context, results: dict[str, Any]) -> list[Comparison]:
         given["args"] = ctx.reported.engine_args
         return srv.vllm_same_engine(ctx.model, ctx.served, ctx.reported, path)
 
-    ours = Side("ours", lambda p: srv.ours(ctx.model, ctx.served, p), on_ready=ours_ready(ctx, lambda: given.get("args")))
+    ours = Side("ours", lambda p: srv.ours(ctx.model, ctx.served, p, FRONTEND_SETTINGS),
+                on_ready=ours_ready(ctx, lambda: given.get("args")))
     vllm = Side("vllm", make_vllm)
 
     def after_last(live: dict[str, ServerProcess], runs: list[dict[str, Any]]) -> None:
@@ -259,7 +269,7 @@ def policy(ctx: Context, results: dict[str, Any]) -> list[Comparison]:
     """vLLM's server with the policy's arguments against vLLM's server with its defaults (same KV-cache size)."""
     opts = ctx.opts
     if ctx.reported is None:  # the front end was skipped: the service reports once
-        server = start(srv.ours(ctx.model, ctx.served, ctx.logdir / "server-report.log"), ctx)
+        server = start(srv.ours(ctx.model, ctx.served, ctx.logdir / "server-report.log", FRONTEND_SETTINGS), ctx)
         try:
             ours_ready(ctx, lambda: None)(server)
         finally:
