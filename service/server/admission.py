@@ -1,8 +1,8 @@
 """Which requests reach the engine: a FastAPI dependency of every engine route.
 
-503 + Retry-After while the engine starts or the service drains; 400 for a request that could never be
-admitted; the requests in flight counted until their response (streamed ones too) has been sent, so a
-drain knows when they are done."""
+503 + Retry-After while the engine starts or the service drains; 400 for a request OpenAI would refuse that
+vLLM lets through (request_checks.py) or one that could never be admitted; the requests in flight counted
+until their response (streamed ones too) has been sent, so a drain knows when they are done."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
@@ -11,11 +11,10 @@ from typing import Any
 
 from fastapi import Request
 
+from service.facts.model import ModelFacts
 from service.server.errors import RETRY_AFTER_SECONDS, ServiceError
 from service.server.lifecycle import Lifecycle
-
-# Requests whose body asks for several sequences at once (`n`).
-_SAMPLING_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
+from service.server.request_checks import CHECKED_PATHS, check_request
 
 
 def sequences_beyond_admission(body: Any, max_queued: int) -> ServiceError | None:
@@ -33,7 +32,22 @@ def sequences_beyond_admission(body: Any, max_queued: int) -> ServiceError | Non
     return None
 
 
-def engine_admission(lifecycle: Lifecycle, max_queued: int) -> Callable[[Request], AsyncIterator[None]]:
+async def _refusal(request: Request, max_queued: int, model: ModelFacts | None) -> ServiceError | None:
+    path = request.url.path
+    if request.method != "POST" or path not in CHECKED_PATHS or not await request.body():
+        return None
+    # FastAPI has parsed the body for the route already (a body that is not JSON never gets here);
+    # request.json() returns that parse.
+    body = await request.json()
+    problem = check_request(path, body, model)
+    if problem is not None:
+        return ServiceError(HTTPStatus.BAD_REQUEST, problem.message, "BadRequestError", param=problem.param)
+    return sequences_beyond_admission(body, max_queued)
+
+
+def engine_admission(
+    lifecycle: Lifecycle, max_queued: int, model: ModelFacts | None
+) -> Callable[[Request], AsyncIterator[None]]:
     async def admit(request: Request) -> AsyncIterator[None]:
         if not lifecycle.accepting:
             raise ServiceError(
@@ -42,11 +56,9 @@ def engine_admission(lifecycle: Lifecycle, max_queued: int) -> Callable[[Request
                 "ServiceUnavailableError",
                 headers={"Retry-After": RETRY_AFTER_SECONDS},
             )
-        if request.method == "POST" and request.url.path in _SAMPLING_ROUTES:
-            # FastAPI has parsed the body for the route already; request.json() returns that parse.
-            problem = sequences_beyond_admission(await request.json(), max_queued)
-            if problem is not None:
-                raise problem
+        refusal = await _refusal(request, max_queued, model)
+        if refusal is not None:
+            raise refusal
         lifecycle.request_started()
         try:
             yield

@@ -2,11 +2,9 @@
 once the engine is up, the API key and engine admission as dependencies, one set of error handlers."""
 from __future__ import annotations
 
-import json
 from argparse import Namespace
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -17,15 +15,13 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from service.facts.model import ModelFacts
 from service.report import StartupReport
 from service.server.admission import engine_admission
 from service.server.auth import require_api_key
-from service.server.errors import ServiceError, install_error_handlers
+from service.server.errors import install_error_handlers
 from service.server.lifecycle import Lifecycle, Phase
 from service.server.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from service.server.middleware import BodyLimitMiddleware, StreamStartErrorMiddleware
-from service.server.request_checks import CHECKED_PATHS, check_request
 from service.server.routes import SERVICE_ROUTES, UNCOUNTED, Access, served_engine_route
 from service.settings import Settings
 
@@ -64,12 +60,20 @@ def create_app(
         Access.PUBLIC: [],
         Access.METRICS: [needs_key] if settings.metrics_require_auth else [],
         Access.SERVICE: [needs_key],
-        Access.ENGINE: [
-            needs_key, Depends(engine_admission(lifecycle, settings.max_queued_requests)),
-            Depends(_strict_request_checks(report.model)),  # [agents, issue 12]
-        ],
+        Access.ENGINE: [needs_key, Depends(engine_admission(lifecycle, settings.max_queued_requests, report.model))],
     }
-    handlers = _service_handlers(app, report, lifecycle, metrics, demo, bearer=bool(key))
+    handlers = _service_handlers(app, report, lifecycle, metrics, demo)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            if key:
+                schema.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+                schema["security"] = [{"bearer": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     for path, access in SERVICE_ROUTES.items():
         app.add_api_route(
             path, handlers[path], methods=["GET"], dependencies=dependencies[access],
@@ -87,29 +91,12 @@ def create_app(
         app.router.routes.remove(catch_all)
         app.include_router(router, dependencies=dependencies[Access.ENGINE])
         app.router.routes.append(catch_all)
-        app.openapi_schema = None
+        app.openapi_schema = None  # rebuilt with vLLM's routes (run.py does it before /ready: seconds of CPU)
 
     Instrumentator(excluded_handlers=list(UNCOUNTED), registry=metrics.registry).instrument(app)
     app.add_middleware(StreamStartErrorMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     return HttpShell(app, attach_engine)
-
-
-# [agents, issue 12] begin: OpenAI-strict checks vLLM lacks (service/server/request_checks.py), 400 naming the field.
-def _strict_request_checks(model: ModelFacts | None) -> Callable[[Request], Awaitable[None]]:
-    async def check(request: Request) -> None:
-        if request.method != "POST" or request.url.path not in CHECKED_PATHS:
-            return
-        try:
-            body = json.loads(await request.body())  # cached: vLLM's handler reads the same bytes
-        except (ValueError, RecursionError):
-            return  # vLLM answers bodies that are not JSON
-        problem = check_request(request.url.path, body, model)
-        if problem is not None:
-            raise ServiceError(HTTPStatus.BAD_REQUEST, problem.message, "BadRequestError", param=problem.param)
-
-    return check
-# [agents, issue 12] end
 
 
 async def _not_served(request: Request) -> None:
@@ -119,7 +106,7 @@ async def _not_served(request: Request) -> None:
 
 
 def _service_handlers(
-    app: FastAPI, report: StartupReport, lifecycle: Lifecycle, metrics: ServiceMetrics, demo: bool, *, bearer: bool
+    app: FastAPI, report: StartupReport, lifecycle: Lifecycle, metrics: ServiceMetrics, demo: bool
 ) -> dict[str, Callable[..., Any]]:
     hardware = report.to_dict()
     versions = {
@@ -165,15 +152,9 @@ def _service_handlers(
                 card.update(demo=True, description=_DEMO_DESCRIPTION)
         return JSONResponse(body)
 
-    async def openapi() -> dict[str, Any]:
+    async def openapi() -> Response:
         """Every route this port serves (vLLM's once the engine is up)."""
-        if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-            if bearer:
-                schema.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-                schema["security"] = [{"bearer": []}]
-            app.openapi_schema = schema
-        return app.openapi_schema
+        return JSONResponse(app.openapi())
 
     return {
         "/health": health,

@@ -122,6 +122,7 @@ async def _serve(
             lifecycle.engine, vllm_app = await start_engine(args, shell.app.state, stack)
             lifecycle.engine_processes = _engine_processes()
             shell.attach_engine(vllm_app)
+            await asyncio.to_thread(shell.app.openapi)
             lifecycle.set_phase(Phase.WARMING_UP, "engine up, warm-up request running")
             if settings.warmup:
                 await warm_up(shell.app, served, embedding, {"Authorization": f"Bearer {key}"} if key else {})

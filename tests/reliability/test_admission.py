@@ -17,7 +17,7 @@ def _app(lifecycle: Lifecycle, seen: list[int]) -> FastAPI:
     app = FastAPI()
     install_error_handlers(app, on_engine_dead=lambda reason: None)
 
-    @app.post("/v1/completions", dependencies=[Depends(engine_admission(lifecycle, max_queued=4))])
+    @app.post("/v1/completions", dependencies=[Depends(engine_admission(lifecycle, max_queued=4, model=None))])
     async def stream() -> StreamingResponse:
         async def chunks():
             for i in range(3):
