@@ -1,8 +1,9 @@
 """Every path this port serves, in one table: who may call it and what it needs.
 
 vLLM's app defines many more routes (operator controls such as elastic scaling, profiling, sleep, weight
-updates, render/derender, SageMaker shims); only those listed in ENGINE_ROUTES are served, so a new vLLM
-release cannot expose an operator route by default.
+updates, render/derender; Anthropic's Messages API, whose errors take Anthropic's shape, not the one every
+answer of this service has); only those listed in ENGINE_ROUTES are served, so a new vLLM release cannot
+expose an operator route by default.
 """
 from __future__ import annotations
 
@@ -38,8 +39,6 @@ ENGINE_ROUTES: frozenset[str] = frozenset(
         "/v1/responses",
         "/v1/responses/{response_id}",
         "/v1/responses/{response_id}/cancel",
-        "/v1/messages",
-        "/v1/messages/count_tokens",
         "/v1/embeddings",
         "/v2/embed",
         "/pooling",
@@ -51,7 +50,6 @@ ENGINE_ROUTES: frozenset[str] = frozenset(
         "/v2/rerank",
         "/v1/audio/transcriptions",
         "/v1/audio/translations",
-        "/generative_scoring",
         "/tokenize",
         "/detokenize",
         # Amazon SageMaker's serving contract.
