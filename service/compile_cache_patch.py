@@ -17,33 +17,16 @@ only on vLLM 0.32.x (the release whose loader has this call) and only while torc
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from service.facts.software import VLLM_DISTRIBUTIONS, installed_version
+from service.policy.compile_cache import needs_patch, reason
 
 NAME = "vLLM 0.32 AOT compile cache fix"
-SETTING = "patch.vllm_aot_compile_cache"
-AFFECTED_MINOR = (0, 32)
 _MARK = "_cpu_llm_service_finalize_loading"
 
 # A child of vLLM's logger: it has vLLM's handler in every process vLLM starts.
 log = logging.getLogger("vllm.plugins.cpu_llm_service.compile_cache")
-
-
-def needs_patch(vllm_version: str | None) -> bool:
-    match = re.match(r"^(\d+)\.(\d+)", vllm_version or "")
-    return match is not None and (int(match[1]), int(match[2])) == AFFECTED_MINOR
-
-
-def reason(vllm_version: str | None) -> str:
-    if needs_patch(vllm_version):
-        return (
-            f"vLLM {vllm_version} calls finalize_loading() on the loaded AOT artifact, which the CPU platform's "
-            "inductor artifact lacks: every start logged 'Compiling model again due to a load failure' and "
-            "recompiled; a no-op finalize_loading lets warm starts load the compiled graph"
-        )
-    return f"not applied on vLLM {vllm_version}: the patch targets the 0.32 loader only"
 
 
 def _finalize_loading(self: Any, vllm_config: Any) -> None:

@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -15,7 +15,6 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from service.facts.chat_template import read_parser_registry
 
 BackendName = Literal["auto", "zen", "amx", "avx512", "avx2"]
 DtypeName = Literal["auto", "bfloat16", "float16", "float32"]
@@ -89,15 +88,6 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: Any) -> Any:
         # Compose passes unset variables as empty strings.
         return None if value == "" else value
-
-    @field_validator("tool_call_parser", "reasoning_parser")
-    @classmethod
-    def _known_parser(cls, value: str, info: ValidationInfo) -> str:
-        registry = read_parser_registry()
-        names = registry.tool | {"forced_only"} if info.field_name == "tool_call_parser" else registry.reasoning
-        if value not in names | {"auto", "none"}:
-            raise ValueError(f"{value!r} is not a parser vLLM knows; one of auto, none, {', '.join(sorted(names))}")
-        return value
 
     @field_validator("api_key", mode="before")
     @classmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.facts.chat_template import ChatTemplateFacts
+from service.facts.chat_template import ChatTemplateFacts, read_parser_registry
 from service.facts.model import ModelFacts
 from service.policy.decision import Decision
 from service.settings import Settings
@@ -55,6 +55,21 @@ def _match(formats: tuple[Format, ...], template: ChatTemplateFacts) -> Format |
 
 def _found(fmt: Format) -> str:
     return f"{fmt.label}: the chat template / added tokens carry {', '.join(sorted(fmt.markers))}"
+
+
+def unknown_parser_errors(settings: Settings) -> list[str]:
+    """A parser the user named that the installed vLLM does not register (vLLM's registry is read only then)."""
+    named = {f: getattr(settings, f) for f in ("tool_call_parser", "reasoning_parser")}
+    named = {f: v for f, v in named.items() if v not in ("auto", "none")}
+    if not named:
+        return []
+    registry = read_parser_registry()
+    known = {"tool_call_parser": registry.tool | {FORCED_ONLY}, "reasoning_parser": registry.reasoning}
+    return [
+        f"{field}={value!r} is not a parser vLLM knows; one of auto, none, {', '.join(sorted(known[field]))}"
+        for field, value in named.items()
+        if value not in known[field]
+    ]
 
 
 def chat_decisions(model: ModelFacts, settings: Settings) -> list[Decision]:

@@ -6,14 +6,31 @@ warm restart needs.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service import compile_cache_patch
 from service.policy.decision import Decision
 
 ROOT_VAR = "VLLM_CACHE_ROOT"
+PATCH_SETTING = "patch.vllm_aot_compile_cache"
+_AFFECTED_MINOR = (0, 32)  # the release whose loader calls finalize_loading (service/compile_cache_patch.py)
+
+
+def needs_patch(vllm_version: str | None) -> bool:
+    match = re.match(r"^(\d+)\.(\d+)", vllm_version or "")
+    return match is not None and (int(match[1]), int(match[2])) == _AFFECTED_MINOR
+
+
+def reason(vllm_version: str | None) -> str:
+    if needs_patch(vllm_version):
+        return (
+            f"vLLM {vllm_version} calls finalize_loading() on the loaded AOT artifact, which the CPU platform's "
+            "inductor artifact lacks: every start logged 'Compiling model again due to a load failure' and "
+            "recompiled; a no-op finalize_loading lets warm starts load the compiled graph"
+        )
+    return f"not applied on vLLM {vllm_version}: the patch targets the 0.32 loader only"
 
 
 @dataclass(frozen=True)
@@ -35,6 +52,5 @@ def plan_compile_cache(cache_dir: Path, vllm_version: str | None, environ: Mappi
             "the next start with the same model and settings",
             "policy",
         )
-    needed = compile_cache_patch.needs_patch(vllm_version)
-    patch = Decision(compile_cache_patch.SETTING, needed, compile_cache_patch.reason(vllm_version), "policy")
+    patch = Decision(PATCH_SETTING, needs_patch(vllm_version), reason(vllm_version), "policy")
     return CompileCachePlan((root, patch), env)

@@ -14,7 +14,7 @@ from service.facts.libraries import LibraryFacts
 from service.facts.model import ModelFacts
 from service.facts.software import SoftwareFacts
 from service.policy.backend import BackendChoice, choose_backend
-from service.policy.chat import chat_decisions
+from service.policy.chat import chat_decisions, unknown_parser_errors
 from service.policy.compile_cache import plan_compile_cache
 from service.policy.decision import Decision, Source
 from service.policy.dtype import BYTES, choose_dtype
@@ -183,6 +183,7 @@ def _model_decisions(
 
     _cache_decisions(b, model, backend, settings, user, environ)
     _kv_decision(b, hardware, model, dtype.value, max_len, tp_size, settings, environ)
+    b.errors.extend(unknown_parser_errors(settings))
     for chat in chat_decisions(model, settings):  # tool-call and reasoning parsers
         b.engine(chat.setting.removeprefix("engine."), chat.value, chat.reason, chat.source)
     if model.quantization == "fp8":
