@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export VLLM_TARGET_DEVICE := cpu
 
-.PHONY: setup serve detect test test-unit test-integration test-tools clean
+.PHONY: setup serve detect lint test test-unit test-integration test-tools clean
 
 setup: $(STAMP)
 
@@ -37,8 +37,16 @@ test-tools:
 test-integration: setup test-tools
 	$(PY) -m pytest -q tests/integration
 
+# Lint and format (ruff), strict types on facts/policy/report/settings (mypy), layering (import-linter): pyproject.toml.
+LINTED := service tests bench harness
+lint: setup
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/mypy service/facts service/policy service/report.py service/settings.py
+	$(VENV)/bin/lint-imports
+
 # container-tools (mk/container.mk): buildah, podman, mmdebstrap, compose and hadolint for the image tests.
-test: setup test-tools container-tools
+test: setup test-tools container-tools lint
 	$(PY) -m pytest -q tests
 
 clean:

@@ -1,5 +1,6 @@
 """`python -m bench [--quick] ...`: JSON, Markdown table and PNG plots under bench/results/<stamp>/; the last line is
 the front-end throughput ratio ours/vLLM with its 95% interval."""
+
 from __future__ import annotations
 
 import argparse

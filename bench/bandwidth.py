@@ -1,4 +1,5 @@
 """STREAM-style read bandwidth with the threads the engine computes with (same CPUs, same count)."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """The load: vLLM's own benchmark client (`vllm.benchmarks.serve`, what `vllm bench serve` runs), in this process,
 on CPUs of its own where the machine has them, with its own CPU use and run-queue wait recorded."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,25 +31,43 @@ class Workload:
 
     def argv(self, base_url: str, model_path: str, served_name: str) -> list[str]:
         return [
-            "--backend", "openai",
-            "--base-url", base_url,
-            "--endpoint", "/v1/completions",
-            "--model", model_path,  # also the tokenizer the client builds prompts with
-            "--served-model-name", served_name,
-            "--dataset-name", "random",
-            "--random-input-len", str(self.input_len),
-            "--random-output-len", str(self.output_len),
-            "--random-range-ratio", "0",
-            "--num-prompts", str(self.num_prompts),
-            "--max-concurrency", str(self.concurrency),
-            "--request-rate", "inf",
+            "--backend",
+            "openai",
+            "--base-url",
+            base_url,
+            "--endpoint",
+            "/v1/completions",
+            "--model",
+            model_path,  # also the tokenizer the client builds prompts with
+            "--served-model-name",
+            served_name,
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(self.input_len),
+            "--random-output-len",
+            str(self.output_len),
+            "--random-range-ratio",
+            "0",
+            "--num-prompts",
+            str(self.num_prompts),
+            "--max-concurrency",
+            str(self.concurrency),
+            "--request-rate",
+            "inf",
             "--ignore-eos",
-            "--temperature", "0",
-            "--seed", str(self.seed),
-            "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", "50,99",
-            "--num-warmups", "0",
-            "--ready-check-timeout-sec", "0",
+            "--temperature",
+            "0",
+            "--seed",
+            str(self.seed),
+            "--percentile-metrics",
+            "ttft,tpot,itl,e2el",
+            "--metric-percentiles",
+            "50,99",
+            "--num-warmups",
+            "0",
+            "--ready-check-timeout-sec",
+            "0",
             "--disable-tqdm",
         ]
 
@@ -65,7 +84,11 @@ class ClientCpus:
 def client_cpus(allowed: Sequence[int], engine: Sequence[int], reserved: Sequence[int]) -> ClientCpus:
     free = tuple(c for c in allowed if c not in set(engine) | set(reserved))
     if free:
-        return ClientCpus(free, True, f"load generator on CPU(s) {list(free)} of its own (engine {list(engine)}, API {list(reserved)})")
+        return ClientCpus(
+            free,
+            True,
+            f"load generator on CPU(s) {list(free)} of its own (engine {list(engine)}, API {list(reserved)})",
+        )
     shared = tuple(reserved) or tuple(allowed)
     return ClientCpus(
         shared,

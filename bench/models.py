@@ -1,5 +1,6 @@
 """The bandwidth-bound model for the decode measurement: Llama architecture, random weights, ~1 GB in bf16,
 built locally at bench time (never committed) with the demo model's tokenizer."""
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,11 @@ def parameter_shapes(cfg: dict = CONFIG) -> dict[str, tuple[int, ...]]:
     h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     q = cfg["num_attention_heads"] * cfg["head_dim"]
     kv = cfg["num_key_value_heads"] * cfg["head_dim"]
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (v, h),
+        "model.norm.weight": (h,),
+        "lm_head.weight": (v, h),
+    }
     for n in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{n}."
         shapes.update(

@@ -1,6 +1,7 @@
 """llama.cpp's server as the peer: the bench model (and its quantized copies) as GGUF, served by `llama-server` with the
 engine's compute cores as its threads and one parallel slot per concurrent request, against our service on the same
 weights, with the same load and the same paired, restarted, interleaved method as the front-end comparison."""
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,11 @@ CTX_PER_SLOT = 512  # prompt + answer of every workload here, with room
 # format -> (the service's model: None = the bf16 bench model, else tests/support/quantized_models.py's scheme;
 #            llama.cpp's GGUF type). Q8_0: int8 blocks of 32 with an fp16 scale, vs W8A8 (int8 per channel, int8
 # dynamic activations); Q4_0: int4 blocks of 32, vs W4A16 (int4 groups of 128, bf16 activations).
-FORMATS: dict[str, tuple[str | None, str]] = {"bf16": (None, "BF16"), "q8_0": ("w8a8", "Q8_0"), "q4_0": ("w4a16", "Q4_0")}
+FORMATS: dict[str, tuple[str | None, str]] = {
+    "bf16": (None, "BF16"),
+    "q8_0": ("w8a8", "Q8_0"),
+    "q4_0": ("w4a16", "Q4_0"),
+}
 
 # The converter hashes the tokenizer's output on a test string to name its pre-tokenizer and refuses hashes it does
 # not know. The bench model's tokenizer is a byte-level BPE with GPT-2's split regex (service/demo_model.py), which is
@@ -46,8 +51,14 @@ runpy.run_path(tree + "/convert_hf_to_gguf.py", run_name="__main__")
 
 def available() -> str | None:
     """Why the peer cannot run, or None."""
-    missing = [p for p in (BIN / "llama-server", BIN / "llama-quantize", TREE / "convert_hf_to_gguf.py") if not p.exists()]
-    return f"llama.cpp not built ({', '.join(str(p.relative_to(REPO)) for p in missing)}): run `make bench-tools`" if missing else None
+    missing = [
+        p for p in (BIN / "llama-server", BIN / "llama-quantize", TREE / "convert_hf_to_gguf.py") if not p.exists()
+    ]
+    return (
+        f"llama.cpp not built ({', '.join(str(p.relative_to(REPO)) for p in missing)}): run `make bench-tools`"
+        if missing
+        else None
+    )
 
 
 def gguf_models(source: Path, formats: list[str], log: Path) -> dict[str, Path]:
@@ -56,8 +67,13 @@ def gguf_models(source: Path, formats: list[str], log: Path) -> dict[str, Path]:
     bf16 = source.parent / f"{source.name}.bf16.gguf"
     if not bf16.exists():
         with open(log, "ab") as f:
-            subprocess.run([sys.executable, "-c", _CONVERT, str(TREE), str(source), str(bf16) + ".tmp"], check=True,
-                           stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "NO_LOCAL_GGUF": ""})
+            subprocess.run(
+                [sys.executable, "-c", _CONVERT, str(TREE), str(source), str(bf16) + ".tmp"],
+                check=True,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "NO_LOCAL_GGUF": ""},
+            )
         os.replace(str(bf16) + ".tmp", bf16)
     for fmt in formats:
         gtype = FORMATS[fmt][1]
@@ -65,8 +81,12 @@ def gguf_models(source: Path, formats: list[str], log: Path) -> dict[str, Path]:
         if not path.exists():
             with open(log, "ab") as f:
                 # --pure: every tensor in the one type (llama-quantize otherwise keeps output.weight at Q6_K/Q8_0).
-                subprocess.run([str(BIN / "llama-quantize"), "--pure", str(bf16), str(path) + ".tmp", gtype, "1"],
-                               check=True, stdout=f, stderr=subprocess.STDOUT)
+                subprocess.run(
+                    [str(BIN / "llama-quantize"), "--pure", str(bf16), str(path) + ".tmp", gtype, "1"],
+                    check=True,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                )
             os.replace(str(path) + ".tmp", path)
         out[fmt] = path
     return out
@@ -99,9 +119,32 @@ def llama_server(gguf: Path, cpus: list[int], slots: int, log_path: Path) -> Ser
     (continuous batching is its default), a context of CTX_PER_SLOT per slot."""
     mask = hex(sum(1 << c for c in cpus))
     argv = [
-        str(BIN / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", "{port}", "-a", SERVED,
-        "-np", str(slots), "-c", str(CTX_PER_SLOT * slots), "-t", str(len(cpus)), "-tb", str(len(cpus)),
-        "-C", mask, "--cpu-strict", "1", "-Cb", mask, "--cpu-strict-batch", "1", "--no-webui",
+        str(BIN / "llama-server"),
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "-a",
+        SERVED,
+        "-np",
+        str(slots),
+        "-c",
+        str(CTX_PER_SLOT * slots),
+        "-t",
+        str(len(cpus)),
+        "-tb",
+        str(len(cpus)),
+        "-C",
+        mask,
+        "--cpu-strict",
+        "1",
+        "-Cb",
+        mask,
+        "--cpu-strict-batch",
+        "1",
+        "--no-webui",
     ]
     return ServerProcess(srv.bench_env(), log_path, argv, "/health", "llama.cpp")
 
@@ -123,9 +166,12 @@ def tokenization(ours_url: str, llama_url: str, tokenizer_dir: str, n: int = 8) 
         b = httpx.post(llama_url + "/v1/completions", json=body, timeout=120).json()["usage"]["prompt_tokens"]
         counts.append((a, b))
     same = all(a == b for a, b in counts)
-    return {"same": same, "prompt_tokens": counts,
-            "line": f"{'same' if same else 'DIFFERENT'} prompt token counts on {n} random prompts "
-                    f"(ours, llama.cpp): {counts[:4]}{' ...' if n > 4 else ''}"}
+    return {
+        "same": same,
+        "prompt_tokens": counts,
+        "line": f"{'same' if same else 'DIFFERENT'} prompt token counts on {n} random prompts "
+        f"(ours, llama.cpp): {counts[:4]}{' ...' if n > 4 else ''}",
+    }
 
 
 def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
@@ -158,11 +204,24 @@ def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
             continue
         service_models[fmt] = quantized_bench(cache_dir(), scheme)
     ggufs = gguf_models(base, formats, ctx.logdir / "gguf.log")
-    peer: dict[str, Any] = {"model": str(base), "llama_server": f"llama.cpp from llama-cpp-python {LLAMA_CPP_VERSION}",
-                            "runs": [], "decode": [], "formats": {}}
+    peer: dict[str, Any] = {
+        "model": str(base),
+        "llama_server": f"llama.cpp from llama-cpp-python {LLAMA_CPP_VERSION}",
+        "runs": [],
+        "decode": [],
+        "formats": {},
+    }
     results["peer"] = peer
-    w_of = lambda c, rep, rnd: Workload(c, opts.peer_prompts.get(c, 2 * c), opts.peer_input_len, opts.peer_output_len,  # noqa: E731
-                                        seed=3000 * rep + 10 * rnd + c)
+
+    def w_of(c: int, rep: int, rnd: int) -> Workload:
+        return Workload(
+            c,
+            opts.peer_prompts.get(c, 2 * c),
+            opts.peer_input_len,
+            opts.peer_output_len,
+            seed=3000 * rep + 10 * rnd + c,
+        )
+
     comparisons: list[Comparison] = []
     for fmt in formats:
         model = str(service_models[fmt])
@@ -172,14 +231,23 @@ def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
             ours_first = rep % 2 == 0
             live: list[ServerProcess] = []
             try:
-                llama_log = lambda c: ctx.logdir / f"server-{name}-llama.cpp-rep{rep}-c{c}.log"  # noqa: E731
+
+                def llama_log(c: int, name: str = name, rep: int = rep) -> Path:
+                    return ctx.logdir / f"server-{name}-llama.cpp-rep{rep}-c{c}.log"
+
                 first_llama = None
                 if not ours_first:  # llama.cpp started first this repetition
                     cpus = ctx.reported.engine_cpus if ctx.reported else [0]
-                    first_llama = start(llama_server(ggufs[fmt], cpus, opts.concurrencies[0], llama_log(opts.concurrencies[0])), ctx)
+                    first_llama = start(
+                        llama_server(ggufs[fmt], cpus, opts.concurrencies[0], llama_log(opts.concurrencies[0])), ctx
+                    )
                     live.append(first_llama)
-                ours = start(srv.ours(model, SERVED, ctx.logdir / f"server-{name}-ours-rep{rep}.log",
-                                      {"SERVICE_KV_CACHE_GIB": "1"}), ctx)
+                ours = start(
+                    srv.ours(
+                        model, SERVED, ctx.logdir / f"server-{name}-ours-rep{rep}.log", {"SERVICE_KV_CACHE_GIB": "1"}
+                    ),
+                    ctx,
+                )
                 live.append(ours)
                 ours_ready(ctx, lambda: None)(ours)
                 cpus = ctx.reported.engine_cpus
@@ -198,25 +266,40 @@ def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
                     if not ours_first:
                         pair.reverse()
                     for _, proc in pair:  # warm, discarded
-                        ctx.load(Workload(c, c, opts.peer_input_len, opts.peer_output_len, seed=999), proc, model, SERVED)
+                        ctx.load(
+                            Workload(c, c, opts.peer_input_len, opts.peer_output_len, seed=999), proc, model, SERVED
+                        )
                     for rnd in range(opts.peer_rounds):
                         w = w_of(c, rep, rnd)
                         for position, (who, proc) in enumerate(pair):
                             metrics, client = ctx.load(w, proc, model, SERVED)
-                            peer["runs"].append({
-                                "comparison": name, "server": who, "concurrency": c, "rep": rep, "round": rnd,
-                                "position": position, "workload": w.__dict__, "metrics": metrics, "client": client,
-                                "loadavg_1m": os.getloadavg()[0],
-                            })
-                            log(f"{name} rep {rep + 1} c={c} {who}: {metrics['output_throughput']:.1f} tok/s, TTFT p50 "
-                                f"{metrics['ttft_p50_ms']:.0f} ms, TPOT p50 {metrics['tpot_p50_ms']:.1f} ms; load {os.getloadavg()[0]:.1f}")
+                            peer["runs"].append(
+                                {
+                                    "comparison": name,
+                                    "server": who,
+                                    "concurrency": c,
+                                    "rep": rep,
+                                    "round": rnd,
+                                    "position": position,
+                                    "workload": w.__dict__,
+                                    "metrics": metrics,
+                                    "client": client,
+                                    "loadavg_1m": os.getloadavg()[0],
+                                }
+                            )
+                            log(
+                                f"{name} rep {rep + 1} c={c} {who}: {metrics['output_throughput']:.1f} tok/s, TTFT p50 "
+                                f"{metrics['ttft_p50_ms']:.0f} ms, TPOT p50 {metrics['tpot_p50_ms']:.1f} ms; load {os.getloadavg()[0]:.1f}"
+                            )
                     llama.close()  # the next concurrency gets a server with its own slot count
                     live.remove(llama)
             finally:
                 for proc in live:
                     proc.close()
         runs = [r for r in peer["runs"] if r["comparison"] == name]
-        comparisons += [compare(name, "ours", "llama.cpp", c, runs, estimates=PEER_ESTIMATES) for c in opts.concurrencies]
+        comparisons += [
+            compare(name, "ours", "llama.cpp", c, runs, estimates=PEER_ESTIMATES) for c in opts.concurrencies
+        ]
     # Batch-1 decode of each side against the bandwidth ceiling (c=1 runs' TPOT p50, medians).
     lines = []
     if 1 in opts.concurrencies and ctx.reported:
@@ -229,7 +312,13 @@ def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
                 (f"llama.cpp {fmt}", c1.baseline_metrics, gguf_bytes_per_token(ggufs[fmt])),
             ):
                 d = DecodeResult(who, metrics["tpot_p50_ms"], bw["gbs"], nbytes)
-                peer["decode"].append({"dtype": d.dtype, "tpot_p50_ms": d.tpot_p50_ms, "bandwidth_gbs": d.bandwidth_gbs,
-                                       "bytes_per_token": d.bytes_per_token})
+                peer["decode"].append(
+                    {
+                        "dtype": d.dtype,
+                        "tpot_p50_ms": d.tpot_p50_ms,
+                        "bandwidth_gbs": d.bandwidth_gbs,
+                        "bytes_per_token": d.bytes_per_token,
+                    }
+                )
                 lines.append(decode_line(d))
     return {"comparisons": comparisons, "decode_lines": lines}

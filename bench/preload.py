@@ -9,6 +9,7 @@ both variants once, in alternating order; each start measures `requests` decode 
 a short greedy request, ignore_eos, one after the other).
 `measure()` is what the benchmark tool calls; main() prints a table and writes JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,6 +49,7 @@ def decode_rate(url: str, model: str, max_tokens: int, short: int = 8) -> float:
     """Decode tok/s at batch 1 from two greedy requests of the same prompt that differ only in length (ignore_eos:
     exactly that many tokens): (max_tokens - short) / (time of the long one - time of the short one). Prefill and
     request overheads cancel; a random-weight model's text may be held back mid-character, token counts are not."""
+
     def timed(n: int) -> float:
         body = {"model": model, "prompt": "The quick brown fox", "max_tokens": n, "temperature": 0, "ignore_eos": True}
         start = time.perf_counter()
@@ -62,8 +64,14 @@ def decode_rate(url: str, model: str, max_tokens: int, short: int = 8) -> float:
 def serve(env: dict[str, str], log_path: Path, timeout: float) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = dict(env, SERVICE_PORT=str(port), SERVICE_HOST="127.0.0.1")
-    proc = subprocess.Popen([sys.executable, "-m", "service", "serve"], cwd=REPO, env=env,
-                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "serve"],
+        cwd=REPO,
+        env=env,
+        stdout=open(log_path, "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -105,8 +113,14 @@ def measure(
     """Decode tok/s per variant and start, interleaved; the ratio with/without per repetition."""
     log_dir.mkdir(parents=True, exist_ok=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_") and k != "LD_PRELOAD"}
-    base.update(VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", SERVICE_MODEL=str(model),
-                SERVICE_SERVED_MODEL_NAME="bench", SERVICE_CACHE_DIR=str(cache_dir), SERVICE_WARMUP="true")
+    base.update(
+        VLLM_TARGET_DEVICE="cpu",
+        HF_HUB_OFFLINE="1",
+        SERVICE_MODEL=str(model),
+        SERVICE_SERVED_MODEL_NAME="bench",
+        SERVICE_CACHE_DIR=str(cache_dir),
+        SERVICE_WARMUP="true",
+    )
     base.update({f"SERVICE_{k.upper()}": v for k, v in (settings or {}).items()})
     extra = {"with": {}, "without": {"LD_PRELOAD": torch_gomp()}}
     runs: list[dict] = []
@@ -119,8 +133,16 @@ def measure(
                 decode_rate(url, "bench", 16)  # first requests after start: not timed
                 load_before = os.getloadavg()[0]
                 tok_s = [decode_rate(url, "bench", max_tokens) for _ in range(requests)]
-                runs.append({"variant": variant, "repetition": rep, "tok_s": tok_s, "median": statistics.median(tok_s),
-                             "ld_preload": preload, "loadavg_1m": [load_before, os.getloadavg()[0]]})
+                runs.append(
+                    {
+                        "variant": variant,
+                        "repetition": rep,
+                        "tok_s": tok_s,
+                        "median": statistics.median(tok_s),
+                        "ld_preload": preload,
+                        "loadavg_1m": [load_before, os.getloadavg()[0]],
+                    }
+                )
             finally:
                 stop(proc)
             print(f"rep {rep} {variant:7s}: " + " ".join(f"{t:.2f}" for t in tok_s) + " tok/s", file=sys.stderr)
@@ -129,9 +151,16 @@ def measure(
     for rep in range(repetitions):
         pair = {r["variant"]: r["median"] for r in runs if r["repetition"] == rep}
         ratios.append(pair["with"] / pair["without"])
-    return {"model": str(model), "max_tokens": max_tokens, "requests_per_start": requests, "runs": runs,
-            "median_tok_s": per_variant, "ratio_with_over_without": ratios,
-            "ratio_median": statistics.median(ratios), "cpus": os.cpu_count()}
+    return {
+        "model": str(model),
+        "max_tokens": max_tokens,
+        "requests_per_start": requests,
+        "runs": runs,
+        "median_tok_s": per_variant,
+        "ratio_with_over_without": ratios,
+        "ratio_median": statistics.median(ratios),
+        "cpus": os.cpu_count(),
+    }
 
 
 def main() -> None:
@@ -149,14 +178,18 @@ def main() -> None:
     args = ap.parse_args()
     model = args.model or ensure_bench_model(args.cache_dir)
     settings = {"enforce_eager": "true" if args.eager else "false", "kv_cache_gib": "1"}
-    result = measure(model, args.cache_dir, args.out / "logs", args.repetitions, args.requests, args.max_tokens, settings)
+    result = measure(
+        model, args.cache_dir, args.out / "logs", args.repetitions, args.requests, args.max_tokens, settings
+    )
     (args.out / "preload.json").write_text(json.dumps(result, indent=2))
     for rep, ratio in enumerate(result["ratio_with_over_without"]):
         print(f"repetition {rep}: with/without = {ratio:.3f}")
     med = result["median_tok_s"]
-    print(f"decode tok/s (median of starts): with {med['with']:.2f}, without {med['without']:.2f}; "
-          f"ratio median {result['ratio_median']:.3f} (range {min(result['ratio_with_over_without']):.3f}-"
-          f"{max(result['ratio_with_over_without']):.3f})")
+    print(
+        f"decode tok/s (median of starts): with {med['with']:.2f}, without {med['without']:.2f}; "
+        f"ratio median {result['ratio_median']:.3f} (range {min(result['ratio_with_over_without']):.3f}-"
+        f"{max(result['ratio_with_over_without']):.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """py-spy on the front end (the API server process of our service) while the load runs: what dominates."""
+
 from __future__ import annotations
 
 import collections
@@ -19,7 +20,19 @@ def start_record(pid: int, out: Path, rate: int = 200) -> subprocess.Popen | Non
     if exe is None:
         return None
     return subprocess.Popen(
-        [exe, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--output", str(out), "--nonblocking"],
+        [
+            exe,
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            str(rate),
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+            "--nonblocking",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
     )

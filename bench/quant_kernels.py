@@ -14,6 +14,7 @@ predicts for the live backend with that candidate's knobs, confirmed against the
 
 Writes .cache/bench/quant_kernels.json and prints a table. CPU time matters here: run on an idle machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,7 +83,9 @@ def predicted_kernel(backend_name: str, directory: Path, env: dict[str, str]) ->
     if facts is None:
         return "bf16"
     plan = plan_quant(facts, backend_name, "bfloat16", Settings(), env)
-    return next((d.value for d in plan.decisions if d.setting == "quant.linear_kernel"), "refused: " + "; ".join(plan.errors))
+    return next(
+        (d.value for d in plan.decisions if d.setting == "quant.linear_kernel"), "refused: " + "; ".join(plan.errors)
+    )
 
 
 def bytes_per_token(directory: Path) -> int:
@@ -164,13 +167,17 @@ def run_candidate(cand: Candidate, directory: Path, prompts: list[list[int]], re
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", **cand.env}
     with open(log, "w") as f:
         proc = subprocess.run(
-            [sys.executable, __file__, "--worker", json.dumps(spec)], env=env, stdout=subprocess.PIPE, stderr=f,
-            text=True, timeout=1800,
+            [sys.executable, __file__, "--worker", json.dumps(spec)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=f,
+            text=True,
+            timeout=1800,
         )
     if proc.returncode != 0:
         return {"error": f"exit {proc.returncode}, log {log}"}
     # vLLM logs to stdout too: the result is the line with the marker.
-    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith(RESULT))[len(RESULT):])
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith(RESULT))[len(RESULT) :])
 
 
 def _summary(values: list[float]) -> dict:
@@ -239,14 +246,18 @@ def main() -> None:
             f"({'pass' if row['quality_passes'] else 'FAIL'}), kernel in log: {row['kernel_confirmed']}",
             flush=True,
         )
-    render({
-        "machine": machine,
-        "backend": backend,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": " ".join(sys.argv),
-        "load_average": os.getloadavg(),
-        "rows": rows,
-    }, args.cache, args.out)
+    render(
+        {
+            "machine": machine,
+            "backend": backend,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": " ".join(sys.argv),
+            "load_average": os.getloadavg(),
+            "rows": rows,
+        },
+        args.cache,
+        args.out,
+    )
 
 
 def render(report: dict, cache: Path, out: Path) -> None:
@@ -263,8 +274,10 @@ def render(report: dict, cache: Path, out: Path) -> None:
             r["ceiling_tok_s"] = gbs * 1e9 / r["bytes_per_token"]
             r["ceiling_fraction"] = r["decode"]["median"] / r["ceiling_tok_s"]
     out.write_text(json.dumps(report, indent=2))
-    print(f"\n{report['machine']}; read bandwidth {gbs:.1f} GB/s on CPUs {report['bandwidth']['cpus']}; "
-          f"load average at the end {', '.join(f'{x:.1f}' for x in report.get('load_average', os.getloadavg()))}")
+    print(
+        f"\n{report['machine']}; read bandwidth {gbs:.1f} GB/s on CPUs {report['bandwidth']['cpus']}; "
+        f"load average at the end {', '.join(f'{x:.1f}' for x in report.get('load_average', os.getloadavg()))}"
+    )
     head = f"{'candidate':<50} {'kernel':<14} {'decode tok/s':>20} {'prefill tok/s':>18} {'MB/token':>9} {'ceiling':>8} quality"
     print(head)
     for r in report["rows"]:

@@ -1,4 +1,5 @@
 """Markdown tables and PNG plots of a bench run: every ratio with its 95% interval and, against a target, its verdict."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,18 @@ from bench.stats import (
     compare,
 )
 
-FRONT_COLUMNS = (("output_throughput", "out tok/s", 1), ("ttft_p50_ms", "TTFT p50 ms", 1), ("tpot_p50_ms", "TPOT p50 ms", 2), (CPU, "API CPU ms/req", 1))
-PEER_COLUMNS = (("output_throughput", "out tok/s", 1), ("ttft_p50_ms", "TTFT p50 ms", 0), ("ttft_p99_ms", "TTFT p99 ms", 0), ("tpot_p50_ms", "TPOT p50 ms", 1))
+FRONT_COLUMNS = (
+    ("output_throughput", "out tok/s", 1),
+    ("ttft_p50_ms", "TTFT p50 ms", 1),
+    ("tpot_p50_ms", "TPOT p50 ms", 2),
+    (CPU, "API CPU ms/req", 1),
+)
+PEER_COLUMNS = (
+    ("output_throughput", "out tok/s", 1),
+    ("ttft_p50_ms", "TTFT p50 ms", 0),
+    ("ttft_p99_ms", "TTFT p99 ms", 0),
+    ("tpot_p50_ms", "TPOT p50 ms", 1),
+)
 
 
 def _row(cells: Sequence[Any]) -> str:
@@ -26,7 +37,7 @@ def _row(cells: Sequence[Any]) -> str:
 
 
 def cell(c: Comparison, metric: str, digits: int) -> str:
-    """"a / b: estimate [low, high] verdict" (a, b: the two servers' medians)."""
+    """ "a / b: estimate [low, high] verdict" (a, b: the two servers' medians)."""
     a, b = c.candidate_metrics.get(metric), c.baseline_metrics.get(metric)
     if a is None or b is None:
         return ""
@@ -45,8 +56,13 @@ def comparison_table(comparisons: Sequence[Comparison], columns=FRONT_COLUMNS, v
     lines = [_row(head), _row(["---"] * len(head))]
     for c in comparisons:
         starved = f" ({c.starved_runs} starved)" if c.starved_runs else ""
-        row = [c.name, c.concurrency, f"{c.repetitions}{starved}", f"{c.candidate} / {c.baseline}",
-               *(cell(c, m, d) for m, _, d in columns)]
+        row = [
+            c.name,
+            c.concurrency,
+            f"{c.repetitions}{starved}",
+            f"{c.candidate} / {c.baseline}",
+            *(cell(c, m, d) for m, _, d in columns),
+        ]
         if verdicts:
             row.append(c.overall)
         lines.append(_row(row))
@@ -54,14 +70,29 @@ def comparison_table(comparisons: Sequence[Comparison], columns=FRONT_COLUMNS, v
 
 
 def decode_table(decode: Sequence[DecodeResult]) -> str:
-    head = ["dtype / format", "weights read / token", "read bandwidth", "ceiling tok/s", "measured tok/s", "fraction of ceiling", "effective GB/s"]
+    head = [
+        "dtype / format",
+        "weights read / token",
+        "read bandwidth",
+        "ceiling tok/s",
+        "measured tok/s",
+        "fraction of ceiling",
+        "effective GB/s",
+    ]
     lines = [_row(head), _row(["---"] * len(head))]
     for d in decode:
         lines.append(
-            _row([
-                d.dtype, f"{d.bytes_per_token / 1e9:.2f} GB", f"{d.bandwidth_gbs:.1f} GB/s", f"{d.ceiling_tokens_per_s:.2f}",
-                f"{d.tokens_per_s:.2f}", f"**{d.fraction:.0%}**", f"{d.effective_gbs:.1f}",
-            ])
+            _row(
+                [
+                    d.dtype,
+                    f"{d.bytes_per_token / 1e9:.2f} GB",
+                    f"{d.bandwidth_gbs:.1f} GB/s",
+                    f"{d.ceiling_tokens_per_s:.2f}",
+                    f"{d.tokens_per_s:.2f}",
+                    f"**{d.fraction:.0%}**",
+                    f"{d.effective_gbs:.1f}",
+                ]
+            )
         )
     return "\n".join(lines)
 
@@ -76,7 +107,11 @@ def machine_line(results: dict[str, Any]) -> str:
         f"CPU(s) {m['reserved_cpus']} kept for the API server; torch {m['software']['torch']}, vLLM {m['software']['vllm']}. "
         + (client.get("note", "") + ". " if client else "")
         + f"Load average {h['loadavg_start'][0]:.1f} at start, {h['loadavg_end'][0]:.1f} at the end"
-        + (f", up to {h['loadavg_1m_max_during_runs']:.1f} during the runs" if h.get("loadavg_1m_max_during_runs") else "")
+        + (
+            f", up to {h['loadavg_1m_max_during_runs']:.1f} during the runs"
+            if h.get("loadavg_1m_max_during_runs")
+            else ""
+        )
         + " (the cores are shared with other workers)."
     )
 
@@ -94,8 +129,10 @@ def markdown(results: dict[str, Any], comparisons: Sequence[Comparison], decode:
         "Cells: the two servers' medians, then the paired estimate (ratio: geometric mean of per-repetition ratios; "
         "ms: mean difference) with its 95% t-interval over repetitions; a target is met or missed only when the whole "
         "interval is on one side of it, else unresolved. Targets: "
-        + "; ".join(t.describe() for t in FRONTEND_TARGETS) + " (front end); "
-        + "; ".join(t.describe() for t in POLICY_TARGETS) + " (policy vs defaults).",
+        + "; ".join(t.describe() for t in FRONTEND_TARGETS)
+        + " (front end); "
+        + "; ".join(t.describe() for t in POLICY_TARGETS)
+        + " (policy vs defaults).",
         "",
     ]
     own = [c for c in comparisons if not c.name.startswith("peer")]
@@ -137,15 +174,22 @@ def _ratio_axis(ax, comps: Sequence[Comparison], metric: str, label: str, bound:
     hi = [(e.high if e.high is not None else e.value) - e.value for e in es]
     ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=5)
     for x, c in zip(xs, comps):
-        ax.annotate(f"{c.estimates[metric].value:.3g} {c.verdicts.get(metric, '')}", (x, ys[x]), textcoords="offset points",
-                    xytext=(6, 4), fontsize=8)
+        ax.annotate(
+            f"{c.estimates[metric].value:.3g} {c.verdicts.get(metric, '')}",
+            (x, ys[x]),
+            textcoords="offset points",
+            xytext=(6, 4),
+            fontsize=8,
+        )
     if bound is not None:
         ax.axhline(bound, color="red", linestyle="--", linewidth=1)
     ax.set_xticks(xs, [f"c={c.concurrency}" for c in comps])
     ax.set_ylabel(label)
 
 
-def plots(out: Path, comparisons: Sequence[Comparison], decode: Sequence[DecodeResult], results: dict[str, Any]) -> list[Path]:
+def plots(
+    out: Path, comparisons: Sequence[Comparison], decode: Sequence[DecodeResult], results: dict[str, Any]
+) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -175,13 +219,25 @@ def plots(out: Path, comparisons: Sequence[Comparison], decode: Sequence[DecodeR
         for fmt in dict.fromkeys(c.name for c in peer):
             comps = sorted((c for c in peer if c.name == fmt), key=lambda c: c.concurrency)
             cs = [c.concurrency for c in comps]
-            line = ax1.plot(cs, [c.candidate_metrics["output_throughput"] for c in comps], "o-", label=f"ours {fmt[5:]}")
-            ax1.plot(cs, [c.baseline_metrics["output_throughput"] for c in comps], "s--", color=line[0].get_color(),
-                     label=f"llama.cpp {fmt[5:]}")
+            line = ax1.plot(
+                cs, [c.candidate_metrics["output_throughput"] for c in comps], "o-", label=f"ours {fmt[5:]}"
+            )
+            ax1.plot(
+                cs,
+                [c.baseline_metrics["output_throughput"] for c in comps],
+                "s--",
+                color=line[0].get_color(),
+                label=f"llama.cpp {fmt[5:]}",
+            )
             es = [c.estimates["output_throughput"] for c in comps]
-            ax2.errorbar(cs, [e.value for e in es],
-                         yerr=[[e.value - (e.low or e.value) for e in es], [(e.high or e.value) - e.value for e in es]],
-                         fmt="o-", capsize=4, label=fmt[5:])
+            ax2.errorbar(
+                cs,
+                [e.value for e in es],
+                yerr=[[e.value - (e.low or e.value) for e in es], [(e.high or e.value) - e.value for e in es]],
+                fmt="o-",
+                capsize=4,
+                label=fmt[5:],
+            )
         for ax in (ax1, ax2):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("concurrency (closed loop)")
@@ -200,7 +256,13 @@ def plots(out: Path, comparisons: Sequence[Comparison], decode: Sequence[DecodeR
     if rows:
         fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
         xs = range(len(rows))
-        ax.bar([x - 0.2 for x in xs], [d.ceiling_tokens_per_s for d in rows], 0.4, label="ceiling (bandwidth / bytes per token)", color="#bbb")
+        ax.bar(
+            [x - 0.2 for x in xs],
+            [d.ceiling_tokens_per_s for d in rows],
+            0.4,
+            label="ceiling (bandwidth / bytes per token)",
+            color="#bbb",
+        )
         ax.bar([x + 0.2 for x in xs], [d.tokens_per_s for d in rows], 0.4, label="measured (1 / TPOT p50)")
         for x, d in zip(xs, rows):
             ax.annotate(f"{d.fraction:.0%}", (x + 0.2, d.tokens_per_s), ha="center", va="bottom")

@@ -1,6 +1,7 @@
 """`python -m bench`: front end against vLLM's own server, policy against vLLM's defaults, batch-1 decode against the
 bandwidth ceiling, and the llama.cpp peer (bench/peer.py). Every A/B comparison restarts both servers per repetition,
 in alternating start order, and runs A/B/A/B on each pair of processes."""
+
 from __future__ import annotations
 
 import contextlib
@@ -67,10 +68,17 @@ class BenchOptions:
     results_dir: Path = RESULTS
 
     @classmethod
-    def quick_mode(cls, **kw: Any) -> "BenchOptions":
+    def quick_mode(cls, **kw: Any) -> BenchOptions:
         base: dict[str, Any] = dict(
-            quick=True, concurrencies=(4,), repetitions=2, rounds=2, prompts={4: 48},
-            policy=False, decode=False, profile=False, peer=False,
+            quick=True,
+            concurrencies=(4,),
+            repetitions=2,
+            rounds=2,
+            prompts={4: 48},
+            policy=False,
+            decode=False,
+            profile=False,
+            peer=False,
         )
         base.update(kw)
         return cls(**base)
@@ -104,8 +112,14 @@ class Context:
         return self.logdir / f"client-{name}.log"
 
     def load(self, w: Workload, server: ServerProcess, model: str | None = None, served: str | None = None):
-        return run_load(w, server.url, model or self.model, served or self.served, self.client_log(server.name),
-                        self.client.cpus if self.client else None)
+        return run_load(
+            w,
+            server.url,
+            model or self.model,
+            served or self.served,
+            self.client_log(server.name),
+            self.client.cpus if self.client else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -170,11 +184,18 @@ def ab_runs(
                 if side.on_ready:
                     side.on_ready(proc)
             for side in order:  # still alive once both are up (a shared machine's OOM killer picks big workers)
-                if live[side.name].proc.poll() is not None or httpx.get(live[side.name].url + live[side.name].ready_path, timeout=10).status_code != 200:
-                    raise RuntimeError(f"{side.name} stopped serving while the other started:\n{live[side.name].log_tail()}")
+                if (
+                    live[side.name].proc.poll() is not None
+                    or httpx.get(live[side.name].url + live[side.name].ready_path, timeout=10).status_code != 200
+                ):
+                    raise RuntimeError(
+                        f"{side.name} stopped serving while the other started:\n{live[side.name].log_tail()}"
+                    )
             for side in order:  # warm: each concurrency once, discarded
                 for c in concurrencies:
-                    ctx.load(Workload(c, max(2, 2 * c), ctx.opts.input_len, ctx.opts.output_len, seed=999), live[side.name])
+                    ctx.load(
+                        Workload(c, max(2, 2 * c), ctx.opts.input_len, ctx.opts.output_len, seed=999), live[side.name]
+                    )
             for c in concurrencies:
                 for rnd in range(rounds):
                     w = workload(c, rep, rnd)
@@ -186,11 +207,21 @@ def ab_runs(
                             # CPU time of the API-server process only (not the engine core or workers): the front
                             # end's own cost, which neighbours on a shared machine slow down but do not inflate.
                             metrics["api_cpu_ms_per_request"] = 1000 * (proc.api_cpu_s() - cpu0) / metrics["completed"]
-                        runs.append({
-                            "comparison": name, "server": side.name, "concurrency": c, "rep": rep, "round": rnd,
-                            "position": position, "started_first": order[0].name, "workload": asdict(w),
-                            "metrics": metrics, "client": client, "loadavg_1m": os.getloadavg()[0],
-                        })
+                        runs.append(
+                            {
+                                "comparison": name,
+                                "server": side.name,
+                                "concurrency": c,
+                                "rep": rep,
+                                "round": rnd,
+                                "position": position,
+                                "started_first": order[0].name,
+                                "workload": asdict(w),
+                                "metrics": metrics,
+                                "client": client,
+                                "loadavg_1m": os.getloadavg()[0],
+                            }
+                        )
                         log(
                             f"{name} rep {rep + 1}/{repetitions} c={c} round {rnd + 1} {side.name}: "
                             f"{metrics['output_throughput']:.0f} tok/s, TTFT p50 {metrics['ttft_p50_ms']:.1f} ms, "
@@ -227,7 +258,10 @@ def _profile(server: ServerProcess, c: int, ctx: Context) -> dict[str, Any]:
         return {"error": f"py-spy wrote nothing (exit {rec.returncode}); ptrace not permitted?"}
     summary = profile.summarize(out.read_text())
     summary.update(
-        concurrency=c, folded=str(out), wall_s=time.monotonic() - t0, api_cpu_s=server.api_cpu_s() - cpu0,
+        concurrency=c,
+        folded=str(out),
+        wall_s=time.monotonic() - t0,
+        api_cpu_s=server.api_cpu_s() - cpu0,
         output_throughput=metrics["output_throughput"],
     )
     return summary
@@ -243,8 +277,11 @@ def frontend(ctx: Context, results: dict[str, Any]) -> list[Comparison]:
         given["args"] = ctx.reported.engine_args
         return srv.vllm_same_engine(ctx.model, ctx.served, ctx.reported, path)
 
-    ours = Side("ours", lambda p: srv.ours(ctx.model, ctx.served, p, FRONTEND_SETTINGS),
-                on_ready=ours_ready(ctx, lambda: given.get("args")))
+    ours = Side(
+        "ours",
+        lambda p: srv.ours(ctx.model, ctx.served, p, FRONTEND_SETTINGS),
+        on_ready=ours_ready(ctx, lambda: given.get("args")),
+    )
     vllm = Side("vllm", make_vllm)
 
     def after_last(live: dict[str, ServerProcess], runs: list[dict[str, Any]]) -> None:
@@ -257,9 +294,16 @@ def frontend(ctx: Context, results: dict[str, Any]) -> list[Comparison]:
 
     results["frontend"] = {}
     runs = ab_runs(
-        "frontend", (ours, vllm), ctx, opts.repetitions, opts.rounds,
-        lambda c, rep, rnd: Workload(c, opts.num_prompts(c), opts.input_len, opts.output_len, seed=1000 * rep + 10 * rnd + c),
-        opts.concurrencies, after_last,
+        "frontend",
+        (ours, vllm),
+        ctx,
+        opts.repetitions,
+        opts.rounds,
+        lambda c, rep, rnd: Workload(
+            c, opts.num_prompts(c), opts.input_len, opts.output_len, seed=1000 * rep + 10 * rnd + c
+        ),
+        opts.concurrencies,
+        after_last,
     )
     results["frontend"]["runs"] = runs
     return [compare("frontend", "ours", "vllm", c, runs, FRONTEND_TARGETS) for c in opts.concurrencies]
@@ -279,11 +323,20 @@ def policy(ctx: Context, results: dict[str, Any]) -> list[Comparison]:
     with_policy = Side("vllm", lambda p: srv.vllm_same_engine(ctx.model, ctx.served, reported, p))
     defaults = Side("vllm-defaults", lambda p: srv.vllm_defaults(ctx.model, ctx.served, kv, p))
     runs = ab_runs(
-        "policy", (with_policy, defaults), ctx, opts.policy_repetitions, opts.rounds,
-        lambda c, rep, rnd: Workload(c, opts.num_prompts(c), opts.input_len, opts.output_len, seed=2000 * rep + 10 * rnd + c),
+        "policy",
+        (with_policy, defaults),
+        ctx,
+        opts.policy_repetitions,
+        opts.rounds,
+        lambda c, rep, rnd: Workload(
+            c, opts.num_prompts(c), opts.input_len, opts.output_len, seed=2000 * rep + 10 * rnd + c
+        ),
         opts.concurrencies,
     )
-    results["policy_vs_defaults"] = {"runs": runs, "defaults_argv": srv.vllm_defaults(ctx.model, ctx.served, kv, Path()).argv}
+    results["policy_vs_defaults"] = {
+        "runs": runs,
+        "defaults_argv": srv.vllm_defaults(ctx.model, ctx.served, kv, Path()).argv,
+    }
     return [compare("policy", "vllm", "vllm-defaults", c, runs, POLICY_TARGETS) for c in opts.concurrencies]
 
 
@@ -300,8 +353,13 @@ def decode(ctx: Context, results: dict[str, Any]) -> list[DecodeResult]:
     results["decode"] = {"model": big, "parameters": parameters(), "runs": []}
     for dtype in opts.dtypes:
         server = start(
-            srv.ours(big, "bench-llama", ctx.logdir / f"server-decode-{dtype}.log",
-                     {"SERVICE_DTYPE": dtype, "SERVICE_KV_CACHE_GIB": "1"}, name=f"ours-{dtype}"),
+            srv.ours(
+                big,
+                "bench-llama",
+                ctx.logdir / f"server-decode-{dtype}.log",
+                {"SERVICE_DTYPE": dtype, "SERVICE_KV_CACHE_GIB": "1"},
+                name=f"ours-{dtype}",
+            ),
             ctx,
         )
         try:

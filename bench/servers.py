@@ -1,6 +1,7 @@
 """The servers under test, each a harness.ServerProcess: our service, vLLM's own OpenAI server with the engine
 arguments and environment our running service reports (GET /v1/hardware) or with vLLM's defaults, and llama.cpp's
 llama-server (bench/peer.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ class Reported:
     raw: dict[str, Any]
 
     @classmethod
-    def fetch(cls, url: str) -> "Reported":
+    def fetch(cls, url: str) -> Reported:
         resp = httpx.get(url + "/v1/hardware", timeout=10)
         resp.raise_for_status()
         return cls(resp.json())
@@ -80,7 +81,9 @@ class Reported:
         }
 
 
-def ours(model: str, served: str, log_path: Path, settings_env: dict[str, str] | None = None, name: str = "ours") -> ServerProcess:
+def ours(
+    model: str, served: str, log_path: Path, settings_env: dict[str, str] | None = None, name: str = "ours"
+) -> ServerProcess:
     """`python -m service serve`: the startup policy runs inside it, as in production."""
     env = bench_env()
     env.update(settings_env or {})
@@ -90,7 +93,9 @@ def ours(model: str, served: str, log_path: Path, settings_env: dict[str, str] |
 
 def vllm_argv(model: str, served: str, engine_args: dict[str, Any], max_queued: int | None = MAX_QUEUED) -> list[str]:
     """vLLM's own server with the given engine arguments: the one place this argv is written."""
-    argv = python_module(VLLM_SERVER, "--model", model, "--served-model-name", served, "--host", "127.0.0.1", "--port", "{port}")
+    argv = python_module(
+        VLLM_SERVER, "--model", model, "--served-model-name", served, "--host", "127.0.0.1", "--port", "{port}"
+    )
     for name, value in engine_args.items():
         argv += _flag(name, value)
     return argv + (["--max-num-queued-reqs", str(max_queued)] if max_queued else [])

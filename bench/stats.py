@@ -1,5 +1,6 @@
 """Pure arithmetic on benchmark results: the metrics kept, paired ratios or differences per repetition, their 95%
 confidence intervals, and verdicts against targets (met / missed / unresolved)."""
+
 from __future__ import annotations
 
 import math
@@ -68,8 +69,38 @@ PEER_ESTIMATES = (
 MIN_DECODE_FRACTION = 0.60
 
 # Student's t, two-sided 95% (0.975 quantile), by degrees of freedom; past 30 the normal's 1.96 is within 2%.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 
 
 def t975(df: int) -> float:
@@ -137,7 +168,7 @@ def estimate(metric: str, kind: Kind, samples: Sequence[float]) -> Estimate:
 
 
 def verdict(e: Estimate, t: Target) -> str:
-    """"met" / "missed" only when the whole interval is on one side of the target; else "unresolved"."""
+    """ "met" / "missed" only when the whole interval is on one side of the target; else "unresolved"."""
     if e.low is None or e.high is None:
         return "unresolved"
     if t.sense == ">=":
@@ -145,7 +176,9 @@ def verdict(e: Estimate, t: Target) -> str:
     return "met" if e.high <= t.bound else "missed" if e.low > t.bound else "unresolved"
 
 
-def paired_samples(runs: Sequence[Mapping[str, Any]], candidate: str, baseline: str, metric: str, kind: Kind) -> list[float]:
+def paired_samples(
+    runs: Sequence[Mapping[str, Any]], candidate: str, baseline: str, metric: str, kind: Kind
+) -> list[float]:
     """One sample per repetition: the runs of a repetition (A/B/A/B on one pair of server processes) paired in order,
     their ratios' geometric mean (or their differences' mean). The repetition is the unit: restarts vary more than
     runs on the same processes do."""
@@ -243,7 +276,9 @@ def summary_line(c: Comparison) -> str:
     parts = []
     for metric, e in c.estimates.items():
         t = next((t for t in c.targets if t.metric == metric), None)
-        parts.append(f"{LABELS.get(metric, metric)} {e.fmt()}" + (f" {c.verdicts[metric]} ({t.describe()})" if t else ""))
+        parts.append(
+            f"{LABELS.get(metric, metric)} {e.fmt()}" + (f" {c.verdicts[metric]} ({t.describe()})" if t else "")
+        )
     starved = f"; {c.starved_runs} run(s) with a starved load generator" if c.starved_runs else ""
     return f"{c.name} c={c.concurrency} {c.candidate}/{c.baseline} (n={c.repetitions}{starved}): " + ", ".join(parts)
 

@@ -6,6 +6,7 @@ A fresh cache_dir per measurement: the service decides VLLM_CACHE_ROOT under it,
 and saves, the second loads. Each start is read back from vLLM's own log lines: did it compile and save, load
 the saved graph, or fail to load and compile again. `measure()` is what the benchmark tool calls.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,18 +29,24 @@ INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\
 
 def read_log(text: str) -> dict:
     init = INIT_ENGINE.search(text)
-    return {"compiled_and_saved": SAVED in text, "loaded_compiled": LOADED in text,
-            "load_failed_recompiled": RECOMPILED in text, "engine_init_s": float(init[1]) if init else None}
+    return {
+        "compiled_and_saved": SAVED in text,
+        "loaded_compiled": LOADED in text,
+        "load_failed_recompiled": RECOMPILED in text,
+        "engine_init_s": float(init[1]) if init else None,
+    }
 
 
-def measure(model: Path | None, work_dir: Path, settings: dict[str, str] | None = None,
-            ready_timeout: float = 3600) -> dict:
+def measure(
+    model: Path | None, work_dir: Path, settings: dict[str, str] | None = None, ready_timeout: float = 3600
+) -> dict:
     """Cold then warm start of `model` (None: the built-in demo model) with torch.compile."""
     cache_dir = work_dir / "cache"
     shutil.rmtree(cache_dir, ignore_errors=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_") and k != "VLLM_CACHE_ROOT"}
-    base.update(VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", SERVICE_CACHE_DIR=str(cache_dir),
-                SERVICE_ENFORCE_EAGER="false")
+    base.update(
+        VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", SERVICE_CACHE_DIR=str(cache_dir), SERVICE_ENFORCE_EAGER="false"
+    )
     if model is not None:
         base["SERVICE_MODEL"] = str(model)
     base.update({f"SERVICE_{k.upper()}": v for k, v in (settings or {}).items()})

@@ -1,5 +1,6 @@
 """One server process on a free loopback port: our service (`python -m service serve`), vLLM's own OpenAI server or
 llama.cpp's `llama-server`, from an argv and an environment in which "{port}" stands for the port."""
+
 from __future__ import annotations
 
 import os
@@ -63,7 +64,7 @@ class ServerProcess:
             raise RuntimeError(f"{self.name} was not started")
         return self.proc.pid
 
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         port = str(self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")

@@ -1,21 +1,22 @@
 """CLI: `python -m service serve | detect` (the benchmark is a tool beside the service: `python -m bench`)."""
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="CPU LLM inference service")
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="Settings YAML (default configs/default.yaml)")]
-ModelOpt = Annotated[Optional[str], typer.Option("--model", help="Local model directory or Hugging Face id")]
-BackendOpt = Annotated[Optional[str], typer.Option("--backend", help="auto | zen | amx | avx512 | avx2")]
-DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="auto | bfloat16 | float16 | float32")]
-MaxLenOpt = Annotated[Optional[int], typer.Option("--max-model-len")]
-TpOpt = Annotated[Optional[int], typer.Option("--tensor-parallel-size")]
-ReservedOpt = Annotated[Optional[int], typer.Option("--reserved-cpus")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Settings YAML (default configs/default.yaml)")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Local model directory or Hugging Face id")]
+BackendOpt = Annotated[str | None, typer.Option("--backend", help="auto | zen | amx | avx512 | avx2")]
+DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="auto | bfloat16 | float16 | float32")]
+MaxLenOpt = Annotated[int | None, typer.Option("--max-model-len")]
+TpOpt = Annotated[int | None, typer.Option("--tensor-parallel-size")]
+ReservedOpt = Annotated[int | None, typer.Option("--reserved-cpus")]
 
 
 def _settings(config: Path | None, **flags: Any):
@@ -31,8 +32,8 @@ def _settings(config: Path | None, **flags: Any):
 @app.command()
 def detect(
     model: ModelOpt = None,
-    cpuinfo: Annotated[Optional[Path], typer.Option("--cpuinfo", help="A recorded /proc/cpuinfo")] = None,
-    sysfs: Annotated[Optional[Path], typer.Option("--sysfs", help="A recorded tree laid out like /sys")] = None,
+    cpuinfo: Annotated[Path | None, typer.Option("--cpuinfo", help="A recorded /proc/cpuinfo")] = None,
+    sysfs: Annotated[Path | None, typer.Option("--sysfs", help="A recorded tree laid out like /sys")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON")] = False,
     config: ConfigOpt = None,
     backend: BackendOpt = None,
@@ -55,9 +56,7 @@ def detect(
         reserved_cpus=reserved_cpus,
     )
     try:
-        report = build_report(
-            settings, model=configured_or_existing_demo(settings), cpuinfo=cpuinfo, sysfs=sysfs
-        )
+        report = build_report(settings, model=configured_or_existing_demo(settings), cpuinfo=cpuinfo, sysfs=sysfs)
     except (OSError, ValueError) as exc:
         typer.echo(f"cannot read the hardware facts: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -72,16 +71,16 @@ def detect(
 def serve(
     config: ConfigOpt = None,
     model: ModelOpt = None,
-    served_model_name: Annotated[Optional[str], typer.Option("--served-model-name")] = None,
-    host: Annotated[Optional[str], typer.Option("--host")] = None,
-    port: Annotated[Optional[int], typer.Option("--port")] = None,
-    api_key_file: Annotated[Optional[Path], typer.Option("--api-key-file")] = None,
+    served_model_name: Annotated[str | None, typer.Option("--served-model-name")] = None,
+    host: Annotated[str | None, typer.Option("--host")] = None,
+    port: Annotated[int | None, typer.Option("--port")] = None,
+    api_key_file: Annotated[Path | None, typer.Option("--api-key-file")] = None,
     backend: BackendOpt = None,
     dtype: DtypeOpt = None,
     max_model_len: MaxLenOpt = None,
     tensor_parallel_size: TpOpt = None,
     reserved_cpus: ReservedOpt = None,
-    enforce_eager: Annotated[Optional[bool], typer.Option("--enforce-eager/--no-enforce-eager")] = None,
+    enforce_eager: Annotated[bool | None, typer.Option("--enforce-eager/--no-enforce-eager")] = None,
 ) -> None:
     """Run the OpenAI-compatible server (API key: SERVICE_API_KEY or --api-key-file, never a flag)."""
     from service.server.run import run

@@ -14,6 +14,7 @@ Fix. Give `BundledAOTAutogradSerializableCallable` the no-op `finalize_loading` 
 vLLM process through our own `vllm.general_plugins` entry point (`register`, pyproject.toml); idempotent;
 only on vLLM 0.32.x (the release whose loader has this call) and only while torch's class lacks the method.
 """
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """Linux CPU list syntax ("0-3,5"), as used by sysfs, cgroup cpusets and taskset."""
+
 from __future__ import annotations
 
 import re
@@ -13,7 +14,7 @@ class CpuListError(ValueError):
 
 
 def parse_cpulist(text: str) -> frozenset[int]:
-    """"0-3,5" -> {0, 1, 2, 3, 5}; "" (a memory-only NUMA node in sysfs) -> empty set."""
+    """ "0-3,5" -> {0, 1, 2, 3, 5}; "" (a memory-only NUMA node in sysfs) -> empty set."""
     stripped = text.strip()
     if not stripped:
         return frozenset()

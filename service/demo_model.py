@@ -3,6 +3,7 @@
 It lets `make serve` answer offline on a fresh machine. Its output is gibberish by design; it is named
 and announced as a demo everywhere (log, /v1/models).
 """
+
 from __future__ import annotations
 
 import os

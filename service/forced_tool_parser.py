@@ -12,6 +12,7 @@ call itself, whatever the model: the tools' JSON schema becomes the request's gr
 (`DelegatingParser._extract_tool_calls`). This parser adds nothing else: it never finds a call in free text,
 since the model has no format to write one in.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

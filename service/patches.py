@@ -7,6 +7,7 @@ turn it into `BypassFxGraphCache` themselves (pytorch/pytorch#176557). vLLM ship
 the two must agree on one wrapper. Whether it is needed is decided once at startup (service/startup.py) and
 carried to vLLM's processes in PATCH_ENV: a process applies the decision, it does not decide again.
 """
+
 from __future__ import annotations
 
 import enum

@@ -3,6 +3,7 @@
 The JSON is a contract for scripts and monitoring: keep `hardware.{vendor,microarchitecture,isa,allowed_cpus}`,
 `backend.{name,reason}`, `decisions[].{setting,value,reason,source}`, `warnings`, `errors`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -128,11 +129,17 @@ def _summary_table(r: StartupReport) -> Table:
     isa = ", ".join(k for k, v in hw["isa"].items() if v) or "none"
     rows = [
         ("source", hw["source"]),
-        ("CPU", f"{hw['vendor']} {hw['model_name']} ({hw['microarchitecture']}, named by "
-                f"{hw['microarchitecture_source']}; family/model {hw['family']}/{hw['model']})"),
+        (
+            "CPU",
+            f"{hw['vendor']} {hw['model_name']} ({hw['microarchitecture']}, named by "
+            f"{hw['microarchitecture_source']}; family/model {hw['family']}/{hw['model']})",
+        ),
         ("ISA", isa),
-        ("topology", f"{hw['sockets']} socket(s), NUMA {hw['numa_nodes']}, {hw['physical_cores']} cores, "
-                     f"{hw['logical_cpus']} CPUs, SMT {'on' if hw['smt'] else 'off'}"),
+        (
+            "topology",
+            f"{hw['sockets']} socket(s), NUMA {hw['numa_nodes']}, {hw['physical_cores']} cores, "
+            f"{hw['logical_cpus']} CPUs, SMT {'on' if hw['smt'] else 'off'}",
+        ),
         ("allowed CPUs", f"{hw['allowed_cpus_list']} ({hw['allowed_cpus_source']})"),
         ("memory", f"{_fmt_bytes(hw['memory_limit_bytes'])} ({hw['memory_source']})"),
     ]

@@ -1,4 +1,5 @@
 """One validated Settings model: configs/*.yaml < SERVICE_* environment < CLI flags (the later wins)."""
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,6 @@ from pydantic_settings import (
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
-
 
 BackendName = Literal["auto", "zen", "amx", "avx512", "avx2"]
 DtypeName = Literal["auto", "bfloat16", "float16", "float32"]
@@ -48,7 +48,9 @@ class Settings(BaseSettings):
     max_model_len: int | None = Field(None, ge=16, description="Max context; default: the model's")
     tensor_parallel_size: int | None = Field(None, ge=1, description="Default: NUMA nodes holding allowed CPUs")
     simulate_numa_nodes: int | None = Field(
-        None, ge=2, description="Test only: split the allowed cores into this many simulated NUMA nodes (memory stays one node)"
+        None,
+        ge=2,
+        description="Test only: split the allowed cores into this many simulated NUMA nodes (memory stays one node)",
     )
     reserved_cpus: int = Field(1, ge=0, description="CPUs kept free of engine threads for the API server")
     kv_cache_gib: float | None = Field(None, gt=0, description="KV cache size; default: from the memory limit")

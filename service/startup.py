@@ -1,4 +1,5 @@
 """The startup hook: facts -> policy -> report; then (serve only) apply the environment before vLLM spawns."""
+
 from __future__ import annotations
 
 import dataclasses

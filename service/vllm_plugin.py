@@ -9,6 +9,7 @@ process does.
 Both only carry out decisions the startup hook put in the environment (service/startup.py `apply`); without
 them (vLLM used without the service) they leave vLLM to decide as usual.
 """
+
 from __future__ import annotations
 
 import json

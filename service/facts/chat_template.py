@@ -5,6 +5,7 @@ transformers), else tokenizer_config.json `chat_template` (a string, or named te
 "default" and "tool_use"); added tokens from tokenizer_config.json `added_tokens_decoder`, else
 tokenizer.json `added_tokens`.
 """
+
 from __future__ import annotations
 
 import ast
@@ -102,9 +103,12 @@ class ParserRegistry:
 def _registered_names(source: Path, table: str) -> frozenset[str]:
     tree = ast.parse(source.read_text())
     for node in ast.walk(tree):
-        named = isinstance(node, ast.Assign) and any(getattr(t, "id", None) == table for t in node.targets)
-        if named and isinstance(node.value, ast.Dict):
-            return frozenset(k.value for k in node.value.keys if isinstance(k, ast.Constant))
+        if (
+            isinstance(node, ast.Assign)
+            and any(getattr(t, "id", None) == table for t in node.targets)
+            and isinstance(node.value, ast.Dict)
+        ):
+            return frozenset(str(k.value) for k in node.value.keys if isinstance(k, ast.Constant))
     return frozenset()
 
 

@@ -1,4 +1,5 @@
 """/proc/cpuinfo -> vendor, model name, family/model, flags, ISA, microarchitecture."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -95,8 +96,7 @@ PARTS: tuple[Part, ...] = (
     Part(_AMD, 0x1A, ((0x50, 0x5F), (0x80, 0xAF), (0xC0, 0xCF)), "zen6", "zen6"),
     # Server
     Part(_INTEL, 6, ((0x55, 0x55),), "skylake_avx512", "skylake_avx512", steppings=(0, 4)),  # SKYLAKE_X
-    Part(_INTEL, 6, ((0x55, 0x55),), "cooperlake", "cascadelake", steppings=(11, 11),
-         adds=frozenset({"avx512_bf16"})),
+    Part(_INTEL, 6, ((0x55, 0x55),), "cooperlake", "cascadelake", steppings=(11, 11), adds=frozenset({"avx512_bf16"})),
     Part(_INTEL, 6, ((0x55, 0x55),), "cascadelake", "cascadelake", steppings=(5, 15)),
     Part(_INTEL, 6, ((0x6A, 0x6A), (0x6C, 0x6C)), "icelake", "icelake"),  # ICELAKE_X, ICELAKE_D
     Part(_INTEL, 6, ((0x8F, 0x8F),), "sapphirerapids", "sapphirerapids"),  # SAPPHIRERAPIDS_X
@@ -200,9 +200,9 @@ def _blocks(text: str) -> list[dict[str, str]]:
 def _arch(block: dict[str, str]) -> str:
     # The format tells the architecture; the host running the parser may be another one.
     if "CPU implementer" in block:
-        return AARCH64
+        return str(AARCH64)
     if "vendor_id" in block or "flags" in block:
-        return X86_64
+        return str(X86_64)
     raise ValueError(f"unrecognised cpuinfo format (neither x86-64 nor aarch64); fields: {sorted(block)}")
 
 
@@ -237,16 +237,14 @@ def _logical_cpu(block: dict[str, str]) -> LogicalCpu:
 
 def _compatible(arch: str, info: Microarchitecture, target: Microarchitecture) -> bool:
     if arch == X86_64:
-        return compatibility_check_for_x86_64(info, target)
+        return bool(compatibility_check_for_x86_64(info, target))
     # archspec's aarch64 check asks platform.system() (the host) for a macOS special case;
     # this is its Linux rule, which is what a /proc/cpuinfo text describes.
     root = TARGETS[AARCH64]
     if target.vendor == "generic" and target.name != AARCH64:
         return False
     return (
-        root == target.family
-        and target.vendor in (info.vendor, "generic")
-        and target.features.issubset(info.features)
+        root == target.family and target.vendor in (info.vendor, "generic") and target.features.issubset(info.features)
     )
 
 
@@ -264,7 +262,7 @@ def _microarchitecture(arch: str, info: Microarchitecture) -> str:
     # Arm parts are recognised by their part number when archspec knows it.
     same_part = [c for c in candidates if info.cpu_part and c.cpu_part == info.cpu_part]
     specific = [c for c in (same_part or candidates) if c > best_generic]
-    return max(specific, key=depth).name if specific else best_generic.name
+    return str(max(specific, key=depth).name if specific else best_generic.name)
 
 
 def _name(archspec_name: str, part: Part | None, flags: frozenset[str]) -> tuple[str, str]:

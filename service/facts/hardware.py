@@ -1,4 +1,5 @@
 """One entry point that gathers the hardware facts, live or from a recorded dump."""
+
 from __future__ import annotations
 
 import os
@@ -33,6 +34,7 @@ def read_hardware(cpuinfo_path: Path | None = None, sysfs_root: Path | None = No
     if cpuinfo_path is None and sysfs_root is None:
         return _read_live()
     if sysfs_root is None:
+        assert cpuinfo_path is not None
         return _read_recorded_cpuinfo(Path(cpuinfo_path))
     return _read_recorded_sysfs(Path(sysfs_root), _recorded_cpuinfo_path(cpuinfo_path, Path(sysfs_root)))
 

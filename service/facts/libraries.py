@@ -2,6 +2,7 @@
 
 Located on disk only (nothing is loaded or imported): the preload policy decides which of them to use.
 """
+
 from __future__ import annotations
 
 import importlib.util

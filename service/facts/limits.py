@@ -1,5 +1,6 @@
 """What this process may use: affinity + cgroup cpuset, CPU quota and memory limit (cgroup v2, and v1 on
 hosts that still mount it: hybrid hierarchies are common on older Docker and Kubernetes nodes)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping

@@ -1,4 +1,5 @@
 """Model directory (or Hugging Face id in the local cache) -> architecture facts, without loading weights."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -112,7 +113,12 @@ _NESTED_LM_KEYS = ("text_config", "llm_config", "language_config")
 
 # Equivalent names for one fact across model families, first present wins.
 _MAX_CONTEXT_KEYS = (
-    "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len", "model_max_length"
+    "max_position_embeddings",
+    "n_positions",
+    "max_sequence_length",
+    "seq_length",
+    "max_seq_len",
+    "model_max_length",
 )
 _NUM_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 _NUM_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
@@ -120,10 +126,18 @@ _NUM_KV_HEAD_KEYS = ("num_key_value_heads", "multi_query_group_num", "n_head_kv"
 _DTYPE_KEYS = ("torch_dtype", "dtype")
 # Multimodal configs carry their encoder's config or the placeholder token of its inputs.
 _MULTIMODAL_KEYS = (
-    "vision_config", "audio_config", "vision_tower", "mm_vision_tower", "image_token_id", "image_token_index"
+    "vision_config",
+    "audio_config",
+    "vision_tower",
+    "mm_vision_tower",
+    "image_token_id",
+    "image_token_index",
 )
 _GDN_SHAPE_KEYS = (
-    "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
     "linear_conv_kernel_dim",
 )
 
@@ -151,7 +165,8 @@ FULL = "full_attention"
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
 
 
 def _first(cfg: Config, keys: tuple[str, ...]) -> Any:
@@ -205,7 +220,7 @@ def _bits_or_16(scheme: Config | None) -> int:
 
 
 def _compressed_tensors(q: Config) -> str:
-    group = next(iter((q.get("config_groups") or {}).values()), {})
+    group: Config = next(iter((q.get("config_groups") or {}).values()), {})
     weights = group.get("weights") or {}
     if weights.get("type") == "float":
         return f"compressed-tensors-fp{_bits_or_16(weights)}"

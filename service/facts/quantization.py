@@ -1,5 +1,6 @@
 """config.json `quantization_config` -> what a linear kernel needs to know: format, bits, groups, act-order,
 activation scheme, symmetry, and the shapes of the linear layers it will run (without loading weights)."""
+
 from __future__ import annotations
 
 import re
@@ -122,6 +123,7 @@ def _fp8(q: Config) -> dict[str, Any]:
 
 _READERS = {"compressed-tensors": _compressed_tensors, "gptq": _gptq, "awq": _awq, "fp8": _fp8}
 
+
 # (vLLM layer, its parts in the checkpoint, K, N) for dense Llama-style decoders.
 def _dense_layers(lm: Config) -> list[tuple[str, tuple[str, ...], int, int]]:
     hidden, inter = lm.get("hidden_size"), lm.get("intermediate_size")
@@ -158,8 +160,14 @@ def read_quantization(lm: Config) -> QuantFacts | None:
     method = str(q["quant_method"]).lower()
     reader = _READERS.get(method)
     fields: dict[str, Any] = dict(
-        format=None, weight_type="int", weight_bits=q.get("bits"), weight_strategy=None, group_size=None,
-        weight_symmetric=True, act_order=None, ignore=(),
+        format=None,
+        weight_type="int",
+        weight_bits=q.get("bits"),
+        weight_strategy=None,
+        group_size=None,
+        weight_symmetric=True,
+        act_order=None,
+        ignore=(),
     )
     if reader:
         fields.update(reader(q))

@@ -1,4 +1,5 @@
 """Installed software that decides what can run: torch, vLLM and zentorch versions."""
+
 from __future__ import annotations
 
 import ast

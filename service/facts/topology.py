@@ -1,9 +1,10 @@
 """sysfs -> sockets, NUMA nodes and their CPU lists, physical cores vs SMT siblings."""
+
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from service.cpulist import parse_cpulist

@@ -1,8 +1,9 @@
 """Which CPU backend runs the engine: zen | amx | avx512 | avx2, or a refusal that says why."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from service.facts.cpu import CpuInfo
 from service.facts.software import SoftwareFacts

@@ -7,13 +7,14 @@ Named and `required` tool_choice work on every chat model: they are grammar-forc
 known format gets the service's `forced_only` parser (service/forced_tool_parser.py), which serves them and
 leaves `auto` to answer in text.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from service.facts.chat_template import ChatTemplateFacts, read_parser_registry
 from service.facts.model import ModelFacts
-from service.policy.decision import Decision
+from service.policy.decision import Decision, Source
 from service.settings import Settings
 
 FORCED_ONLY = "forced_only"
@@ -77,17 +78,29 @@ def chat_decisions(model: ModelFacts, settings: Settings) -> list[Decision]:
     template = model.chat_template
     if model.is_embedding or template is None:
         return []
-    return [*_tool_decisions(template, settings.tool_call_parser), _reasoning_decision(template, settings.reasoning_parser)]
+    return [
+        *_tool_decisions(template, settings.tool_call_parser),
+        _reasoning_decision(template, settings.reasoning_parser),
+    ]
 
 
 def _tool_decisions(template: ChatTemplateFacts, setting: str) -> list[Decision]:
     if setting == "none":
-        return [Decision("engine.tool_call_parser", None, "turned off by the user: every tool_choice but none is a 400", "user")]
+        return [
+            Decision(
+                "engine.tool_call_parser", None, "turned off by the user: every tool_choice but none is a 400", "user"
+            )
+        ]
     if not template.has_template:
-        return [Decision(
-            "engine.tool_call_parser", None, "the model has no chat template: /v1/chat/completions cannot serve it",
-            "policy",
-        )]
+        return [
+            Decision(
+                "engine.tool_call_parser",
+                None,
+                "the model has no chat template: /v1/chat/completions cannot serve it",
+                "policy",
+            )
+        ]
+    source: Source
     if setting != "auto":
         parser, reason, source = setting, "set by the user", "user"
     elif (fmt := _match(TOOL_FORMATS, template)) is not None:
@@ -101,15 +114,16 @@ def _tool_decisions(template: ChatTemplateFacts, setting: str) -> list[Decision]
     decisions = [
         Decision("engine.tool_call_parser", parser, reason, source),
         Decision(
-            "engine.enable_auto_tool_choice", True,
+            "engine.enable_auto_tool_choice",
+            True,
             "vLLM sets up a tool parser only with auto tool choice on; without one, every tool_choice but none is a 400",
             source,
         ),
     ]
     if parser == FORCED_ONLY:
-        decisions.append(Decision(
-            "engine.tool_parser_plugin", FORCED_ONLY_PLUGIN, "registers the forced_only tool parser", source
-        ))
+        decisions.append(
+            Decision("engine.tool_parser_plugin", FORCED_ONLY_PLUGIN, "registers the forced_only tool parser", source)
+        )
     return decisions
 
 

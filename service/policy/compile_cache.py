@@ -4,6 +4,7 @@ vLLM stores compiled graphs under VLLM_CACHE_ROOT (default ~/.cache/vllm). The s
 own cache_dir, next to the demo model, so one directory (the container's cache volume) holds everything a
 warm restart needs.
 """
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """The unit every policy produces: a value with the reason for it and who chose it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

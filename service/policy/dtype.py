@@ -1,10 +1,11 @@
 """The model dtype: bf16 where the CPU computes it natively, the measured choice elsewhere."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.policy.decision import Source
 from service.facts.cpu import Isa
+from service.policy.decision import Source
 
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -32,10 +33,10 @@ def choose_dtype(isa: Isa, backend: str, requested: str, declared: str | None) -
         warning = "float16 requested, but zentorch computes only bf16/fp32 on Zen: running bfloat16 instead"
         return DtypeChoice("bfloat16", warning, "policy", warning)
     if requested != "auto":
-        warning = None
+        user_warning = None
         if requested == "bfloat16" and not isa.native_bf16:
-            warning = "bfloat16 requested on a CPU without native bf16 (no AVX-512 BF16 / AMX): emulated"
-        return DtypeChoice(requested, "set by the user", "user", warning)
+            user_warning = "bfloat16 requested on a CPU without native bf16 (no AVX-512 BF16 / AMX): emulated"
+        return DtypeChoice(requested, "set by the user", "user", user_warning)
     if isa.native_bf16:
         unit = "AMX" if isa.amx_bf16 else "AVX-512 BF16"
         return DtypeChoice("bfloat16", f"the CPU computes bf16 natively ({unit})", "policy")

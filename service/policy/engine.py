@@ -3,6 +3,7 @@
 Plays for the service the role `CpuPlatform.check_and_update_config` plays inside vLLM, and says why for each
 change. Every decision carries (setting, value, reason, source).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -94,7 +95,10 @@ def build_plan(
         b.env.update(preload.env)
         b.warnings.extend(preload.warnings)
     threads = plan_threads(
-        hardware.topology, hardware.limits, settings.tensor_parallel_size, settings.reserved_cpus,
+        hardware.topology,
+        hardware.limits,
+        settings.tensor_parallel_size,
+        settings.reserved_cpus,
         settings.simulate_numa_nodes,
     )
     # The workers' OpenMP variables follow the runtime that will be preloaded, not this process's.
@@ -102,7 +106,7 @@ def build_plan(
     _zen_decisions(b, backend.name, settings, user)
     if model is not None:
         _model_decisions(b, hardware, model, backend.name, settings, user, environ, threads.tp_size)
-        kernels = check_kernels(model, backend.name, b.engine_args["dtype"], hardware.cpu.isa)
+        kernels = check_kernels(model, backend.name or "", b.engine_args["dtype"], hardware.cpu.isa)
         b.decisions.extend([kernels.decision] if kernels.decision else [])
         b.errors.extend(kernels.errors)
         quant = plan_quant(model.quant, backend.name, b.engine_args.get("dtype"), settings, environ)
@@ -114,9 +118,7 @@ def build_plan(
     compile_cache = plan_compile_cache(settings.cache_dir, software.vllm, environ)
     b.decisions.extend(compile_cache.decisions)
     b.env.update(compile_cache.env)
-    return EnginePlan(
-        backend, threads, tuple(b.decisions), tuple(b.warnings), tuple(b.errors), b.engine_args, b.env
-    )
+    return EnginePlan(backend, threads, tuple(b.decisions), tuple(b.warnings), tuple(b.errors), b.engine_args, b.env)
 
 
 def _thread_decisions(b: _Builder, threads: ThreadPlan, environ: Mapping[str, str]) -> None:
@@ -150,7 +152,7 @@ def _thread_decisions(b: _Builder, threads: ThreadPlan, environ: Mapping[str, st
 def _zen_decisions(b: _Builder, backend: str | None, settings: Settings, user: frozenset[str]) -> None:
     if backend != "zen":
         return
-    source = "user" if "zentorch_weight_prepack" in user else "default"
+    source: Source = "user" if "zentorch_weight_prepack" in user else "default"
     value = "1" if settings.zentorch_weight_prepack else "0"
     why = "zentorch prepacks linear weights once at load into its blocked layout (faster GEMMs, slower load)"
     b.setenv("VLLM_ZENTORCH_WEIGHT_PREPACK", value, why if value == "1" else "turned off by the user", source)
@@ -172,6 +174,7 @@ def _model_decisions(
     if dtype.warning:
         b.warnings.append(dtype.warning)
 
+    len_source: Source
     if settings.max_model_len:
         max_len, len_reason, len_source = settings.max_model_len, "set by the user", "user"
     elif model.max_context:

@@ -5,6 +5,7 @@ whose linear_key_head_dim 64 differs from linear_value_head_dim 128: `chunk_gate
 to be equal to head_dim_v`). No other CPU path runs such a model in vLLM 0.32, so it is refused with the limit
 and the model's values.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -67,29 +68,31 @@ def _gdn(model: ModelFacts, backend: str, dtype: str, isa: Isa, k: BackendKernel
     gdn, kernel = k.gdn, "vLLM's CPU Gated-DeltaNet prefill kernel chunk_gated_delta_rule_cpu"
     errors: list[str] = []
     if dtype not in gdn.dtypes:
-        errors.append(f"{kernel} runs {'/'.join(sorted(gdn.dtypes))} only, not {dtype} (\"CPU GDN attention requires BF16\")")
+        errors.append(
+            f'{kernel} runs {"/".join(sorted(gdn.dtypes))} only, not {dtype} ("CPU GDN attention requires BF16")'
+        )
     if gdn.equal_key_value_head_dims and key != value:
         errors.append(
-            f"{kernel} needs linear_key_head_dim == linear_value_head_dim (\"expect head_dim to be equal to "
-            f"head_dim_v\"); this model has linear_key_head_dim {key}, linear_value_head_dim {value}"
+            f'{kernel} needs linear_key_head_dim == linear_value_head_dim ("expect head_dim to be equal to '
+            f'head_dim_v"); this model has linear_key_head_dim {key}, linear_value_head_dim {value}'
         )
     bad_dims = sorted({d for d in (key, value) if d not in gdn.head_dims})
     if bad_dims:
         errors.append(
-            f"{kernel} is compiled for linear head dims {_sorted(gdn.head_dims)} only (\"Unexpected head dim size\"); "
+            f'{kernel} is compiled for linear head dims {_sorted(gdn.head_dims)} only ("Unexpected head dim size"); '
             f"this model has linear_key_head_dim {key}, linear_value_head_dim {value}"
         )
     heads_k, heads_v = model.linear_num_key_heads, model.linear_num_value_heads
     if gdn.value_heads_multiple_of_key_heads and heads_k and heads_v and heads_v % heads_k:
         errors.append(
-            f"{kernel} needs linear_num_value_heads to be a multiple of linear_num_key_heads (\"expect "
-            f"num_heads_kv multiple of num_heads\"); this model has {heads_v} value and {heads_k} key heads"
+            f'{kernel} needs linear_num_value_heads to be a multiple of linear_num_key_heads ("expect '
+            f'num_heads_kv multiple of num_heads"); this model has {heads_v} value and {heads_k} key heads'
         )
     width = model.linear_conv_kernel_dim
     if isa.avx512_bf16 and width is not None and width not in gdn.conv_kernel_dims_avx512_bf16:
         errors.append(
             f"on AVX-512 BF16 CPUs vLLM runs the GDN causal conv in C++ for linear_conv_kernel_dim "
-            f"{_sorted(gdn.conv_kernel_dims_avx512_bf16)} only (\"Unexpected block size\"); this model has {width}"
+            f'{_sorted(gdn.conv_kernel_dims_avx512_bf16)} only ("Unexpected block size"); this model has {width}'
         )
     if errors:
         return [], errors

@@ -1,11 +1,12 @@
 """KV cache size from the memory limit, and the pre-flight check that a max-length request fits."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.policy.decision import Source
 from service.facts.limits import Limits
 from service.facts.model import ModelFacts
+from service.policy.decision import Source
 
 GiB = 1024**3
 # Three processes (API server, engine core, worker) each import torch and vLLM (~1 GiB apiece), plus

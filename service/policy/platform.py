@@ -4,13 +4,14 @@ vLLM resolves its platform anew in each process it starts (API server, engine co
 platform plugin (service/vllm_plugin.py) answers with the class named in SERVICE_VLLM_PLATFORM, which the
 startup hook sets before vLLM spawns anything, so every process inherits the one decision made here.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from service.policy.backend import BackendChoice
-from service.policy.decision import Decision
+from service.policy.decision import Decision, Source
 
 PLATFORM_ENV = "SERVICE_VLLM_PLATFORM"
 PLUGIN_NAME = "cpu_llm_service"  # the entry-point name in pyproject.toml, as VLLM_PLUGINS would list it
@@ -34,7 +35,7 @@ def choose_platform(backend: BackendChoice, environ: Mapping[str, str]) -> Platf
         return PlatformChoice(())
     short = qualname.rsplit(".", 1)[-1]
     what = "zentorch's kernels" if backend.name == "zen" else "the kernel build vLLM picks from the CPU"
-    source = "policy" if backend.requested == "auto" else "user"
+    source: Source = "policy" if backend.requested == "auto" else "user"
     decisions = [
         Decision(
             f"env.{PLATFORM_ENV}",
@@ -48,7 +49,7 @@ def choose_platform(backend: BackendChoice, environ: Mapping[str, str]) -> Platf
     if environ.get("VLLM_TARGET_DEVICE", "").lower() == "cpu":
         decisions.append(Decision("env.VLLM_TARGET_DEVICE", "", TARGET_DEVICE_REASON, "policy"))
         env["VLLM_TARGET_DEVICE"] = ""
-    warnings = ()
+    warnings: tuple[str, ...] = ()
     allowed = environ.get("VLLM_PLUGINS")
     if allowed is not None and PLUGIN_NAME not in allowed.split(","):
         warnings = (

@@ -4,6 +4,7 @@ vLLM's CPU guide asks for tcmalloc and an OpenMP runtime in LD_PRELOAD; its CPU 
 `libtcmalloc` or `libiomp` is missing from it. The variable is set in the API server's environment before
 vLLM spawns its engine core and workers, which inherit it (the API server itself is not preloaded).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -7,6 +7,7 @@ table of data: RULES lists, per (format family, backend), the candidates in vLLM
 needs; the first whose conditions hold is the kernel. Defaults between candidates come from measurements
 (service/policy/quant_measurements.py), cited in each reason.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -62,7 +63,9 @@ KERNELS: dict[str, Kernel] = {
         ("Using CPUWNA16LinearKernel",),
     ),
     "wna16-amx": Kernel(
-        "CPUWNA16LinearKernel", "cpu_gemm_wna16 isa=amx: int4 weights, bf16 activations", ("Using CPUWNA16LinearKernel",)
+        "CPUWNA16LinearKernel",
+        "cpu_gemm_wna16 isa=amx: int4 weights, bf16 activations",
+        ("Using CPUWNA16LinearKernel",),
     ),
     "wna16-vec": Kernel(
         "CPUWNA16LinearKernel",
@@ -140,7 +143,10 @@ class Rule:
 _W8A8_GENERIC = (Rule((), "onednn-w8a8"),)
 _WNA16_VEC = (Rule(("wna16_shape",), "wna16-vec"),)
 _WNA16_AMX = (Rule(("wna16_shape", "int4_w4a8", "bf16_acts"), "amx-w4a8"), Rule(("wna16_shape",), "wna16-amx"))
-_ZEN_GPTQ_AWQ = (Rule(("zentorch_group", "wna16_shape"), "zentorch-wna16-fallback"), Rule(("wna16_shape",), "wna16-vec"))
+_ZEN_GPTQ_AWQ = (
+    Rule(("zentorch_group", "wna16_shape"), "zentorch-wna16-fallback"),
+    Rule(("wna16_shape",), "wna16-vec"),
+)
 RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
     ("w8a8", "zen"): (
         Rule(("zentorch_w8a8", "dynamic_acts", "symmetric_acts", "channel_weights"), "zentorch-w8a8"),
@@ -150,9 +156,7 @@ RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
     ("w8a8", "avx512"): _W8A8_GENERIC,
     ("w8a8", "avx2"): _W8A8_GENERIC,
     ("w4a16", "zen"): (
-        Rule(
-            ("zentorch_group", "int4_w4a8", "bf16_acts", "symmetric_weights", "da8w4_group"), "zentorch-da8w4"
-        ),
+        Rule(("zentorch_group", "int4_w4a8", "bf16_acts", "symmetric_weights", "da8w4_group"), "zentorch-da8w4"),
         Rule(("zentorch_group",), "zentorch-woq"),
         Rule(("wna16_shape",), "wna16-vec"),
     ),
@@ -232,9 +236,8 @@ def describe(f: QuantFacts) -> str:
     weights += ", symmetric" if f.weight_symmetric else ", asymmetric (zero points)"
     order = f", act-order {f.act_order}" if f.act_order else ", no act-order"
     if f.activation_scheme:
-        acts = (
-            f"int{f.activation_bits} activations, {f.activation_scheme} per-{f.activation_strategy} scales, "
-            + ("symmetric" if f.activation_symmetric is not False else "asymmetric")
+        acts = f"int{f.activation_bits} activations, {f.activation_scheme} per-{f.activation_strategy} scales, " + (
+            "symmetric" if f.activation_symmetric is not False else "asymmetric"
         )
     else:
         acts = "activations not quantized (16-bit)"
@@ -244,7 +247,7 @@ def describe(f: QuantFacts) -> str:
 
 def _choose(rules: tuple[Rule, ...], layer: Layer) -> tuple[str | None, list[str]]:
     """The first rule whose conditions hold, and why each earlier one did not."""
-    passed_over = []
+    passed_over: list[str] = []
     for rule in rules:
         missing = [CONDITIONS[c][1] for c in rule.needs if not CONDITIONS[c][0](layer)]
         if not missing:
@@ -370,8 +373,10 @@ def plan_quant(
     measured = _measurement_note(facts.key, backend, tuple(chosen), favour)
     notes = [f"activations {dtype}", *([measured] if measured else [])]
     if backend == "zen":
-        notes.append("VLLM_ZENTORCH_WEIGHT_PREPACK applies to the unquantized layers; quantized ones are repacked by "
-                     "their kernel at load")
+        notes.append(
+            "VLLM_ZENTORCH_WEIGHT_PREPACK applies to the unquantized layers; quantized ones are repacked by "
+            "their kernel at load"
+        )
     source: Source = "user" if user_steered else "policy"
     value = "+".join(chosen)
     decisions.append(Decision("quant.linear_kernel", value, "; ".join(reasons + notes), source))

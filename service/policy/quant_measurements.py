@@ -1,10 +1,11 @@
 """Measured speed of the quantized linear kernels: the data the quantization policy's defaults come from.
 
 One row per (machine, format, kernel candidate), from `bench/quant_kernels.py` (vLLM's offline `LLM`, one engine per
-candidate, enforce_eager, the ~0.5 B random Llama of service/bench/models.py quantized by round-to-nearest; decode
+candidate, enforce_eager, the ~0.5 B random Llama of bench/models.py quantized by round-to-nearest; decode
 at batch 1 and prefill, median of repetitions with their min-max spread). Add a row set when a new machine is
 measured; the policy cites what it finds here for its backend and says when nothing was measured.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -65,8 +66,7 @@ def find(backend: str, format: str, kernel: str) -> Measurement | None:
 
 def cite(backend: str, format: str, kernels: tuple[str, ...]) -> str:
     """'measured on <machine> (<how>): <kernel>: <numbers>; ...' for the kernels measured on this backend."""
-    found = [(k, find(backend, format, k)) for k in kernels]
-    found = [(k, m) for k, m in found if m is not None]
+    found = [(k, m) for k in kernels if (m := find(backend, format, k)) is not None]
     if not found:
         return f"not measured on the {backend} backend yet (bench/quant_kernels.py measures it)"
     machine = found[0][1].machine

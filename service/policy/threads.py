@@ -1,13 +1,14 @@
 """CPU lists per tensor-parallel rank from the allowed CPUs, and the CPUs kept for the API server."""
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from service.policy.decision import Decision, Source
 from service.cpulist import format_cpulist
 from service.facts.limits import Limits
 from service.facts.topology import Topology
+from service.policy.decision import Decision, Source
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def plan_threads(
 
     nodes = len(by_node)
     tp = tp_size or nodes
-    tp_source = "user" if tp_size else "policy"
+    tp_source: Source = "user" if tp_size else "policy"
     tp_reason = (
         "set by the user"
         if tp_size
@@ -158,8 +159,11 @@ def plan_threads(
 
     ranks, warnings = _assign_ranks(by_node, tp)
     if simulated:
-        warnings.insert(0, f"NUMA nodes are simulated (simulate_numa_nodes={simulate_nodes}), for tests: no rank "
-                           "gets node-local memory")
+        warnings.insert(
+            0,
+            f"NUMA nodes are simulated (simulate_numa_nodes={simulate_nodes}), for tests: no rank "
+            "gets node-local memory",
+        )
     notes = [f"{cores} physical core(s) on the allowed CPUs {format_cpulist(allowed)} ({limits.allowed_cpus_source})"]
     if any(len(c.cpus) > 1 for c in topology.cores):
         notes.append("one thread per physical core, SMT siblings left out")

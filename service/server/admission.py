@@ -3,6 +3,7 @@
 503 + Retry-After while the engine starts or the service drains; 400 for a request OpenAI would refuse that
 vLLM lets through (request_checks.py) or one that could never be admitted; the requests in flight counted
 until their response (streamed ones too) has been sent, so a drain knows when they are done."""
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable

@@ -1,5 +1,6 @@
 """The HTTP shell: one FastAPI app serving the route table (routes.py), vLLM's listed routes included into it
 once the engine is up, the API key and engine admission as dependencies, one set of error handlers."""
+
 from __future__ import annotations
 
 from argparse import Namespace
@@ -48,7 +49,10 @@ def create_app(
     demo: bool,
 ) -> HttpShell:
     app = FastAPI(
-        title="CPU LLM service", version=report.software.service or "unknown", openapi_url=None, docs_url=None,
+        title="CPU LLM service",
+        version=report.software.service or "unknown",
+        openapi_url=None,
+        docs_url=None,
         redoc_url=None,
     )
     app.state.args = engine_args  # vLLM's handlers and routes read it
@@ -68,7 +72,9 @@ def create_app(
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
             if key:
-                schema.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+                schema.setdefault("components", {})["securitySchemes"] = {
+                    "bearer": {"type": "http", "scheme": "bearer"}
+                }
                 schema["security"] = [{"bearer": []}]
             app.openapi_schema = schema
         return app.openapi_schema
@@ -76,13 +82,21 @@ def create_app(
     app.openapi = openapi  # type: ignore[method-assign]
     for path, access in SERVICE_ROUTES.items():
         app.add_api_route(
-            path, handlers[path], methods=["GET"], dependencies=dependencies[access],
+            path,
+            handlers[path],
+            methods=["GET"],
+            dependencies=dependencies[access],
             include_in_schema=path != "/openapi.json",
         )
     # Last: the gate (key, then engine state) applies before routing, like llama.cpp's pre-routing check, so an
     # unknown path answers 401 without the key and 503 while starting, and 404/405 only once vLLM's routes exist.
-    catch_all = APIRoute("/{path:path}", _not_served, methods=_ANY_METHOD, dependencies=dependencies[Access.ENGINE],
-                         include_in_schema=False)
+    catch_all = APIRoute(
+        "/{path:path}",
+        _not_served,
+        methods=_ANY_METHOD,
+        dependencies=dependencies[Access.ENGINE],
+        include_in_schema=False,
+    )
     app.router.routes.append(catch_all)
 
     def attach_engine(vllm_app: FastAPI) -> None:

@@ -1,4 +1,5 @@
 """The API key, as a FastAPI dependency of every protected route."""
+
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,5 @@
 """vLLM's AsyncLLM in-process, the app vLLM builds for it (routes, protocol), and the warm-up request."""
+
 from __future__ import annotations
 
 import asyncio

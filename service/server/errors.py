@@ -4,6 +4,7 @@ The service's own refusals raise ServiceError; framework errors (404, 405, unpar
 HTTPException / RequestValidationError; vLLM's serving layer raises its own exception types, which vLLM's
 `create_error_response` maps to statuses. All of them are answered by the handlers installed here.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,7 +32,12 @@ class ServiceError(Exception):
     """A refusal by the service itself (auth, readiness, admission), answered in the OpenAI shape."""
 
     def __init__(
-        self, status: HTTPStatus, message: str, err_type: str, *, param: str | None = None,
+        self,
+        status: HTTPStatus,
+        message: str,
+        err_type: str,
+        *,
+        param: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)

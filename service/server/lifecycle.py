@@ -1,4 +1,5 @@
 """Readiness, draining and engine liveness: the one piece of mutable state the HTTP layer consults."""
+
 from __future__ import annotations
 
 import asyncio
@@ -54,5 +55,5 @@ class Lifecycle:
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False

@@ -2,6 +2,7 @@
 
 Label values come only from the startup report (a fixed, small set): never prompts or request ids.
 """
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Gauge, Info

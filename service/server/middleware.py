@@ -2,6 +2,7 @@
 
 A body limit must act before the body is read (dependencies run after FastAPI has parsed it), and a stream's
 status must be decided after its first event (a dependency runs before the response starts)."""
+
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.server.errors import RETRY_AFTER_SECONDS, error_type, openai_error
 
 log = logging.getLogger("service.http")
+
 
 class BodyLimitMiddleware:
     """413 for bodies over the limit: from Content-Length before reading, else while streaming in."""
@@ -119,8 +121,12 @@ class StreamStartErrorMiddleware:
                     swallow = True
                     status = HTTPStatus(error["code"])
                     response = openai_error(
-                        status, str(error.get("message") or status.phrase), str(error.get("type") or error_type(status)),
-                        headers={"Retry-After": RETRY_AFTER_SECONDS} if status == HTTPStatus.SERVICE_UNAVAILABLE else None,
+                        status,
+                        str(error.get("message") or status.phrase),
+                        str(error.get("type") or error_type(status)),
+                        headers={"Retry-After": RETRY_AFTER_SECONDS}
+                        if status == HTTPStatus.SERVICE_UNAVAILABLE
+                        else None,
                     )
                     log.info("stream failed before its first token: answering %d instead of 200", status)
                     return await response(scope, receive, send)

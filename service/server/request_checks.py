@@ -8,6 +8,7 @@ sent to a text-only model (400 without `param`), a JSON schema that is not one (
 `param`). Everything else (types, unknown tool in tool_choice, stop that is not strings, out-of-vocab
 logit_bias ids) vLLM already answers with 400 naming the field.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -45,8 +46,11 @@ def check_request(path: str, body: Mapping[str, Any], model: ModelFacts | None) 
         return None
     checks = [_logit_bias(body)]
     if path == CHAT:
-        checks += [_messages(body.get("messages"), model), _response_format(body.get("response_format")),
-                   _tools(body.get("tools"))]
+        checks += [
+            _messages(body.get("messages"), model),
+            _response_format(body.get("response_format")),
+            _tools(body.get("tools")),
+        ]
     return next((problem for problem in checks if problem is not None), None)
 
 
@@ -80,7 +84,8 @@ def _content_parts(i: int, content: Any, model: ModelFacts | None) -> RequestPro
         kind = part.get("type") if isinstance(part, Mapping) else None
         if isinstance(kind, str) and kind in MEDIA_PARTS:
             return RequestProblem(
-                f"messages[{i}].content[{j}] is a {kind!r} part, but the model takes text only", f"messages[{i}].content[{j}]"
+                f"messages[{i}].content[{j}] is a {kind!r} part, but the model takes text only",
+                f"messages[{i}].content[{j}]",
             )
     return None
 
@@ -93,7 +98,8 @@ def _logit_bias(body: Mapping[str, Any]) -> RequestProblem | None:
     for token, value in bias.items():
         if isinstance(value, int | float) and not isinstance(value, bool) and not low <= value <= high:
             return RequestProblem(
-                f"logit_bias[{token}] = {value} is out of range: biases go from {low:g} to {high:g}", f"logit_bias[{token}]"
+                f"logit_bias[{token}] = {value} is out of range: biases go from {low:g} to {high:g}",
+                f"logit_bias[{token}]",
             )
     return None
 
@@ -107,7 +113,9 @@ def _schema_problem(schema: Any, param: str) -> RequestProblem | None:
         validator_for(schema).check_schema(schema)
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path)
-        return RequestProblem(f"{param} is not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else ""), param)
+        return RequestProblem(
+            f"{param} is not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else ""), param
+        )
     return None
 
 

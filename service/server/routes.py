@@ -5,6 +5,7 @@ updates, render/derender; Anthropic's Messages API, whose errors take Anthropic'
 answer of this service has); only those listed in ENGINE_ROUTES are served, so a new vLLM release cannot
 expose an operator route by default.
 """
+
 from __future__ import annotations
 
 import enum

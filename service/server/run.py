@@ -1,4 +1,5 @@
 """`python -m service serve`: startup hook first (before any vLLM process exists), then HTTP + engine."""
+
 from __future__ import annotations
 
 import asyncio
@@ -52,7 +53,9 @@ class DrainingServer(uvicorn.Server):
     async def _drain_then_exit(self) -> None:
         finished = await self.lifecycle.wait_idle(self.grace_s)
         if not finished:
-            log.warning("grace period of %.0fs over with %d request(s) in flight", self.grace_s, self.lifecycle.in_flight)
+            log.warning(
+                "grace period of %.0fs over with %d request(s) in flight", self.grace_s, self.lifecycle.in_flight
+            )
         self.should_exit = True
 
 
@@ -91,9 +94,7 @@ def run(settings: Settings) -> int:
     return uvloop.run(_serve(settings, report, model, served, demo, started))
 
 
-async def _serve(
-    settings: Settings, report: StartupReport, model: str, served: str, demo: bool, started: float
-) -> int:
+async def _serve(settings: Settings, report: StartupReport, model: str, served: str, demo: bool, started: float) -> int:
     from vllm.v1.metrics.prometheus import get_prometheus_registry
 
     from service.server.app import create_app

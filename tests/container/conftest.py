@@ -4,15 +4,16 @@ Static tests (no marker) are fast: linting and validating Dockerfile.cpu, compos
 Prometheus/Grafana configs. Tests marked `container` build and run the real images with
 buildah/podman (no Docker daemon, no registry), as scripts/container/*.sh do.
 """
+
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import socket
 import subprocess
 import sys
-import json
 import time
 import uuid
 from pathlib import Path
@@ -49,7 +50,9 @@ def container_env() -> dict[str, str]:
     if _ENV is None:
         out = subprocess.run(
             ["bash", "-c", f'. "{SCRIPTS / "env.sh"}" && env -0'],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
         _ENV = dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv)
         _ENV["PATH"] = f"{BIN}:{_ENV.get('PATH', '')}"
@@ -57,8 +60,9 @@ def container_env() -> dict[str, str]:
 
 
 def podman(*args: str, check: bool = True, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(["podman", *args], env=container_env(), check=check, text=True,
-                          capture_output=True, timeout=timeout, **kw)
+    return subprocess.run(
+        ["podman", *args], env=container_env(), check=check, text=True, capture_output=True, timeout=timeout, **kw
+    )
 
 
 def free_port() -> int:
@@ -69,8 +73,14 @@ def free_port() -> int:
 
 def build(target: str, image: str = IMAGE, context: Path = REPO) -> float:
     start = time.monotonic()
-    res = subprocess.run(["bash", str(context / "scripts/container/build.sh"), target, image],
-                         env=container_env(), cwd=context, text=True, capture_output=True, timeout=3000)
+    res = subprocess.run(
+        ["bash", str(context / "scripts/container/build.sh"), target, image],
+        env=container_env(),
+        cwd=context,
+        text=True,
+        capture_output=True,
+        timeout=3000,
+    )
     assert res.returncode == 0, f"build of {target} failed:\n{res.stdout[-6000:]}\n{res.stderr[-4000:]}"
     return time.monotonic() - start
 
@@ -106,8 +116,9 @@ def release_storage_mounts() -> None:
 def images(tools):
     """Build the base image and every target once per session; returns target -> seconds."""
     times = {}
-    res = subprocess.run(["bash", str(SCRIPTS / "base-image.sh")], env=container_env(),
-                         text=True, capture_output=True, timeout=1800)
+    res = subprocess.run(
+        ["bash", str(SCRIPTS / "base-image.sh")], env=container_env(), text=True, capture_output=True, timeout=1800
+    )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     for target in TARGETS:
         times[target] = build(target)
@@ -127,8 +138,9 @@ def cache_volume(tools):
 @pytest.fixture(scope="session")
 def host_report():
     """What the service's own detection says about this host (run in the project venv)."""
-    res = subprocess.run([sys.executable, "-m", "service", "detect", "--json"], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "service", "detect", "--json"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -142,8 +154,7 @@ def host_backend_without_zentorch():
     from service.facts.software import read_software
     from service.policy.backend import choose_backend
 
-    software = dataclasses.replace(read_software(), zentorch=None, zentorch_usable=False,
-                                   zentorch_reason="zentorch is not installed")
+    software = dataclasses.replace(
+        read_software(), zentorch=None, zentorch_usable=False, zentorch_reason="zentorch is not installed"
+    )
     return choose_backend(read_hardware().cpu, software).name
-
-

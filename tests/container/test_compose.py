@@ -5,6 +5,7 @@ The api must pick the live CPU's backend and its preload by itself; Prometheus m
 target up and scrape `vllm:*` metrics through the compose network; everything is brought down
 (containers, network, volumes) afterwards.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,13 @@ TIMEOUT = float(os.environ.get("CONTAINER_READY_TIMEOUT", "600"))
 
 @pytest.fixture(scope="module")
 def prometheus_image(tools):
-    res = subprocess.run(["bash", str(SCRIPTS / "prometheus-image.sh"), PROM_IMAGE], env=container_env(),
-                         text=True, capture_output=True, timeout=1200)
+    res = subprocess.run(
+        ["bash", str(SCRIPTS / "prometheus-image.sh"), PROM_IMAGE],
+        env=container_env(),
+        text=True,
+        capture_output=True,
+        timeout=1200,
+    )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     return PROM_IMAGE
 
@@ -58,11 +64,17 @@ services:
     api_port, prom_port = free_port(), free_port()
     # No SERVICE_TARGET: compose.yaml picks its default image (built by the `images` fixture).
     env = {k: v for k, v in container_env().items() if k != "SERVICE_TARGET"}
-    env |= {"SERVICE_IMAGE": IMAGE, "API_ADDRESS": "127.0.0.1", "API_PORT": str(api_port),
-           "PROMETHEUS_ADDRESS": "127.0.0.1", "PROMETHEUS_PORT": str(prom_port),
-           "API_KEY_FILE": str(key),
-           # Exercise the optional limits: the service sizes itself to them.
-           "API_MEM_LIMIT": "8g", "API_SHM_SIZE": "1gb"}
+    env |= {
+        "SERVICE_IMAGE": IMAGE,
+        "API_ADDRESS": "127.0.0.1",
+        "API_PORT": str(api_port),
+        "PROMETHEUS_ADDRESS": "127.0.0.1",
+        "PROMETHEUS_PORT": str(prom_port),
+        "API_KEY_FILE": str(key),
+        # Exercise the optional limits: the service sizes itself to them.
+        "API_MEM_LIMIT": "8g",
+        "API_SHM_SIZE": "1gb",
+    }
     compose = [tool("podman-compose"), "-p", project, "-f", str(REPO / "compose.yaml"), "-f", str(override)]
 
     def run(*args, check=True, timeout=600):
@@ -73,18 +85,24 @@ services:
 
     try:
         run("up", "-d")
-        yield {"project": project, "api": f"http://127.0.0.1:{api_port}",
-               "prometheus": f"http://127.0.0.1:{prom_port}", "run": run}
+        yield {
+            "project": project,
+            "api": f"http://127.0.0.1:{api_port}",
+            "prometheus": f"http://127.0.0.1:{prom_port}",
+            "run": run,
+        }
     finally:
         run("down", "-v", "-t", "30", check=False, timeout=300)
         left = podman("ps", "-a", "-q", "--filter", f"label=io.podman.compose.project={project}", check=False)
         if left.stdout.split():
             podman("rm", "-f", *left.stdout.split(), check=False)
-        for net in podman("network", "ls", "-q", "--filter", f"label=io.podman.compose.project={project}",
-                          check=False).stdout.split():
+        for net in podman(
+            "network", "ls", "-q", "--filter", f"label=io.podman.compose.project={project}", check=False
+        ).stdout.split():
             podman("network", "rm", "-f", net, check=False)
-        for vol in podman("volume", "ls", "-q", "--filter", f"label=io.podman.compose.project={project}",
-                          check=False).stdout.split():
+        for vol in podman(
+            "volume", "ls", "-q", "--filter", f"label=io.podman.compose.project={project}", check=False
+        ).stdout.split():
             podman("volume", "rm", "-f", vol, check=False)
 
 

@@ -7,6 +7,7 @@ default image (zentorch included) must pick the live CPU's backend by itself (ze
 and preload that backend's libraries into its engine processes; the Zen image on a non-AMD host
 must say why Zen acceleration is unavailable, and refuse cleanly when `backend: zen` is forced.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,12 +20,11 @@ import urllib.error
 import urllib.request
 import uuid
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
 from .conftest import DEFAULT_TARGET, IMAGE, REPO, TARGETS, ZENTORCH_TARGETS, build, free_port, podman
-from .test_static import METRIC_NAMES, dashboard_metric_names, metric_names
+from .test_static import METRIC_NAMES, dashboard_metric_names
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(3600)]
 
@@ -52,10 +52,28 @@ def running(image: str, volume: str, env: dict[str, str] | None = None):
     """podman run -d with the demo model on a loopback port; always stopped and removed."""
     name = f"cpu-llm-service-test-{uuid.uuid4().hex[:8]}"
     port = free_port()
-    args = ["run", "-d", "--name", name, "--label", "cpu-llm-service-test=1",
-            "-p", f"127.0.0.1:{port}:8000", "--shm-size", "1g", "--cap-add", "SYS_NICE",
-            "-v", f"{volume}:/home/app/.cache",
-            "-e", "SERVICE_MODEL=", "-e", "HF_HUB_OFFLINE=1", "-e", f"SERVICE_API_KEY={API_KEY}"]
+    args = [
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--label",
+        "cpu-llm-service-test=1",
+        "-p",
+        f"127.0.0.1:{port}:8000",
+        "--shm-size",
+        "1g",
+        "--cap-add",
+        "SYS_NICE",
+        "-v",
+        f"{volume}:/home/app/.cache",
+        "-e",
+        "SERVICE_MODEL=",
+        "-e",
+        "HF_HUB_OFFLINE=1",
+        "-e",
+        f"SERVICE_API_KEY={API_KEY}",
+    ]
     for k, v in (env or {}).items():
         args += ["-e", f"{k}={v}"]
     podman(*args, image)
@@ -88,8 +106,7 @@ def wait_ready(name: str, base: str, timeout: float = READY_TIMEOUT) -> None:
 
 
 def exported_names(metrics_text: str) -> set[str]:
-    return {line.split("{")[0].split(" ")[0] for line in metrics_text.splitlines()
-            if line and not line.startswith("#")}
+    return {line.split("{")[0].split(" ")[0] for line in metrics_text.splitlines() if line and not line.startswith("#")}
 
 
 def check_serving(name: str, base: str) -> dict:
@@ -104,9 +121,12 @@ def check_serving(name: str, base: str) -> dict:
     model = json.loads(body)["data"][0]["id"]
     status, body = http("GET", f"{base}/v1/models", key="wrong-key")
     assert status == 401, f"API key not enforced: {status} {body}"
-    status, body = http("POST", f"{base}/v1/chat/completions", {
-        "model": model, "messages": [{"role": "user", "content": "Say hello."}],
-        "max_tokens": 8, "temperature": 0}, timeout=120)
+    status, body = http(
+        "POST",
+        f"{base}/v1/chat/completions",
+        {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0},
+        timeout=120,
+    )
     assert status == 200, body
     chat = json.loads(body)
     assert chat["choices"][0]["message"]["content"] is not None
@@ -148,18 +168,28 @@ def test_image_metadata(images, target):
     # No fixed preload: the service decides it at start from the libraries it finds in the image.
     assert not any(e.startswith("LD_PRELOAD=") for e in cfg.get("Env") or []), cfg.get("Env")
     # The engine imports with the libraries the startup decision would preload (no loader warnings).
-    res = podman("run", "--rm", "--label", "cpu-llm-service-test=1", "--entrypoint", "python", f"{IMAGE}:{target}",
-                 "-c", "import os, subprocess, sys, json, importlib.metadata as m; "
-                       "r = json.loads(subprocess.run([sys.executable, '-m', 'service', 'detect', '--json'], "
-                       "check=True, capture_output=True, text=True).stdout); "
-                       "d = next(d for d in r['decisions'] if d['setting'] == 'env.LD_PRELOAD'); "
-                       "print(json.dumps(d)); "
-                       "p = subprocess.run([sys.executable, '-c', 'import torch, vllm'], capture_output=True, "
-                       "text=True, env=dict(os.environ, LD_PRELOAD=d['value'])); "
-                       "sys.stderr.write(p.stdout + p.stderr); assert p.returncode == 0; "
-                       "print(sorted(d.metadata['Name'] for d in m.distributions() "
-                       "if d.metadata['Name'] in ('torchvision', 'torchaudio', 'torchcodec')))",
-                 check=False, timeout=300)
+    res = podman(
+        "run",
+        "--rm",
+        "--label",
+        "cpu-llm-service-test=1",
+        "--entrypoint",
+        "python",
+        f"{IMAGE}:{target}",
+        "-c",
+        "import os, subprocess, sys, json, importlib.metadata as m; "
+        "r = json.loads(subprocess.run([sys.executable, '-m', 'service', 'detect', '--json'], "
+        "check=True, capture_output=True, text=True).stdout); "
+        "d = next(d for d in r['decisions'] if d['setting'] == 'env.LD_PRELOAD'); "
+        "print(json.dumps(d)); "
+        "p = subprocess.run([sys.executable, '-c', 'import torch, vllm'], capture_output=True, "
+        "text=True, env=dict(os.environ, LD_PRELOAD=d['value'])); "
+        "sys.stderr.write(p.stdout + p.stderr); assert p.returncode == 0; "
+        "print(sorted(d.metadata['Name'] for d in m.distributions() "
+        "if d.metadata['Name'] in ('torchvision', 'torchaudio', 'torchcodec')))",
+        check=False,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "cannot be preloaded" not in res.stderr, res.stderr
     decision = json.loads(res.stdout.splitlines()[-2])
@@ -176,12 +206,14 @@ def preload_check(name: str, hw: dict) -> list[str]:
     libraries = decision["value"].split(":")
     # vLLM names its engine core and workers VLLM::EngineCore / VLLM::Worker...; none may lack a library (the
     # API server, PID 1, is not preloaded: it spawns them after the decision).
-    script = ("import glob, json, os; libs = json.loads(os.environ['LIBS']); out = {}\n"
-              "for d in glob.glob('/proc/[0-9]*'):\n"
-              "    try: cmd, text = open(d + '/cmdline').read(), open(d + '/maps').read()\n"
-              "    except OSError: continue\n"
-              "    if cmd.startswith('VLLM::'): out[d + ' ' + cmd.strip(chr(0))] = [l for l in libs if os.path.realpath(l) not in text]\n"
-              "print(json.dumps(out))")
+    script = (
+        "import glob, json, os; libs = json.loads(os.environ['LIBS']); out = {}\n"
+        "for d in glob.glob('/proc/[0-9]*'):\n"
+        "    try: cmd, text = open(d + '/cmdline').read(), open(d + '/maps').read()\n"
+        "    except OSError: continue\n"
+        "    if cmd.startswith('VLLM::'): out[d + ' ' + cmd.strip(chr(0))] = [l for l in libs if os.path.realpath(l) not in text]\n"
+        "print(json.dumps(out))"
+    )
     res = podman("exec", "-e", f"LIBS={json.dumps(libraries)}", name, "python", "-c", script, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     missing = json.loads(res.stdout)
@@ -258,10 +290,24 @@ def test_zen_image_forced_zen_refuses_cleanly(images, cache_volume, host_report)
         pytest.skip("forcing zen is valid on an AMD host")
     name = f"cpu-llm-service-test-{uuid.uuid4().hex[:8]}"
     try:
-        res = podman("run", "--name", name, "--label", "cpu-llm-service-test=1",
-                     "-v", f"{cache_volume}:/home/app/.cache",
-                     "-e", "SERVICE_MODEL=", "-e", "HF_HUB_OFFLINE=1", "-e", "SERVICE_BACKEND=zen",
-                     f"{IMAGE}:vllm-openai-zen", check=False, timeout=600)
+        res = podman(
+            "run",
+            "--name",
+            name,
+            "--label",
+            "cpu-llm-service-test=1",
+            "-v",
+            f"{cache_volume}:/home/app/.cache",
+            "-e",
+            "SERVICE_MODEL=",
+            "-e",
+            "HF_HUB_OFFLINE=1",
+            "-e",
+            "SERVICE_BACKEND=zen",
+            f"{IMAGE}:vllm-openai-zen",
+            check=False,
+            timeout=600,
+        )
     finally:
         podman("rm", "-f", name, check=False)
     out = res.stdout + res.stderr
@@ -281,7 +327,10 @@ def test_rebuild_after_service_change_is_fast(images, tmp_path):
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for item in ("Dockerfile.cpu", ".dockerignore", "pyproject.toml", "README.md"):
         if (REPO / item).exists():
-            shutil.copy2(REPO / item, ctx / item) if ctx.exists() else (ctx.mkdir(), shutil.copy2(REPO / item, ctx / item))
+            shutil.copy2(REPO / item, ctx / item) if ctx.exists() else (
+                ctx.mkdir(),
+                shutil.copy2(REPO / item, ctx / item),
+            )
     for item in ("service", "configs", "scripts", "tests"):
         shutil.copytree(REPO / item, ctx / item, ignore=ignore)
     with open(ctx / "service" / "__init__.py", "a") as fh:

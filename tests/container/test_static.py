@@ -1,4 +1,5 @@
 """Fast checks of the container files: no build, no container started."""
+
 from __future__ import annotations
 
 import json
@@ -64,7 +65,8 @@ def test_every_ignored_hadolint_rule_has_a_reason():
         if "hadolint ignore=" in line or "hadolint global ignore=" in line:
             above = lines[i - 1].strip() if i else ""
             assert above.startswith("#") and len(above) > 20 and "hadolint" not in above, (
-                f"line {i + 1}: `{line.strip()}` needs a comment above it that says why")
+                f"line {i + 1}: `{line.strip()}` needs a comment above it that says why"
+            )
     for cfg in (REPO / ".hadolint.yaml", REPO / ".hadolint.yml"):
         assert not cfg.exists() or "ignored" not in cfg.read_text(), f"{cfg}: ignore rules inline, with a reason"
 
@@ -155,7 +157,7 @@ def test_service_code_is_copied_after_the_dependencies():
 
 def test_dockerignore_keeps_the_context_small():
     lines = (REPO / ".dockerignore").read_text().splitlines()
-    first = [l for l in lines if l and not l.startswith("#")][0]
+    first = [line for line in lines if line and not line.startswith("#")][0]
     assert first == "*", "the context is an allow-list"
     for needed in ("!pyproject.toml", "!service/", "!configs/"):
         assert needed in lines
@@ -180,8 +182,9 @@ def test_compose_config_is_valid(tmp_path, target):
 
 
 def test_compose_config_with_limits_and_grafana_profile(tmp_path):
-    res = _compose_config(COMPOSE, env={"API_CPUSET": "0-1", "API_MEM_LIMIT": "8g",
-                                         "COMPOSE_PROFILES": "grafana"}, tmp_path=tmp_path)
+    res = _compose_config(
+        COMPOSE, env={"API_CPUSET": "0-1", "API_MEM_LIMIT": "8g", "COMPOSE_PROFILES": "grafana"}, tmp_path=tmp_path
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -217,8 +220,12 @@ def test_promtool_check_rules():
 
 def test_alert_rules_fire_as_intended():
     """promtool's rule unit tests: each alert fires on the series it is meant for."""
-    res = subprocess.run([tool("promtool"), "test", "rules", str(Path(__file__).parent / "alert-rules.test.yml")],
-                         capture_output=True, text=True, cwd=Path(__file__).parent)
+    res = subprocess.run(
+        [tool("promtool"), "test", "rules", str(Path(__file__).parent / "alert-rules.test.yml")],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -232,9 +239,38 @@ def _exprs(node) -> list[str]:
 
 
 PROMQL_WORDS = {
-    "sum", "max", "min", "avg", "count", "rate", "irate", "increase", "histogram_quantile", "by", "without",
-    "on", "ignoring", "unless", "and", "or", "le", "absent", "offset", "bool", "group_left", "group_right",
-    "topk", "bottomk", "quantile", "stddev", "delta", "deriv", "clamp_min", "clamp_max", "time", "vector",
+    "sum",
+    "max",
+    "min",
+    "avg",
+    "count",
+    "rate",
+    "irate",
+    "increase",
+    "histogram_quantile",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "unless",
+    "and",
+    "or",
+    "le",
+    "absent",
+    "offset",
+    "bool",
+    "group_left",
+    "group_right",
+    "topk",
+    "bottomk",
+    "quantile",
+    "stddev",
+    "delta",
+    "deriv",
+    "clamp_min",
+    "clamp_max",
+    "time",
+    "vector",
 }
 
 

@@ -1,4 +1,5 @@
 """One real server per model for the whole session (engine start costs ~40-60 s each)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,7 +37,9 @@ class RunningServer:
 def _start(name: str, tmp_root: Path, served: str, api_key: str | None = None, **settings: str) -> RunningServer:
     if api_key:
         settings["api_key"] = api_key
-    process = ServerProcess(service_env(REPO / ".cache" / "test-models", **settings), tmp_root / f"{name}.log", name=name)
+    process = ServerProcess(
+        service_env(REPO / ".cache" / "test-models", **settings), tmp_root / f"{name}.log", name=name
+    )
     try:
         process.start().wait_ready(timeout=480)
     except BaseException:

@@ -8,6 +8,7 @@ never write <think> or <tool_call> (tests/support/tiny_models.py `_scripted_qwen
 vLLM 0.32 returns the thinking as `reasoning` (it renamed `reasoning_content`); the openai client (3.x) has no
 typed field for it and keeps it as an extra attribute of the message / delta.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,7 +40,12 @@ WEATHER = {
     "function": {
         "name": "get_weather",
         "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": CITY}, "required": ["city"], "additionalProperties": False},
+        "parameters": {
+            "type": "object",
+            "properties": {"city": CITY},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
     },
 }
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -109,8 +115,15 @@ def assert_weather_call(name: str, arguments: str) -> None:
 @pytest.mark.engine
 def test_demo_named_tool_call_parses_into_tool_calls(chat_server, no_whitespace):
     c = client(chat_server)
-    kw = dict(model=chat_server.served_model, messages=ASK, tools=[WEATHER], tool_choice=NAMED, max_tokens=40,
-              temperature=0, logit_bias=no_whitespace)
+    kw = dict(
+        model=chat_server.served_model,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice=NAMED,
+        max_tokens=40,
+        temperature=0,
+        logit_bias=no_whitespace,
+    )
     message = c.chat.completions.create(**kw).choices[0].message
     assert len(message.tool_calls) == 1
     assert_weather_call(message.tool_calls[0].function.name, message.tool_calls[0].function.arguments)
@@ -123,8 +136,16 @@ def test_demo_named_tool_call_parses_into_tool_calls(chat_server, no_whitespace)
 def test_demo_required_tool_choice_calls_a_tool(chat_server, no_whitespace):
     # One call: `required` forces a JSON array of calls, and random weights would keep appending to it.
     c = client(chat_server)
-    kw = dict(model=chat_server.served_model, messages=ASK, tools=[WEATHER], tool_choice="required",
-              parallel_tool_calls=False, max_tokens=60, temperature=0, logit_bias=no_whitespace)
+    kw = dict(
+        model=chat_server.served_model,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=60,
+        temperature=0,
+        logit_bias=no_whitespace,
+    )
     choice = c.chat.completions.create(**kw).choices[0]
     assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
     assert_weather_call(choice.message.tool_calls[0].function.name, choice.message.tool_calls[0].function.arguments)
@@ -147,8 +168,12 @@ def test_demo_auto_tool_choice_answers_in_text(chat_server):
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
 def test_demo_structured_outputs(chat_server, no_whitespace, streamed):
     c = client(chat_server)
-    schema = {"type": "object", "properties": {"city": CITY, "sunny": {"type": "boolean"}},
-              "required": ["city", "sunny"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": CITY, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+        "additionalProperties": False,
+    }
     # json_object allows any object: random weights would add keys forever, so "}" is favoured (the grammar still
     # decides where it may go).
     close = token_ids(demo_dir(MODELS), lambda decoded, _: decoded == "}")
@@ -157,8 +182,14 @@ def test_demo_structured_outputs(chat_server, no_whitespace, streamed):
         ({"type": "json_object"}, {"type": "object"}, {str(close[0]): 100}),
     ]
     for response_format, expected, favour in formats:
-        kw = dict(model=chat_server.served_model, messages=ASK, response_format=response_format, max_tokens=60,
-                  temperature=0, logit_bias={**no_whitespace, **favour})
+        kw = dict(
+            model=chat_server.served_model,
+            messages=ASK,
+            response_format=response_format,
+            max_tokens=60,
+            temperature=0,
+            logit_bias={**no_whitespace, **favour},
+        )
         text = stream(c, **kw)["content"] if streamed else c.chat.completions.create(**kw).choices[0].message.content
         jsonschema.validate(json.loads(text), expected)
 
@@ -167,7 +198,9 @@ def test_demo_structured_outputs(chat_server, no_whitespace, streamed):
 def test_demo_schema_that_is_not_a_schema_is_a_400_naming_it(chat_server):
     with pytest.raises(openai.BadRequestError) as caught:
         client(chat_server).chat.completions.create(
-            model=chat_server.served_model, messages=ASK, max_tokens=5,
+            model=chat_server.served_model,
+            messages=ASK,
+            max_tokens=5,
             response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "flurb"}}},
         )
     assert caught.value.param == "response_format.json_schema.schema"
@@ -236,7 +269,11 @@ def test_qwen3_style_thinking_splits_from_the_answer(qwen_server):
 def detect(model: Path) -> dict[str, object]:
     out = subprocess.run(
         [sys.executable, "-m", "service", "detect", "--model", str(model), "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     ).stdout
     return {d["setting"]: d["value"] for d in json.loads(out)["decisions"]}
 

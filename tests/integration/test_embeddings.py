@@ -1,4 +1,5 @@
 """The real MiniLM sentence-embedding model (shipped in a PyPI wheel) served through /v1/embeddings."""
+
 from __future__ import annotations
 
 import math

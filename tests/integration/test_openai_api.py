@@ -1,4 +1,5 @@
 """The OpenAI API through the official `openai` client against the real service and engine."""
+
 from __future__ import annotations
 
 import httpx
@@ -84,11 +85,16 @@ def test_bad_request_is_openai_error_and_server_keeps_serving(client, chat_serve
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="no-such-model", messages=MESSAGES, max_tokens=2)
     assert set(missing.value.body) >= {"message", "type", "code"}
-    assert client.completions.create(model=chat_server.served_model, prompt="ok", max_tokens=2).usage.completion_tokens == 2
+    assert (
+        client.completions.create(model=chat_server.served_model, prompt="ok", max_tokens=2).usage.completion_tokens
+        == 2
+    )
 
 
 @pytest.mark.parametrize(
-    "headers", [{}, {"Authorization": "Bearer wrong-key"}, {"Authorization": "Basic dGVzdA=="}], ids=["none", "wrong", "scheme"]
+    "headers",
+    [{}, {"Authorization": "Bearer wrong-key"}, {"Authorization": "Basic dGVzdA=="}],
+    ids=["none", "wrong", "scheme"],
 )
 def test_auth_rejects_missing_or_wrong_key_in_openai_format(chat_server, headers):
     resp = httpx.get(f"{chat_server.url}/v1/models", headers=headers)

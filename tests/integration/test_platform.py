@@ -4,6 +4,7 @@ Each vLLM process logs one state line from the service's general plugin (service
 class vLLM resolved in that process, and what became of the torch patch there. The expectation for the live
 machine comes from the raw facts vLLM's own Zen detection reads (vendor, AVX-512, zentorch), never a literal.
 """
+
 from __future__ import annotations
 
 import json
@@ -107,7 +108,11 @@ def _detect_env(backend: str) -> dict[str, str]:
     env = service_env(REPO / ".cache" / "test-models")
     out = subprocess.run(
         [sys.executable, "-m", "service", "detect", "--json", "--cpuinfo", str(ZEN5_FIXTURE), "--backend", backend],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
     )
     report = json.loads(out.stdout)
     assert out.returncode == 0, report["errors"]
@@ -168,9 +173,7 @@ def test_a_forced_patch_is_applied_in_every_process_vllm_starts(tmp_path):
     script.write_text(FORCED_ENGINE)
     # A small KV cache: this engine only has to start, on a machine other test servers share.
     env = service_env(REPO / ".cache" / "test-models", kv_cache_gib="0.25", max_model_len="256")
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=REPO, timeout=600
-    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     log = out.stdout + out.stderr
     assert out.returncode == 0 and "engine started" in out.stdout, log[-5000:]
     states = process_states(log)

@@ -1,5 +1,6 @@
 """The preload decision reaches the engine processes vLLM spawns: their memory maps hold the libraries the
 policy chose for the live CPU's backend, and vLLM's worker no longer warns that they are missing."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """A real Prometheus server (Debian's package) scrapes the service; PromQL over its HTTP API sees traffic."""
+
 from __future__ import annotations
 
 import shutil
@@ -25,9 +26,14 @@ def prometheus(chat_server, tmp_path_factory):
     )
     port = free_port()
     proc = subprocess.Popen(
-        [binary, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=open(work / "prometheus.log", "wb"), stderr=subprocess.STDOUT,
+        [
+            binary,
+            f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=open(work / "prometheus.log", "wb"),
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -92,5 +98,5 @@ def test_metrics_have_no_unbounded_labels(chat_server):
     text = httpx.get(f"{chat_server.url}/metrics").text
     assert "chatcmpl-" not in text and "cmpl-" not in text
     assert chat_server.api_key not in text
-    assert 'service_info{' in text and "service_startup_seconds" in text
+    assert "service_info{" in text and "service_startup_seconds" in text
     assert "service_decision_info{" in text

@@ -1,6 +1,7 @@
 """Quantized models served end to end: the demo model quantized at test time (W8A8 and W4A16, compressed-tensors),
 served by `python -m service serve`, asked through the official `openai` client; the kernel the running engine
 logged is the one the policy names for the live backend; the outputs agree with the bf16 source."""
+
 from __future__ import annotations
 
 import subprocess
@@ -84,8 +85,11 @@ def test_the_engine_runs_the_kernel_the_policy_names_for_the_live_backend(quanti
             assert marker in log, f"{backend}: policy says {name}, vLLM did not log {marker!r}"
     # The knobs the policy set reached the processes vLLM spawned (engine core and workers rename themselves with
     # setproctitle, which blanks their /proc environ; the other spawned helpers show what all of them inherited).
-    knobs = {s.removeprefix("env."): d["value"] for s, d in decided.items()
-             if s in ("env.VLLM_CPU_INT4_W4A8", "env.VLLM_DISABLED_KERNELS")}
+    knobs = {
+        s.removeprefix("env."): d["value"]
+        for s, d in decided.items()
+        if s in ("env.VLLM_CPU_INT4_W4A8", "env.VLLM_DISABLED_KERNELS")
+    }
     envs = [_environ(pid) for pid in _spawned(quantized_server)]
     assert envs
     for name, value in knobs.items():
@@ -95,8 +99,11 @@ def test_the_engine_runs_the_kernel_the_policy_names_for_the_live_backend(quanti
 def _spawned(server) -> list[int]:
     group = subprocess.run(["pgrep", "-g", str(server.process.proc.pid)], capture_output=True, text=True).stdout
     pids = [int(p) for p in group.split() if int(p) != server.process.proc.pid]
-    return [p for p in pids if Path(f"/proc/{p}/cmdline").exists()
-            and not Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"VLLM::")]
+    return [
+        p
+        for p in pids
+        if Path(f"/proc/{p}/cmdline").exists() and not Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"VLLM::")
+    ]
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -112,7 +119,11 @@ def test_outputs_agree_with_the_bf16_source(quantized_server):
     generated, logprobs = [], []
     for prompt in prompts:
         out = client.completions.create(
-            model=quantized_server.served_model, prompt=prompt, max_tokens=QUALITY_TOKENS, temperature=0, logprobs=1,
+            model=quantized_server.served_model,
+            prompt=prompt,
+            max_tokens=QUALITY_TOKENS,
+            temperature=0,
+            logprobs=1,
             extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
         )
         lp = out.choices[0].logprobs
@@ -128,9 +139,15 @@ def test_quality_checks_fail_a_corrupted_scale_and_pass_the_exact_dequantization
     checkpoint with every o_proj scale x4), without an engine."""
     source = ensure_demo_model(MODELS)
     prompts = prompt_ids(source)
-    exact = score(source, prompts, *greedy_with(source, dequantized_state(quantized_demo(MODELS, scheme)), prompts, QUALITY_TOKENS))
+    exact = score(
+        source,
+        prompts,
+        *greedy_with(source, dequantized_state(quantized_demo(MODELS, scheme)), prompts, QUALITY_TOKENS),
+    )
     broken = score(
-        source, prompts, *greedy_with(source, dequantized_state(quantized_demo(MODELS, scheme, 4.0)), prompts, QUALITY_TOKENS)
+        source,
+        prompts,
+        *greedy_with(source, dequantized_state(quantized_demo(MODELS, scheme, 4.0)), prompts, QUALITY_TOKENS),
     )
     assert exact.passes(scheme), exact
     assert not broken.passes(scheme), broken

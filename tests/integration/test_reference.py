@@ -16,6 +16,7 @@ Tolerances, from measurement (3 prompts, 24 greedy tokens each; prompt and conti
   may choose the other expert in bf16 (transformers' own bf16 forward moves router logits by up to 0.0093 here),
   a discrete jump (0.135 measured at a gap of 0.0007): such positions are left out of the logprob statistics.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

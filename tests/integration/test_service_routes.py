@@ -1,8 +1,8 @@
 """Readiness, version, hardware report and the policy as the running engine really applied it."""
+
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -33,8 +33,15 @@ def test_health_and_version(chat_server):
 def test_hardware_equals_detect_json_for_the_same_settings(chat_server):
     served = httpx.get(f"{chat_server.url}/v1/hardware", headers=chat_server.headers()).json()
     env = dict(chat_server.process.env)
-    out = subprocess.run([sys.executable, "-m", "service", "detect", "--json"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "service", "detect", "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert served == json.loads(out.stdout)
     assert chat_server.api_key not in json.dumps(served)
 
@@ -75,7 +82,9 @@ def test_gdn_engine_runs_with_the_policy_settings(gdn_server):
 
     # Processes vLLM spawned show the environment they inherited (the engine core and workers rename
     # themselves with setproctitle, which blanks their /proc environ, so those are skipped).
-    spawned = [pid for pid in _engine_pids(gdn_server) if not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::")]
+    spawned = [
+        pid for pid in _engine_pids(gdn_server) if not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::")
+    ]
     envs = [_environ(pid) for pid in spawned]
     assert envs, "vLLM spawned helper processes in the server's process group"
     for name, value in decided.items():

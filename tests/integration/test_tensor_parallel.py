@@ -5,6 +5,7 @@ decision `topology.numa_nodes` with reason "simulated: ..." in the report); vLLM
 VLLM_CPU_SIM_MULTI_NUMA cannot serve here (it requires VLLM_CPU_OMP_THREADS_BIND=auto, the service binds
 explicitly). Two engine starts: one server for binding, generation and the drain, one for engine death.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,7 +58,7 @@ def workers(pid: int) -> dict[int, psutil.Process]:
 
 
 def cpus_allowed(status_path: Path) -> frozenset[int]:
-    line = next(l for l in status_path.read_text().splitlines() if l.startswith("Cpus_allowed_list:"))
+    line = next(row for row in status_path.read_text().splitlines() if row.startswith("Cpus_allowed_list:"))
     return parse_cpulist(line.split(":", 1)[1].strip())
 
 
@@ -97,8 +98,15 @@ def test_each_worker_is_bound_where_the_report_says(tp_server):
 
 
 def greedy(url: str, prompt: str, headers: dict[str, str]) -> list[tuple[int, float]]:
-    body = {"model": SERVED, "prompt": prompt, "max_tokens": GREEDY_TOKENS, "temperature": 0, "logprobs": 1,
-            "ignore_eos": True, "return_tokens_as_token_ids": True}
+    body = {
+        "model": SERVED,
+        "prompt": prompt,
+        "max_tokens": GREEDY_TOKENS,
+        "temperature": 0,
+        "logprobs": 1,
+        "ignore_eos": True,
+        "return_tokens_as_token_ids": True,
+    }
     resp = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=120)
     assert resp.status_code == 200, resp.text
     logprobs = resp.json()["choices"][0]["logprobs"]
@@ -132,8 +140,14 @@ def test_sigterm_drains_a_request_in_flight_on_two_ranks(tp_server):
     result: dict = {}
 
     def stream() -> None:
-        body = {"model": SERVED, "prompt": "hello", "max_tokens": tokens, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "model": SERVED,
+            "prompt": "hello",
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         with httpx.stream("POST", f"{tp_server.url}/v1/completions", json=body, timeout=DRAIN_GRACE_S) as resp:
             result["status"] = resp.status_code
             for line in resp.iter_lines():
@@ -199,8 +213,12 @@ def test_killing_a_worker_fails_health_and_exits_non_zero(server_logs):
 def _running(probe: httpx.Client) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
-    return sum(s.value for f in text_string_to_metric_families(probe.get("/metrics").text)
-               for s in f.samples if s.name == "vllm:num_requests_running")
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(probe.get("/metrics").text)
+        for s in f.samples
+        if s.name == "vllm:num_requests_running"
+    )
 
 
 def _gone(procs, timeout: float = 10) -> bool:

@@ -4,6 +4,7 @@ One session-scoped server (small capacity: 2 running sequences, 6 admitted reque
 context, 64 KiB bodies) serves the bad-input, disconnect, overload and security tests; engine death and
 SIGTERM each get a short-lived server of their own. Everything talks to 127.0.0.1 only.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -85,16 +86,19 @@ class Server:
             if m.get("vllm:num_requests_running", 0) == 0 and m.get("vllm:num_requests_waiting", 0) == 0:
                 return time.monotonic() - start
             if time.monotonic() - start > timeout:
-                raise AssertionError(f"engine still busy after {timeout}s: {m.get('vllm:num_requests_running')} "
-                                     f"running, {m.get('vllm:num_requests_waiting')} waiting")
+                raise AssertionError(
+                    f"engine still busy after {timeout}s: {m.get('vllm:num_requests_running')} "
+                    f"running, {m.get('vllm:num_requests_waiting')} waiting"
+                )
             time.sleep(0.1)
 
     def log(self) -> str:
         return self.process.log_path.read_text(errors="replace")
 
 
-def start_server(log_path: Path, api_key: str | None = None, extra_env: dict[str, str] | None = None,
-                 **settings: str) -> Server:
+def start_server(
+    log_path: Path, api_key: str | None = None, extra_env: dict[str, str] | None = None, **settings: str
+) -> Server:
     if api_key:
         settings["api_key"] = api_key
     env = service_env(MODEL_CACHE, **settings)
@@ -134,4 +138,3 @@ def server(reliability_logs, api_key):
     yield srv
     srv.process.stop()
     srv.process.kill_group()
-

@@ -1,4 +1,5 @@
 """Schemathesis hooks (SCHEMATHESIS_HOOKS=tests.reliability.st_hooks): the OpenAI error-shape check."""
+
 from __future__ import annotations
 
 import json

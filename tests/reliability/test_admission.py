@@ -1,5 +1,6 @@
 """Engine admission as a FastAPI dependency: the drain relies on its in-flight count lasting until a
 streamed response has been sent completely."""
+
 from __future__ import annotations
 
 import asyncio

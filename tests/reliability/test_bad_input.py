@@ -1,5 +1,6 @@
 """Bad input against the real server: named cases with exact answers, then schemathesis on every route of
 the service's own OpenAPI schema. Never a 5xx; every error in the OpenAI shape."""
+
 from __future__ import annotations
 
 import json
@@ -82,24 +83,53 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
     "path,body,param",
     [
         (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
-        (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, IMAGE]}]},
-         "messages[0].content[1]"),
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, IMAGE]}]},
+            "messages[0].content[1]",
+        ),
         (CHAT, {"messages": [{"role": "tool", "content": "22 C"}]}, "messages[0].tool_call_id"),
-        (CHAT, {"messages": MSG, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-         "tool_choice"),
+        (
+            CHAT,
+            {"messages": MSG, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
         (CHAT, {"messages": MSG, "stop": [1, 2]}, "stop"),
         (COMPLETIONS, {"prompt": "hi", "stop": 5}, "stop"),
         (CHAT, {"messages": MSG, "logit_bias": {"999999": 1}}, "logit_bias"),
         (COMPLETIONS, {"prompt": "hi", "logit_bias": {"-1": 1}}, "logit_bias"),
         (CHAT, {"messages": MSG, "logit_bias": {"5": 500}}, "logit_bias[5]"),
-        (CHAT, {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "flurb"}}}},
-         "response_format.json_schema.schema"),
-        (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"required": 3}}}],
-                "tool_choice": "required"}, "tools[0].function.parameters"),
+        (
+            CHAT,
+            {
+                "messages": MSG,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "flurb"}}},
+            },
+            "response_format.json_schema.schema",
+        ),
+        (
+            CHAT,
+            {
+                "messages": MSG,
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"required": 3}}}],
+                "tool_choice": "required",
+            },
+            "tools[0].function.parameters",
+        ),
     ],
-    ids=["unknown-role", "image-to-text-model", "tool-message-without-id", "tool-choice-not-in-tools", "stop-ints",
-         "stop-int-completions", "logit-bias-out-of-vocab", "logit-bias-negative-id", "logit-bias-out-of-range",
-         "schema-not-a-schema", "tool-parameters-not-a-schema"],
+    ids=[
+        "unknown-role",
+        "image-to-text-model",
+        "tool-message-without-id",
+        "tool-choice-not-in-tools",
+        "stop-ints",
+        "stop-int-completions",
+        "logit-bias-out-of-vocab",
+        "logit-bias-negative-id",
+        "logit-bias-out-of-range",
+        "schema-not-a-schema",
+        "tool-parameters-not-a-schema",
+    ],
 )
 def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param):
     """Where OpenAI answers 400, so does the service, naming the field (some by vLLM, the rest by
@@ -111,7 +141,11 @@ def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param)
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
 @pytest.mark.parametrize("max_tokens", [0, -1])
 def test_max_tokens_not_positive_is_400_naming_the_limit(server, path, max_tokens):
-    body = {"model": SERVED, "max_tokens": max_tokens, **({"prompt": "hi"} if path == COMPLETIONS else {"messages": MSG})}
+    body = {
+        "model": SERVED,
+        "max_tokens": max_tokens,
+        **({"prompt": "hi"} if path == COMPLETIONS else {"messages": MSG}),
+    }
     error = assert_openai_error(post(server, path, json_body=body), 400)
     assert error["param"] == "max_tokens"
     assert re.search(r"max_tokens must be at least 1, got -?\d+", error["message"]), error
@@ -168,14 +202,18 @@ def test_unknown_model_is_404(server, path):
 
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT, "/tokenize"])
 def test_invalid_utf8_is_400(server, path):
-    content = b'{"model": "demo-tiny-llama", "prompt": "\xff\xfe\xfd", "messages": [{"role": "user", "content": "\xc3\x28"}]}'
+    content = (
+        b'{"model": "demo-tiny-llama", "prompt": "\xff\xfe\xfd", "messages": [{"role": "user", "content": "\xc3\x28"}]}'
+    )
     assert_openai_error(post(server, path, content=content), 400)
 
 
 def test_more_sequences_than_admission_allows_is_400_not_503(server):
     """n beyond max_queued_requests can never be admitted: 400 naming both numbers, not a 503 to retry."""
     n = MAX_QUEUED + 1
-    error = assert_openai_error(post(server, COMPLETIONS, json_body={"model": SERVED, "prompt": "hi", "max_tokens": 1, "n": n}), 400)
+    error = assert_openai_error(
+        post(server, COMPLETIONS, json_body={"model": SERVED, "prompt": "hi", "max_tokens": 1, "n": n}), 400
+    )
     assert f"needs {n} sequences" in error["message"] and f"at most {MAX_QUEUED}" in error["message"], error
 
 
@@ -206,15 +244,21 @@ def _raw_request(server, head: bytes, body_part: bytes, timeout: float = 10) -> 
 def test_body_over_limit_is_413_without_reading_it(server):
     auth = f"Authorization: Bearer {server.api_key}\r\n".encode()
     # Declared too large: answered from the headers, after 1 KiB of a 10 MB body.
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + auth
-            + b"Content-Length: 10000000\r\n\r\n")
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        + auth
+        + b"Content-Length: 10000000\r\n\r\n"
+    )
     data, took = _raw_request(server, head, b"x" * 1024)
     assert data.startswith(b"HTTP/1.1 413"), data[:300]
     assert b'"code":413' in data and f"{MAX_REQUEST_BYTES} bytes".encode() in data, data[:600]
     assert took < 5
     # Chunked, no length: cut off once past the limit, though the body never ends.
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + auth
-            + b"Transfer-Encoding: chunked\r\n\r\n")
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        + auth
+        + b"Transfer-Encoding: chunked\r\n\r\n"
+    )
     piece = b"x" * 16384
     chunks = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(2 * MAX_REQUEST_BYTES // len(piece)))
     data, took = _raw_request(server, head, chunks)  # no terminating 0-chunk: the body is never complete
@@ -231,8 +275,16 @@ def test_body_over_limit_is_413_without_reading_it(server):
     ids=["missing", "wrong", "empty", "basic-scheme", "no-scheme", "suffix", "extra-token"],
 )
 @pytest.mark.parametrize(
-    "method,path", [("POST", COMPLETIONS), ("POST", CHAT), ("GET", "/v1/models"), ("GET", "/v1/hardware"),
-                    ("POST", "/tokenize"), ("GET", "/openapi.json"), ("GET", "/ping")],
+    "method,path",
+    [
+        ("POST", COMPLETIONS),
+        ("POST", CHAT),
+        ("GET", "/v1/models"),
+        ("GET", "/v1/hardware"),
+        ("POST", "/tokenize"),
+        ("GET", "/openapi.json"),
+        ("GET", "/ping"),
+    ],
 )
 def test_missing_or_wrong_api_key_is_401(server, auth, method, path):
     headers = {"Content-Type": "application/json"}
@@ -270,17 +322,32 @@ def test_schemathesis_finds_no_server_error_and_only_openai_errors(server, tmp_p
     env = dict(os.environ, SCHEMATHESIS_HOOKS="tests.reliability.st_hooks", PYTHONPATH=str(REPO), NO_COLOR="1")
     report = tmp_path / "report"
     cmd = [
-        sys.executable, "-m", "schemathesis.cli", "run", f"{server.url}/openapi.json",
-        "-H", f"Authorization: Bearer {server.api_key}",
-        "--checks", "not_a_server_error,openai_error_shape",
-        "--phases", "examples,fuzzing",
-        "--max-examples", str(FUZZ_EXAMPLES),
-        "--seed", "20261121",
-        "--workers", "2",
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "run",
+        f"{server.url}/openapi.json",
+        "-H",
+        f"Authorization: Bearer {server.api_key}",
+        "--checks",
+        "not_a_server_error,openai_error_shape",
+        "--phases",
+        "examples,fuzzing",
+        "--max-examples",
+        str(FUZZ_EXAMPLES),
+        "--seed",
+        "20261121",
+        "--workers",
+        "2",
         # Health checks judge the data generator (slow on a loaded 2-core box), not the API.
-        "--suppress-health-check", "all",
-        "--request-timeout", "60",
-        "--report", "junit", "--report-dir", str(report),
+        "--suppress-health-check",
+        "all",
+        "--request-timeout",
+        "60",
+        "--report",
+        "junit",
+        "--report-dir",
+        str(report),
     ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
     out = proc.stdout + proc.stderr

@@ -1,8 +1,8 @@
 """Clients that hang up mid-stream: the engine aborts each request, memory stays flat, service goes on."""
+
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -34,8 +34,14 @@ def stream_and_hang_up(server) -> int:
 
 
 def full_stream(server, max_tokens: int = 24) -> tuple[int, bool]:
-    body = {"model": SERVED, "prompt": "hello world", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": SERVED,
+        "prompt": "hello world",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     usage, done = None, False
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=server.headers(), timeout=60) as resp:
         assert resp.status_code == 200
@@ -70,9 +76,11 @@ def test_streams_cut_off_mid_way_are_aborted_and_leave_nothing_behind(server):
     finished = sum(finished_after.get(r, 0) - finished_before.get(r, 0) for r in ("stop", "length"))
     generated = server.metrics().get("vllm:generation_tokens_total", 0) - tokens_before
     rss_after = server.rss_bytes()
-    print(f"disconnects: {CUTOFFS} cut off after {CHUNKS_BEFORE_HANGUP} chunks of {MAX_TOKENS}; engine idle "
-          f"after max {max(idle_after):.2f}s; ran to the end {finished:.0f}; tokens generated {generated:.0f} "
-          f"(vs {CUTOFFS * MAX_TOKENS} if run to the end); RSS {rss_before / MIB:.0f} -> {rss_after / MIB:.0f} MiB")
+    print(
+        f"disconnects: {CUTOFFS} cut off after {CHUNKS_BEFORE_HANGUP} chunks of {MAX_TOKENS}; engine idle "
+        f"after max {max(idle_after):.2f}s; ran to the end {finished:.0f}; tokens generated {generated:.0f} "
+        f"(vs {CUTOFFS * MAX_TOKENS} if run to the end); RSS {rss_before / MIB:.0f} -> {rss_after / MIB:.0f} MiB"
+    )
     # Without aborts every cut-off request would run to MAX_TOKENS (CUTOFFS * MAX_TOKENS tokens). A few may
     # legitimately finish first on a starved machine: the whole stream sits in the socket buffers before the
     # slow client has read its first chunks. Those are not clients that were gone.
@@ -84,6 +92,10 @@ def test_streams_cut_off_mid_way_are_aborted_and_leave_nothing_behind(server):
     for _ in range(3):
         tokens, done = full_stream(server)
         assert (tokens, done) == (24, True)
-    resp = httpx.post(f"{server.url}/v1/completions", headers=server.headers(), timeout=60,
-                      json={"model": SERVED, "prompt": "hi", "max_tokens": 16, "ignore_eos": True})
+    resp = httpx.post(
+        f"{server.url}/v1/completions",
+        headers=server.headers(),
+        timeout=60,
+        json={"model": SERVED, "prompt": "hi", "max_tokens": 16, "ignore_eos": True},
+    )
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 16

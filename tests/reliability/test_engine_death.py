@@ -1,5 +1,6 @@
 """Engine death: kill the engine core process; /health turns 503 and the service exits non-zero, so the
 container's restart policy (compose: restart: unless-stopped) brings it back."""
+
 from __future__ import annotations
 
 import signal
@@ -65,16 +66,21 @@ def test_killing_the_engine_core_fails_health_and_exits_non_zero(reliability_log
         code = server.process.proc.wait(timeout=max(0.1, EXIT_DEADLINE_S + 5 - (time.monotonic() - killed_at)))
         exited_after = time.monotonic() - killed_at
         client.join(10)
-        print(f"engine death: /health 503 after {health_503_after:.2f}s, exit {code} after {exited_after:.1f}s; "
-              f"in-flight request: {outcome}")
+        print(
+            f"engine death: /health 503 after {health_503_after:.2f}s, exit {code} after {exited_after:.1f}s; "
+            f"in-flight request: {outcome}"
+        )
         assert health_503_after is not None and health_503_after <= HEALTH_DEADLINE_S
         assert code == EXIT_ENGINE_DIED
         assert exited_after <= EXIT_DEADLINE_S
         assert "ended" in outcome and outcome["at"] - killed_at <= EXIT_DEADLINE_S, outcome
         assert "engine core died" in server.log() or "engine health check failed" in server.log()
         # Nothing of it is left running: no orphaned worker holding the cores.
-        assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] and "VLLM::" in p.info["name"]
-                    and _in_group(p, server.pid)]
+        assert not [
+            p
+            for p in psutil.process_iter(["name"])
+            if p.info["name"] and "VLLM::" in p.info["name"] and _in_group(p, server.pid)
+        ]
     finally:
         server.process.kill_group()
 

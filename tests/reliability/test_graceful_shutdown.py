@@ -1,5 +1,6 @@
 """SIGTERM: /ready 503 at once, new requests 503, in-flight requests (streaming too) finish in full, exit 0
 within the configured grace period."""
+
 from __future__ import annotations
 
 import asyncio
@@ -43,8 +44,12 @@ async def _stream(client: httpx.AsyncClient, path: str, body: dict, result: dict
 
 async def _plain(client: httpx.AsyncClient, body: dict, result: dict) -> None:
     resp = await client.post("/v1/completions", json=body)
-    result.update(status=resp.status_code, tokens=resp.json().get("usage", {}).get("completion_tokens"),
-                  done=True, finish=resp.json()["choices"][0]["finish_reason"])
+    result.update(
+        status=resp.status_code,
+        tokens=resp.json().get("usage", {}).get("completion_tokens"),
+        done=True,
+        finish=resp.json()["choices"][0]["finish_reason"],
+    )
 
 
 def _in_flight(server, results: list[dict]) -> None:
@@ -58,8 +63,12 @@ def _in_flight(server, results: list[dict]) -> None:
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
             await asyncio.gather(
                 _stream(client, "/v1/completions", {**streaming, "prompt": "hello"}, results[0]),
-                _stream(client, "/v1/chat/completions",
-                        {**streaming, "messages": [{"role": "user", "content": "hi"}]}, results[1]),
+                _stream(
+                    client,
+                    "/v1/chat/completions",
+                    {**streaming, "messages": [{"role": "user", "content": "hi"}]},
+                    results[1],
+                ),
                 _plain(client, {**common, "prompt": "hey"}, results[2]),
             )
 
@@ -87,8 +96,13 @@ def _wait_running(probe: httpx.Client, count: int, timeout: float) -> float:
 
 
 def test_sigterm_drains_in_flight_requests_and_exits_zero(reliability_logs):
-    server = start_server(reliability_logs / "sigterm.log", extra_env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
-                          shutdown_grace_seconds=str(GRACE_S), max_num_seqs="4", max_model_len=str(CONTEXT))
+    server = start_server(
+        reliability_logs / "sigterm.log",
+        extra_env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+        shutdown_grace_seconds=str(GRACE_S),
+        max_num_seqs="4",
+        max_model_len=str(CONTEXT),
+    )
     try:
         _drain_scenario(server)
     finally:
@@ -127,9 +141,11 @@ def _drain_scenario(server) -> None:
     assert not consumer.is_alive() and not errors, errors
     code = server.process.proc.wait(GRACE_S + 10)
     exited_after = time.monotonic() - term_at
-    print(f"sigterm: /ready 503 after {ready_after * 1000:.0f} ms; 3 in-flight requests ({LONG_TOKENS} tokens, "
-          f"{generated:.0f} generated at the signal) complete; exit {code} after {exited_after:.1f}s "
-          f"(grace {GRACE_S}s)")
+    print(
+        f"sigterm: /ready 503 after {ready_after * 1000:.0f} ms; 3 in-flight requests ({LONG_TOKENS} tokens, "
+        f"{generated:.0f} generated at the signal) complete; exit {code} after {exited_after:.1f}s "
+        f"(grace {GRACE_S}s)"
+    )
     for r in results:
         assert r["status"] == 200 and r["done"] and r["finish"] == "length" and r["tokens"] == LONG_TOKENS, r
     assert code == 0

@@ -1,5 +1,6 @@
 """Overload: a bounded admission queue (vLLM's --max-num-queued-reqs via max_queued_requests). Past it,
 503 + Retry-After at once; never a hang, never a crash; every admitted request completes in full."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,15 +36,26 @@ async def one_request(client: httpx.AsyncClient, server, stream: bool, max_token
     """(status, complete, seconds). complete: the full answer arrived (max_tokens tokens, finish 'length')."""
     start = time.monotonic()
     if not stream:
-        resp = await client.post("/v1/completions", json={
-            "model": SERVED, "prompt": "hello world", "max_tokens": max_tokens, "ignore_eos": True})
+        resp = await client.post(
+            "/v1/completions",
+            json={"model": SERVED, "prompt": "hello world", "max_tokens": max_tokens, "ignore_eos": True},
+        )
         if resp.status_code == 503:
             check_503(resp)
-        complete = resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == max_tokens \
+        complete = (
+            resp.status_code == 200
+            and resp.json()["usage"]["completion_tokens"] == max_tokens
             and resp.json()["choices"][0]["finish_reason"] == "length"
+        )
         return resp.status_code, complete, time.monotonic() - start
-    body = {"model": SERVED, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": SERVED,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
         if resp.status_code != 200:
             await resp.aread()
@@ -64,8 +76,12 @@ async def one_request(client: httpx.AsyncClient, server, stream: bool, max_token
 
 
 def client_for(server, concurrency: int) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=server.url, headers=server.headers(), timeout=httpx.Timeout(60.0),
-                             limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
+    return httpx.AsyncClient(
+        base_url=server.url,
+        headers=server.headers(),
+        timeout=httpx.Timeout(60.0),
+        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+    )
 
 
 def test_burst_beyond_the_queue_gets_503_with_retry_after_at_once(server):
@@ -140,10 +156,12 @@ def test_four_times_capacity_for_a_minute(server):
 
     rss = [r for _, r in rss_samples]
     late = [r for t, r in rss_samples if t >= 15] or rss
-    print(f"load: {LOAD_CLIENTS} clients (4x capacity {CAPACITY}) for {elapsed:.0f}s: {dict(statuses)}; "
-          f"{statuses[200] / elapsed:.1f} completed req/s, {statuses[200] * LOAD_TOKENS / elapsed:.0f} tok/s, "
-          f"latency p50 {statistics.median(latencies):.2f}s max {max(latencies):.2f}s; "
-          f"RSS {min(rss) / MIB:.0f}-{max(rss) / MIB:.0f} MiB (after 15 s: {min(late) / MIB:.0f}-{max(late) / MIB:.0f})")
+    print(
+        f"load: {LOAD_CLIENTS} clients (4x capacity {CAPACITY}) for {elapsed:.0f}s: {dict(statuses)}; "
+        f"{statuses[200] / elapsed:.1f} completed req/s, {statuses[200] * LOAD_TOKENS / elapsed:.0f} tok/s, "
+        f"latency p50 {statistics.median(latencies):.2f}s max {max(latencies):.2f}s; "
+        f"RSS {min(rss) / MIB:.0f}-{max(rss) / MIB:.0f} MiB (after 15 s: {min(late) / MIB:.0f}-{max(late) / MIB:.0f})"
+    )
     assert not failures, failures[:5]
     assert set(statuses) <= {200, 503}, statuses
     assert statuses[200] > 0 and statuses[503] > 0, statuses  # served and shed: it really was overloaded

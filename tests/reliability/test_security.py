@@ -1,6 +1,7 @@
 """Process-level security: keys compared in constant time and never logged; /v1/hardware, /version and
 /metrics reveal no secrets or environment values; trust_remote_code off unless enabled; loopback bind by
 default. (Non-root and read-only root filesystem are container properties: tests/container.)"""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,11 @@ from tests.reliability.conftest import CANARIES, SERVED
 def test_keys_and_environment_never_leak_into_answers_or_logs(server):
     wrong = "wrong-" + secrets.token_hex(12)
     for key in (server.api_key, wrong):
-        httpx.post(f"{server.url}/v1/completions", headers={"Authorization": f"Bearer {key}"},
-                   json={"model": SERVED, "prompt": "hi", "max_tokens": 1})
+        httpx.post(
+            f"{server.url}/v1/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": SERVED, "prompt": "hi", "max_tokens": 1},
+        )
     answers = {
         path: httpx.get(f"{server.url}{path}", headers=server.headers()).text
         for path in ("/v1/hardware", "/version", "/metrics", "/v1/models", "/openapi.json")

@@ -3,6 +3,7 @@
 Condensed from the templates those models ship: the same turn markers, the same tool-call and reasoning
 markup, the same instruction text where the service's policy keys on it.
 """
+
 from __future__ import annotations
 
 # Qwen3: ChatML turns, tools listed in <tools>, calls as <tool_call>{"name", "arguments"}</tool_call>, thinking
@@ -82,5 +83,11 @@ LLAMA31_TEMPLATE = """\
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}
 """
-LLAMA31_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
-                   "<|python_tag|>"]
+LLAMA31_SPECIAL = [
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+]

@@ -8,6 +8,7 @@ A correct kernel differs from bf16 by rounding noise; a broken one (wrong scale,
 far more. THRESHOLDS separate the two; they were set from measurements (docs/quantization.md) of correct kernels
 and of copies with a corrupted scale, on the random-weight models of tests/support/quantized_models.py.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -55,7 +56,11 @@ class Quality:
         return self.top1 >= t.min_top1 and self.mean_abs_dlogprob <= t.max_mean_abs_dlogprob
 
     def as_dict(self) -> dict:
-        return {"tokens": self.tokens, "top1": round(self.top1, 4), "mean_abs_dlogprob": round(self.mean_abs_dlogprob, 4)}
+        return {
+            "tokens": self.tokens,
+            "top1": round(self.top1, 4),
+            "mean_abs_dlogprob": round(self.mean_abs_dlogprob, 4),
+        }
 
 
 def prompt_ids(source: Path) -> list[list[int]]:
@@ -106,10 +111,15 @@ def greedy_with(model_dir: Path, state_dict: dict, prompts: Sequence[Sequence[in
     with _one_thread(), torch.no_grad():
         for prompt in prompts:
             out = model.generate(
-                torch.tensor([list(prompt)]), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
-                output_logits=True, return_dict_in_generate=True, pad_token_id=model.config.eos_token_id,
+                torch.tensor([list(prompt)]),
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+                pad_token_id=model.config.eos_token_id,
             )
-            gen = out.sequences[0, len(prompt):].tolist()
+            gen = out.sequences[0, len(prompt) :].tolist()
             step_lps = [torch.log_softmax(step[0].float(), -1)[t] for step, t in zip(out.logits, gen)]
             gens.append(gen)
             lps.append([float(x) for x in step_lps])

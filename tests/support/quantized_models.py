@@ -13,6 +13,7 @@ A projection whose shape the scheme cannot cover (e.g. the demo model's down_pro
 as llm-compressor does. `corrupt_scale` multiplies every o_proj scale by that factor: a broken kernel's
 stand-in for the quality checks.
 """
+
 from __future__ import annotations
 
 import json
@@ -112,8 +113,10 @@ def _activation_scales(source: Path, names: Iterable[str]) -> dict[str, float]:
     hooks = []
     for name, module in model.named_modules():
         if name in wanted:
+
             def record(mod, args, name=name):
                 amax[name] = max(amax.get(name, 0.0), float(args[0].abs().max()))
+
             hooks.append(module.register_forward_pre_hook(record))
     with torch.no_grad():
         model(**tokens)
@@ -165,7 +168,9 @@ def quantize(source: Path, dest: Path, scheme: Scheme, corrupt_scale: float | No
         config = json.loads((source / "config.json").read_text())
         config["quantization_config"] = _quant_config(scheme, ignore)
         (staging / "config.json").write_text(json.dumps(config, indent=2))
-        save_file({k: v.contiguous() for k, v in out.items()}, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        save_file(
+            {k: v.contiguous() for k, v in out.items()}, str(staging / "model.safetensors"), metadata={"format": "pt"}
+        )
         os.rename(staging, dest)
     except OSError:
         if not (dest / "config.json").is_file():
@@ -222,5 +227,7 @@ def dequantized_state(directory: Path) -> dict:
             continue
         scale = state[name + ".weight_scale"].float()
         group = q.shape[1] // scale.shape[1]
-        out[name + ".weight"] = (q.reshape(q.shape[0], -1, group) * scale[..., None]).reshape(q.shape).to(torch.bfloat16)
+        out[name + ".weight"] = (
+            (q.reshape(q.shape[0], -1, group) * scale[..., None]).reshape(q.shape).to(torch.bfloat16)
+        )
     return out

@@ -1,5 +1,6 @@
 """Reference check of the service's kernels: greedy logprobs from the service vs Hugging Face transformers' fp32
 forward on the same tokens (teacher-forced), with a comparison that a broken kernel fails."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -39,9 +40,7 @@ class Comparison:
     mean_abs_diff: float
 
     def passes(self, max_tolerance: float, mean_tolerance: float) -> bool:
-        return (
-            self.top1_mismatches == 0 and self.max_abs_diff <= max_tolerance and self.mean_abs_diff <= mean_tolerance
-        )
+        return self.top1_mismatches == 0 and self.max_abs_diff <= max_tolerance and self.mean_abs_diff <= mean_tolerance
 
 
 def prompt_ids(model_dir: Path, texts: list[str]) -> list[list[int]]:

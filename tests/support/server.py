@@ -1,4 +1,5 @@
 """The server harness of the tests: the shared one (harness/), plus the environment a test server runs with."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """Tiny random-weight models built offline with the demo model's recipe (tokenizer + config)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -97,14 +98,27 @@ def _scripted_qwen3_weights(directory: Path) -> None:
     from tests.support.chat_templates import QWEN3_ADDED, QWEN3_SPECIAL, QWEN3_TEMPLATE
 
     tok = _dress_tokenizer(
-        directory, QWEN3_TEMPLATE, QWEN3_SPECIAL, QWEN3_ADDED + [SCRIPT_REASONING, *SCRIPT_CALL, SCRIPT_ANSWER],
+        directory,
+        QWEN3_TEMPLATE,
+        QWEN3_SPECIAL,
+        QWEN3_ADDED + [SCRIPT_REASONING, *SCRIPT_CALL, SCRIPT_ANSWER],
         eos="<|im_end|>",
     )
-    ids = {t: tok.convert_tokens_to_ids(t) for t in [*QWEN3_SPECIAL, *QWEN3_ADDED, SCRIPT_REASONING, *SCRIPT_CALL, SCRIPT_ANSWER]}
+    ids = {
+        t: tok.convert_tokens_to_ids(t)
+        for t in [*QWEN3_SPECIAL, *QWEN3_ADDED, SCRIPT_REASONING, *SCRIPT_CALL, SCRIPT_ANSWER]
+    }
     newline = tok.encode("\n", add_special_tokens=False)[-1]  # the generation prompt ends with it
     # token -> [(successor, logit scale)]: after </think> a tool call first, the text answer second.
-    chain = [newline, ids["<think>"], ids[SCRIPT_REASONING], ids["</think>"], ids["<tool_call>"],
-             *[ids[p] for p in SCRIPT_CALL], ids["</tool_call>"]]
+    chain = [
+        newline,
+        ids["<think>"],
+        ids[SCRIPT_REASONING],
+        ids["</think>"],
+        ids["<tool_call>"],
+        *[ids[p] for p in SCRIPT_CALL],
+        ids["</tool_call>"],
+    ]
     successors = {a: [(b, 3.0)] for a, b in zip(chain, chain[1:])}
     successors[ids["</think>"]].append((ids[SCRIPT_ANSWER], 2.0))
     successors[ids["</tool_call>"]] = [(ids["<|im_end|>"], 3.0)]
@@ -114,9 +128,18 @@ def _scripted_qwen3_weights(directory: Path) -> None:
     vocab = (len(tok) + 63) // 64 * 64
     torch.manual_seed(0)
     config = Qwen3Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, max_position_embeddings=2048, tie_word_embeddings=False,
-        bos_token_id=ids["<|im_start|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|im_end|>"],
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=ids["<|im_start|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|im_end|>"],
         torch_dtype="bfloat16",
     )
     model = Qwen3ForCausalLM(config)
@@ -150,9 +173,15 @@ def _llama31_weights(directory: Path) -> None:
     tok = _dress_tokenizer(directory, LLAMA31_TEMPLATE, LLAMA31_SPECIAL, [], eos="<|eot_id|>")
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=(len(tok) + 63) // 64 * 64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
-        bos_token_id=tok.convert_tokens_to_ids("<|begin_of_text|>"), eos_token_id=tok.convert_tokens_to_ids("<|eot_id|>"),
+        vocab_size=(len(tok) + 63) // 64 * 64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=tok.convert_tokens_to_ids("<|begin_of_text|>"),
+        eos_token_id=tok.convert_tokens_to_ids("<|eot_id|>"),
         torch_dtype="bfloat16",
     )
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)

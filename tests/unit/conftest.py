@@ -1,4 +1,5 @@
 """Shared fixtures for the fast unit tests: recorded machines and model configs, no engine."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """The server harness (harness/) shared by the tests and the bench, on a real process: Python's own HTTP server."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,11 @@ from harness import ServerProcess, offline_env
 def test_start_wait_ready_stop(tmp_path):
     (tmp_path / "ready").write_text("ok")
     server = ServerProcess(
-        offline_env(), tmp_path / "http.log", [sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1",
-                                               "--directory", str(tmp_path)], "/ready", "http",
+        offline_env(),
+        tmp_path / "http.log",
+        [sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1", "--directory", str(tmp_path)],
+        "/ready",
+        "http",
     )
     server.start()
     try:
@@ -32,7 +36,9 @@ def test_start_wait_ready_stop(tmp_path):
 
 
 def test_a_server_that_exits_is_reported_with_its_log(tmp_path):
-    server = ServerProcess({}, tmp_path / "x.log", [sys.executable, "-c", "print('boom'); raise SystemExit(3)"], name="x")
+    server = ServerProcess(
+        {}, tmp_path / "x.log", [sys.executable, "-c", "print('boom'); raise SystemExit(3)"], name="x"
+    )
     server.start()
     with pytest.raises(RuntimeError, match="x exited with 3:\nboom"):
         server.wait_ready(timeout=30, interval=0.05)

@@ -1,4 +1,5 @@
 """The llama.cpp peer's server arguments and weight-byte counts (the build and the runs themselves: `make bench-peer`)."""
+
 from __future__ import annotations
 
 import torch
@@ -20,9 +21,11 @@ def test_llama_server_gets_the_engine_cores_and_one_slot_per_concurrent_request(
 
 def test_safetensors_bytes_per_token_leave_out_the_embedding_table(tmp_path):
     save_file(
-        {"model.embed_tokens.weight": torch.zeros(10, 4, dtype=torch.bfloat16),
-         "lm_head.weight": torch.zeros(10, 4, dtype=torch.bfloat16),
-         "model.layers.0.mlp.up_proj.weight": torch.zeros(8, 4, dtype=torch.int8)},
+        {
+            "model.embed_tokens.weight": torch.zeros(10, 4, dtype=torch.bfloat16),
+            "lm_head.weight": torch.zeros(10, 4, dtype=torch.bfloat16),
+            "model.layers.0.mlp.up_proj.weight": torch.zeros(8, 4, dtype=torch.int8),
+        },
         str(tmp_path / "model.safetensors"),
     )
     assert peer.safetensors_bytes_per_token(tmp_path) == 10 * 4 * 2 + 8 * 4

@@ -1,5 +1,6 @@
 """Tables, py-spy summaries, the decode model's byte count, the client's arguments and CPUs, and what the bench reads
 from the service's GET /v1/hardware to start vLLM's server with the same engine."""
+
 from __future__ import annotations
 
 import json
@@ -16,26 +17,53 @@ from bench.stats import FRONTEND_TARGETS, DecodeResult, compare, extract_metrics
 
 def _run(server, c, rep, tok_s, ttft):
     result = {
-        "duration": 5.0, "completed": 8, "failed": 0, "request_throughput": tok_s / 64, "output_throughput": tok_s,
-        "p50_ttft_ms": ttft, "p99_ttft_ms": ttft + 10, "p50_tpot_ms": 8.0, "p99_tpot_ms": 9.0, "p50_itl_ms": 8.0,
+        "duration": 5.0,
+        "completed": 8,
+        "failed": 0,
+        "request_throughput": tok_s / 64,
+        "output_throughput": tok_s,
+        "p50_ttft_ms": ttft,
+        "p99_ttft_ms": ttft + 10,
+        "p50_tpot_ms": 8.0,
+        "p99_tpot_ms": 9.0,
+        "p50_itl_ms": 8.0,
         "total_output_tokens": 512,
     }
-    return {"server": server, "concurrency": c, "rep": rep, "metrics": extract_metrics(result), "client": {"starved": False}}
+    return {
+        "server": server,
+        "concurrency": c,
+        "rep": rep,
+        "metrics": extract_metrics(result),
+        "client": {"starved": False},
+    }
 
 
 @pytest.fixture
 def comparisons():
-    runs = [_run("ours", 4, 0, 128.0, 30.0), _run("vllm", 4, 0, 128.0, 29.0), _run("ours", 4, 1, 130.0, 30.0),
-            _run("vllm", 4, 1, 126.0, 29.0), _run("ours", 16, 0, 190.0, 90.0), _run("vllm", 16, 0, 200.0, 80.0)]
+    runs = [
+        _run("ours", 4, 0, 128.0, 30.0),
+        _run("vllm", 4, 0, 128.0, 29.0),
+        _run("ours", 4, 1, 130.0, 30.0),
+        _run("vllm", 4, 1, 126.0, 29.0),
+        _run("ours", 16, 0, 190.0, 90.0),
+        _run("vllm", 16, 0, 200.0, 80.0),
+    ]
     return [compare("frontend", "ours", "vllm", c, runs, FRONTEND_TARGETS) for c in (4, 16)]
 
 
 # What GET /v1/hardware answers (the parts the bench reads), as the service's StartupReport.to_dict() writes it.
 HARDWARE = {
     "hardware": {
-        "model_name": "Xeon", "family": 6, "model": 207, "microarchitecture": "emeraldrapids",
-        "isa": {"avx2": True, "avx512_bf16": True, "amx": False}, "physical_cores": 4, "logical_cpus": 4,
-        "numa_nodes": {"0": "0-3"}, "memory_limit_bytes": 8 * 1024**3, "allowed_cpus": [0, 1, 2, 3],
+        "model_name": "Xeon",
+        "family": 6,
+        "model": 207,
+        "microarchitecture": "emeraldrapids",
+        "isa": {"avx2": True, "avx512_bf16": True, "amx": False},
+        "physical_cores": 4,
+        "logical_cpus": 4,
+        "numa_nodes": {"0": "0-3"},
+        "memory_limit_bytes": 8 * 1024**3,
+        "allowed_cpus": [0, 1, 2, 3],
     },
     "software": {"torch": "2.13.0+cpu", "vllm": "0.32.0"},
     "backend": {"name": "avx512"},
@@ -53,7 +81,10 @@ HARDWARE = {
 
 def test_table_shows_medians_estimates_intervals_and_verdicts(comparisons):
     lines = comparison_table(comparisons).splitlines()
-    assert lines[0] == "| comparison | c | n | servers | out tok/s | TTFT p50 ms | TPOT p50 ms | API CPU ms/req | verdict |"
+    assert (
+        lines[0]
+        == "| comparison | c | n | servers | out tok/s | TTFT p50 ms | TPOT p50 ms | API CPU ms/req | verdict |"
+    )
     assert len(lines) == 2 + 2
     assert lines[2].startswith("| frontend | 4 | 2 | ours / vllm | 129.0 / 127.0: **x1.016 [")
     assert "30.0 / 29.0: **+1.00 [+1.00, +1.00]** met" in lines[2]
@@ -65,13 +96,16 @@ def test_decode_table_and_markdown(comparisons):
     d = DecodeResult("bfloat16", 100.0, 10.0, 1_000_000_000)
     assert "| bfloat16 | 1.00 GB | 10.0 GB/s | 10.00 | 10.00 | **100%** | 10.0 |" in decode_table([d])
     results = {
-        "command": "python -m bench --quick", "started": "s", "finished": "f",
+        "command": "python -m bench --quick",
+        "started": "s",
+        "finished": "f",
         "machine": Reported(HARDWARE).machine() | {"client": {"note": "load generator on CPU(s) [3] of its own"}},
         "host": {"loadavg_start": (1.0, 1.0, 1.0), "loadavg_end": (2.0, 1.0, 1.0), "loadavg_1m_max_during_runs": 3.0},
         "options": {"input_len": 128, "output_len": 64, "rounds": 2},
         "model": {"served_name": "demo-tiny-llama"},
         "decode": {"model": "/x/bench-llama-0.5b-v1"},
-        "summary": ["line one"], "headline": "frontend throughput ratio ours/vllm: 0.950",
+        "summary": ["line one"],
+        "headline": "frontend throughput ratio ours/vllm: 0.950",
     }
     md = markdown(results, comparisons, [d])
     assert md.startswith("Command: `python -m bench --quick`")
@@ -114,11 +148,13 @@ def test_client_cpus_of_its_own_or_shared_and_said_so():
 
 
 def test_py_spy_summary_self_and_areas():
-    folded = "\n".join([
-        "<module> (service/__main__.py:1);run (/x/lib/python3.11/asyncio/base_events.py:10);dispatch (/x/site-packages/starlette/middleware/base.py:5) 30",
-        "<module> (service/__main__.py:1);run (/x/lib/python3.11/asyncio/base_events.py:10);create_completion (/x/site-packages/vllm/entrypoints/openai/completion/serving.py:7) 70",
-        "garbage line",
-    ])
+    folded = "\n".join(
+        [
+            "<module> (service/__main__.py:1);run (/x/lib/python3.11/asyncio/base_events.py:10);dispatch (/x/site-packages/starlette/middleware/base.py:5) 30",
+            "<module> (service/__main__.py:1);run (/x/lib/python3.11/asyncio/base_events.py:10);create_completion (/x/site-packages/vllm/entrypoints/openai/completion/serving.py:7) 70",
+            "garbage line",
+        ]
+    )
     s = profile.summarize(folded)
     assert s["samples"] == 100
     assert s["self"][0] == ("create_completion (vllm/entrypoints/openai/completion/serving.py)", 0.7)

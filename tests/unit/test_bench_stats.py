@@ -1,4 +1,5 @@
 """Parsing of vllm.benchmarks.serve results, paired estimates with 95% intervals, verdicts and summary lines."""
+
 from __future__ import annotations
 
 import math
@@ -29,21 +30,46 @@ from bench.stats import (
 def serve_result(req_s: float, tok_s: float, ttft: float, tpot: float, **extra) -> dict:
     """The shape vllm.benchmarks.serve returns with --metric-percentiles 50,99 (plus arrays we drop)."""
     out = {
-        "duration": 10.0, "completed": 16, "failed": 0, "request_throughput": req_s, "output_throughput": tok_s,
-        "p50_ttft_ms": ttft, "p99_ttft_ms": ttft * 2, "p50_tpot_ms": tpot, "p99_tpot_ms": tpot * 1.5,
-        "p50_itl_ms": tpot, "median_ttft_ms": ttft, "total_output_tokens": 1024, "ttfts": [0.1] * 16,
+        "duration": 10.0,
+        "completed": 16,
+        "failed": 0,
+        "request_throughput": req_s,
+        "output_throughput": tok_s,
+        "p50_ttft_ms": ttft,
+        "p99_ttft_ms": ttft * 2,
+        "p50_tpot_ms": tpot,
+        "p99_tpot_ms": tpot * 1.5,
+        "p50_itl_ms": tpot,
+        "median_ttft_ms": ttft,
+        "total_output_tokens": 1024,
+        "ttfts": [0.1] * 16,
         "generated_texts": ["x"] * 16,
     }
     out.update(extra)
     return out
 
 
-def run(server: str, c: int, rep: int, tok_s: float, ttft: float = 50.0, rnd: int = 0, cpu: float | None = None,
-        starved: bool = False) -> dict:
+def run(
+    server: str,
+    c: int,
+    rep: int,
+    tok_s: float,
+    ttft: float = 50.0,
+    rnd: int = 0,
+    cpu: float | None = None,
+    starved: bool = False,
+) -> dict:
     metrics = extract_metrics(serve_result(tok_s / 64, tok_s, ttft, 10.0))
     if cpu is not None:
         metrics[CPU] = cpu
-    return {"server": server, "concurrency": c, "rep": rep, "round": rnd, "metrics": metrics, "client": {"starved": starved}}
+    return {
+        "server": server,
+        "concurrency": c,
+        "rep": rep,
+        "round": rnd,
+        "metrics": metrics,
+        "client": {"starved": starved},
+    }
 
 
 def test_extract_keeps_scalars_under_our_names():
@@ -104,9 +130,12 @@ def test_verdict_needs_the_whole_interval_on_one_side():
 
 def test_paired_samples_average_the_rounds_of_each_repetition():
     runs = [
-        run("ours", 4, 0, 90.0, rnd=0), run("vllm", 4, 0, 100.0, rnd=0),
-        run("ours", 4, 0, 110.0, rnd=1), run("vllm", 4, 0, 100.0, rnd=1),
-        run("ours", 4, 1, 100.0, ttft=60.0), run("vllm", 4, 1, 100.0, ttft=50.0),
+        run("ours", 4, 0, 90.0, rnd=0),
+        run("vllm", 4, 0, 100.0, rnd=0),
+        run("ours", 4, 0, 110.0, rnd=1),
+        run("vllm", 4, 0, 100.0, rnd=1),
+        run("ours", 4, 1, 100.0, ttft=60.0),
+        run("vllm", 4, 1, 100.0, ttft=50.0),
     ]
     got = paired_samples(runs, "ours", "vllm", "output_throughput", "ratio")
     assert got == pytest.approx([math.sqrt(0.9 * 1.1), 1.0])
@@ -115,7 +144,9 @@ def test_paired_samples_average_the_rounds_of_each_repetition():
 
 def test_compare_estimates_verdicts_and_summary():
     runs = []
-    for rep, (a, b, ca, cb) in enumerate([(99.0, 100.0, 30.0, 27.0), (101.0, 100.0, 31.0, 28.0), (100.0, 100.0, 29.0, 27.0)]):
+    for rep, (a, b, ca, cb) in enumerate(
+        [(99.0, 100.0, 30.0, 27.0), (101.0, 100.0, 31.0, 28.0), (100.0, 100.0, 29.0, 27.0)]
+    ):
         runs += [run("ours", 4, rep, a, ttft=51.0, cpu=ca), run("vllm", 4, rep, b, ttft=50.0, cpu=cb, starved=rep == 2)]
     runs.append(run("ours", 1, 0, 1.0))  # another concurrency: not mixed in
     c = compare("frontend", "ours", "vllm", 4, runs, FRONTEND_TARGETS)

@@ -1,4 +1,5 @@
 """bench.warm_start reads what each start did from vLLM 0.32's own log lines."""
+
 from bench.warm_start import read_log
 
 COLD = """(Worker pid=1) INFO [decorators.py:743] [backbone] saved AOT compiled function to /c/vllm/x/rank_0_0/model
@@ -11,8 +12,16 @@ WARM = """(Worker pid=1) INFO [decorators.py:319] [backbone] Directly load AOT c
 
 
 def test_read_log_tells_compile_recompile_and_load_apart():
-    assert read_log(COLD) == {"compiled_and_saved": True, "loaded_compiled": False, "load_failed_recompiled": False,
-                              "engine_init_s": 220.58}
+    assert read_log(COLD) == {
+        "compiled_and_saved": True,
+        "loaded_compiled": False,
+        "load_failed_recompiled": False,
+        "engine_init_s": 220.58,
+    }
     assert read_log(UNPATCHED)["load_failed_recompiled"] and read_log(UNPATCHED)["engine_init_s"] is None
-    assert read_log(WARM) == {"compiled_and_saved": False, "loaded_compiled": True, "load_failed_recompiled": False,
-                              "engine_init_s": 31.58}
+    assert read_log(WARM) == {
+        "compiled_and_saved": False,
+        "loaded_compiled": True,
+        "load_failed_recompiled": False,
+        "engine_init_s": 31.58,
+    }

@@ -1,4 +1,5 @@
 """Tool-call and reasoning parsers from a model's chat template and added tokens (facts -> policy)."""
+
 from __future__ import annotations
 
 import json
@@ -43,7 +44,9 @@ def decided(tmp_path, template, special=(), added=(), **settings) -> dict[str, o
 def test_qwen3_template_gets_hermes_tools_and_qwen3_reasoning(tmp_path):
     got = decided(tmp_path, QWEN3_TEMPLATE, QWEN3_SPECIAL, QWEN3_ADDED)
     assert got == {
-        "engine.tool_call_parser": "hermes", "engine.enable_auto_tool_choice": True, "engine.reasoning_parser": "qwen3",
+        "engine.tool_call_parser": "hermes",
+        "engine.enable_auto_tool_choice": True,
+        "engine.reasoning_parser": "qwen3",
     }
 
 
@@ -62,7 +65,12 @@ def test_llama31_template_gets_llama3_json(tmp_path):
     "template,special,tool,reasoning",
     [
         ("{{ '[AVAILABLE_TOOLS]' }}[TOOL_CALLS]", ["[TOOL_CALLS]", "[THINK]"], "mistral", "mistral"),
-        ("<｜Assistant｜><think>\n{{ x }}</think>", ["<｜tool▁calls▁begin｜>", "<｜Assistant｜>"], "deepseek_v3", "deepseek_r1"),
+        (
+            "<｜Assistant｜><think>\n{{ x }}</think>",
+            ["<｜tool▁calls▁begin｜>", "<｜Assistant｜>"],
+            "deepseek_v3",
+            "deepseek_r1",
+        ),
         ("<|start|>assistant<|channel|>analysis<|message|>", ["<|channel|>"], "openai", "openai_gptoss"),
         ("<tool_call>\n<function={{ name }}>", ["<tool_call>"], "qwen3_xml", None),
     ],
@@ -93,7 +101,9 @@ def test_named_templates_are_all_read(tmp_path):
 def test_template_file_wins_and_added_tokens_come_from_tokenizer_json(tmp_path):
     (tmp_path / "chat_template.jinja").write_text(LLAMA31_TEMPLATE)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
-    (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"id": 5, "content": "<|python_tag|>", "special": True}]}))
+    (tmp_path / "tokenizer.json").write_text(
+        json.dumps({"added_tokens": [{"id": 5, "content": "<|python_tag|>", "special": True}]})
+    )
     facts = read_chat_template(tmp_path)
     assert facts.source == "chat_template.jinja" and "<|im_start|>" not in facts.markers
     assert "<|start_header_id|>" in facts.markers and facts.special_markers == ("<|python_tag|>",)
@@ -106,7 +116,9 @@ def test_no_chat_template_sets_no_parser_and_says_why(tmp_path):
 
 
 def test_user_settings_win(tmp_path):
-    got = decided(tmp_path, QWEN3_TEMPLATE, QWEN3_SPECIAL, QWEN3_ADDED, tool_call_parser="qwen3_xml", reasoning_parser="none")
+    got = decided(
+        tmp_path, QWEN3_TEMPLATE, QWEN3_SPECIAL, QWEN3_ADDED, tool_call_parser="qwen3_xml", reasoning_parser="none"
+    )
     assert got["engine.tool_call_parser"] == "qwen3_xml" and got["engine.reasoning_parser"] is None
     model = inspect_model(str(model_dir(tmp_path, QWEN3_TEMPLATE, QWEN3_SPECIAL, QWEN3_ADDED)))
     sources = {d.setting: d.source for d in chat_decisions(model, Settings(tool_call_parser="none"))}

@@ -1,4 +1,5 @@
 """Compile cache: where vLLM keeps it (a decision) and the vLLM 0.32 loader fix (version-gated, idempotent)."""
+
 from __future__ import annotations
 
 from importlib.metadata import entry_points
@@ -25,7 +26,9 @@ def test_user_cache_root_wins():
     assert (plan.decisions[0].value, plan.decisions[0].source) == ("/elsewhere", "user")
 
 
-@pytest.mark.parametrize(("version", "needed"), [("0.32.0", True), ("0.32.1", True), ("0.31.2", False), ("0.33.0", False), (None, False)])
+@pytest.mark.parametrize(
+    ("version", "needed"), [("0.32.0", True), ("0.32.1", True), ("0.31.2", False), ("0.33.0", False), (None, False)]
+)
 def test_patch_is_gated_to_vllm_0_32(version, needed):
     assert patch.needs_patch(version) is needed
     assert plan_compile_cache(Path("/c"), version, {}).decisions[1].value is needed
@@ -58,5 +61,7 @@ def test_patch_gives_torchs_inductor_artifact_the_method_vllms_loader_calls():
 
 
 def test_patch_is_registered_as_our_own_vllm_general_plugin():
-    ours = [ep for ep in entry_points(group="vllm.general_plugins") if ep.value.startswith("service.compile_cache_patch")]
+    ours = [
+        ep for ep in entry_points(group="vllm.general_plugins") if ep.value.startswith("service.compile_cache_patch")
+    ]
     assert len(ours) == 1 and ours[0].load() is patch.register

@@ -76,7 +76,9 @@ def _first_block(name: str) -> str:
     return (CPUINFO / f"{name}.txt").read_text().split("\n\n")[0]
 
 
-def _with_flags(name: str, *, drop: set[str] = frozenset(), model: int | None = None, stepping: int | None = None) -> str:
+def _with_flags(
+    name: str, *, drop: set[str] = frozenset(), model: int | None = None, stepping: int | None = None
+) -> str:
     lines = []
     for line in _first_block(name).splitlines():
         key = line.partition(":")[0].strip()
@@ -132,18 +134,28 @@ def test_model_0x55_is_told_apart_by_stepping(stepping: int, hidden: set[str], n
     ("vendor", "family", "model", "name"),
     [
         # AMD: Linux arch/x86/kernel/cpu/amd.c bsp_init_amd() ranges, ends included
-        ("AuthenticAMD", 0x17, 0x01, "zen"), ("AuthenticAMD", 0x17, 0x5F, "zen"),
-        ("AuthenticAMD", 0x17, 0x31, "zen2"), ("AuthenticAMD", 0x17, 0xA0, "zen2"),
-        ("AuthenticAMD", 0x19, 0x01, "zen3"), ("AuthenticAMD", 0x19, 0x21, "zen3"),
-        ("AuthenticAMD", 0x19, 0x11, "zen4"), ("AuthenticAMD", 0x19, 0xA0, "zen4"),
-        ("AuthenticAMD", 0x1A, 0x02, "zen5"), ("AuthenticAMD", 0x1A, 0x44, "zen5"),
+        ("AuthenticAMD", 0x17, 0x01, "zen"),
+        ("AuthenticAMD", 0x17, 0x5F, "zen"),
+        ("AuthenticAMD", 0x17, 0x31, "zen2"),
+        ("AuthenticAMD", 0x17, 0xA0, "zen2"),
+        ("AuthenticAMD", 0x19, 0x01, "zen3"),
+        ("AuthenticAMD", 0x19, 0x21, "zen3"),
+        ("AuthenticAMD", 0x19, 0x11, "zen4"),
+        ("AuthenticAMD", 0x19, 0xA0, "zen4"),
+        ("AuthenticAMD", 0x1A, 0x02, "zen5"),
+        ("AuthenticAMD", 0x1A, 0x44, "zen5"),
         ("AuthenticAMD", 0x1A, 0x50, "zen6"),
         # Intel family 6: intel-family.h
-        ("GenuineIntel", 6, 0x6A, "icelake"), ("GenuineIntel", 6, 0x6C, "icelake"),
-        ("GenuineIntel", 6, 0x8F, "sapphirerapids"), ("GenuineIntel", 6, 0xCF, "emeraldrapids"),
-        ("GenuineIntel", 6, 0xAD, "graniterapids"), ("GenuineIntel", 6, 0xAE, "graniterapids"),
-        ("GenuineIntel", 6, 0x97, "alderlake"), ("GenuineIntel", 6, 0xB7, "raptorlake"),
-        ("GenuineIntel", 6, 0x9E, "skylake"), ("GenuineIntel", 6, 0xA7, "rocketlake"),
+        ("GenuineIntel", 6, 0x6A, "icelake"),
+        ("GenuineIntel", 6, 0x6C, "icelake"),
+        ("GenuineIntel", 6, 0x8F, "sapphirerapids"),
+        ("GenuineIntel", 6, 0xCF, "emeraldrapids"),
+        ("GenuineIntel", 6, 0xAD, "graniterapids"),
+        ("GenuineIntel", 6, 0xAE, "graniterapids"),
+        ("GenuineIntel", 6, 0x97, "alderlake"),
+        ("GenuineIntel", 6, 0xB7, "raptorlake"),
+        ("GenuineIntel", 6, 0x9E, "skylake"),
+        ("GenuineIntel", 6, 0xA7, "rocketlake"),
     ],
 )
 def test_family_model_table(vendor: str, family: int, model: int, name: str) -> None:
@@ -166,7 +178,9 @@ def test_every_row_is_based_on_an_archspec_target() -> None:
     assert all(part.base == part.name for part in PARTS if part.name in TARGETS)
 
 
-@pytest.mark.parametrize(("code", "vendor"), [("0x41", "ARM"), ("0xc0", "Ampere"), ("0x48", "HiSilicon"), ("0x99", "0x99")])
+@pytest.mark.parametrize(
+    ("code", "vendor"), [("0x41", "ARM"), ("0xc0", "Ampere"), ("0x48", "HiSilicon"), ("0x99", "0x99")]
+)
 def test_arm_implementer_names(code: str, vendor: str) -> None:
     text = f"processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd\nCPU implementer\t: {code}\nCPU part\t: 0xac3\n"
     info = parse_cpuinfo(text)

@@ -1,4 +1,5 @@
 """`python -m service detect`: the JSON contract, recorded dumps, exit codes."""
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,9 @@ def test_json_contract_keys():
 
 
 def test_recorded_container_tree_is_seen_exactly():
-    code, report = detect("--cpuinfo", str(SYSFS / "container_cpuset/proc/cpuinfo"), "--sysfs", str(SYSFS / "container_cpuset/sys"))
+    code, report = detect(
+        "--cpuinfo", str(SYSFS / "container_cpuset/proc/cpuinfo"), "--sysfs", str(SYSFS / "container_cpuset/sys")
+    )
     assert code == 0
     assert report["hardware"]["allowed_cpus"] == [2, 3, 4, 5, 18, 19, 20, 21]
     assert report["hardware"]["memory_limit_bytes"] == 16 * 1024**3
@@ -46,8 +49,14 @@ def test_recorded_container_tree_is_seen_exactly():
 
 
 def test_model_decisions_appear_with_model():
-    code, report = detect("--cpuinfo", str(CPUINFO / "xeon_8480_sapphirerapids.txt"),
-                          "--model", str(MODELS / "qwen3-next-80b-a3b-instruct"), "--max-model-len", "4096")
+    code, report = detect(
+        "--cpuinfo",
+        str(CPUINFO / "xeon_8480_sapphirerapids.txt"),
+        "--model",
+        str(MODELS / "qwen3-next-80b-a3b-instruct"),
+        "--max-model-len",
+        "4096",
+    )
     settings = {d["setting"]: d for d in report["decisions"]}
     assert report["model"]["has_linear_attention"] is True
     assert settings["engine.enable_prefix_caching"]["value"] is False
@@ -66,7 +75,9 @@ def test_forced_zen_on_intel_exits_nonzero():
 
 
 def test_preflight_failure_exits_nonzero():
-    code, report = detect("--sysfs", str(SYSFS / "container_cpuset/sys"), "--model", str(MODELS / "llama-3.1-8b-instruct"))
+    code, report = detect(
+        "--sysfs", str(SYSFS / "container_cpuset/sys"), "--model", str(MODELS / "llama-3.1-8b-instruct")
+    )
     assert code == 1 and "does not fit" in report["errors"][0]
 
 
@@ -89,7 +100,9 @@ def test_a_zen5_kvm_guest_is_named_zen5_not_a_generic_level():
 
 @pytest.fixture(scope="module")
 def live_detect() -> tuple[int, dict]:
-    out = subprocess.run([sys.executable, "-m", "service", "detect", "--json"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "service", "detect", "--json"], capture_output=True, text=True, timeout=120
+    )
     return out.returncode, json.loads(out.stdout)
 
 
@@ -109,7 +122,12 @@ def test_live_detect_names_the_part_its_family_model_says(live_detect):
     _, report = live_detect
     cpu = read_cpuinfo()
     hw = report["hardware"]
-    assert (hw["vendor"], hw["family"], hw["model"], hw["stepping"]) == (cpu.vendor, cpu.family, cpu.model, cpu.stepping)
+    assert (hw["vendor"], hw["family"], hw["model"], hw["stepping"]) == (
+        cpu.vendor,
+        cpu.family,
+        cpu.model,
+        cpu.stepping,
+    )
     part = find_part(cpu.vendor, cpu.family, cpu.model, cpu.stepping)
     if part is not None and not part_contradicted(part, cpu.flags):
         assert hw["microarchitecture"] == part.name, hw

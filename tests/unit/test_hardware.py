@@ -54,7 +54,10 @@ def test_cpuinfo_alone_takes_topology_from_cpuinfo_and_allows_every_processor() 
     facts = read_hardware(cpuinfo_path=FIXTURES / "cpuinfo" / "epyc_9654_zen4.txt")
     assert facts.cpu.microarchitecture == "zen4"
     assert facts.topology.source == "cpuinfo"
-    assert facts.topology.nodes == {0: frozenset({*range(4), *range(8, 12)}), 1: frozenset({*range(4, 8), *range(12, 16)})}
+    assert facts.topology.nodes == {
+        0: frozenset({*range(4), *range(8, 12)}),
+        1: frozenset({*range(4, 8), *range(12, 16)}),
+    }
     assert facts.limits.allowed_cpus == frozenset(range(16))
     assert (facts.limits.memory_bytes, facts.limits.memory_source) == (None, "unknown")
 

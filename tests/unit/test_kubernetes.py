@@ -1,6 +1,7 @@
 """The Kubernetes manifests (deploy/kubernetes), rendered with `kubectl kustomize` as a user would, each object
 validated against the Kubernetes OpenAPI schemas (kubernetes-validate) or the CRD's schema (KEDA, Prometheus
 operator: tests/fixtures/kubernetes), and the invariants the service depends on."""
+
 from __future__ import annotations
 
 import functools
@@ -129,8 +130,10 @@ def test_cpu_and_memory_come_from_the_numa_node_alone(tmp_path):
     kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
     moved = {"resources": kustomization["resources"], "components": kustomization["components"]}
     for key, entries in moved.items():  # the copy lives elsewhere: point at the repository's base again
-        kustomization[key] = [os.path.relpath((DEPLOY / "overlays" / "keda" / e).resolve(), overlay)
-                              if e.startswith("..") else e for e in entries]
+        kustomization[key] = [
+            os.path.relpath((DEPLOY / "overlays" / "keda" / e).resolve(), overlay) if e.startswith("..") else e
+            for e in entries
+        ]
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     node = yaml.safe_load((overlay / "numa-node.yaml").read_text())
     node["data"] = {"cpus": "56", "memory": "240Gi"}
@@ -244,8 +247,12 @@ def test_scalers_query_metrics_the_service_exports(rendered):
     for rule in rules:
         series = metric_names(rule["seriesQuery"])
         # The adapter fills its Go template per request; any valid filling must stay valid PromQL.
-        filled = (rule["metricsQuery"].replace("<<.Series>>", next(iter(series)))
-                  .replace("<<.LabelMatchers>>", 'namespace="default",pod="p"').replace("<<.GroupBy>>", "pod"))
+        filled = (
+            rule["metricsQuery"]
+            .replace("<<.Series>>", next(iter(series)))
+            .replace("<<.LabelMatchers>>", 'namespace="default",pod="p"')
+            .replace("<<.GroupBy>>", "pod")
+        )
         queried |= series | metric_names(filled)
     assert queried == {"vllm:num_requests_waiting"}
     assert queried <= exported

@@ -55,7 +55,9 @@ def test_memory_max_unset_or_above_memtotal_leaves_memtotal(tmp_path: Path, memo
 
 
 def test_memory_max_without_memtotal(tmp_path: Path) -> None:
-    limits = read_limits(ONLINE, cgroup_root=_cgroup(tmp_path, memory_max="1073741824"), meminfo_total=None, affinity=None)
+    limits = read_limits(
+        ONLINE, cgroup_root=_cgroup(tmp_path, memory_max="1073741824"), meminfo_total=None, affinity=None
+    )
     assert (limits.memory_bytes, limits.memory_source) == (GIB, "cgroup memory.max")
 
 
@@ -86,7 +88,10 @@ def test_cgroup_v1_limits_count_like_v2(tmp_path):
     (cpu / "cpu.cfs_quota_us").write_text("250000\n")
     (cpu / "cpu.cfs_period_us").write_text("100000\n")
     limits = read_limits(
-        frozenset(range(8)), cgroup_root=None, meminfo_total=64 * GIB, affinity=None,
+        frozenset(range(8)),
+        cgroup_root=None,
+        meminfo_total=64 * GIB,
+        affinity=None,
         cgroup_v1={"memory": memory, "cpuset": cpuset, "cpu": cpu},
     )
     assert limits.allowed_cpus == frozenset(range(4)) and "v1 cpuset" in limits.allowed_cpus_source
@@ -101,7 +106,10 @@ def test_cgroup_v1_unlimited_values_mean_no_limit(tmp_path):
     (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
     (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
     limits = read_limits(
-        frozenset({0, 1}), cgroup_root=None, meminfo_total=4 * GIB, affinity=None,
+        frozenset({0, 1}),
+        cgroup_root=None,
+        meminfo_total=4 * GIB,
+        affinity=None,
         cgroup_v1={"memory": tmp_path / "memory", "cpu": tmp_path / "cpu"},
     )
     assert (limits.memory_bytes, limits.memory_source, limits.cpu_quota) == (4 * GIB, "MemTotal", None)

@@ -1,4 +1,5 @@
 """Model facts from recorded real configs (tests/fixtures/models), the packaged MiniLM model and a fake HF cache."""
+
 from __future__ import annotations
 
 import json
@@ -127,17 +128,31 @@ def test_quantization_schemes(tmp_path, quantization_config, expected):
 
 
 def test_olmo_hybrid_default_layout(tmp_path):
-    write_config(tmp_path, {"architectures": ["OlmoHybridForCausalLM"], "model_type": "olmo_hybrid",
-                            "num_hidden_layers": 8, "num_attention_heads": 4, "hidden_size": 256})
+    write_config(
+        tmp_path,
+        {
+            "architectures": ["OlmoHybridForCausalLM"],
+            "model_type": "olmo_hybrid",
+            "num_hidden_layers": 8,
+            "num_attention_heads": 4,
+            "hidden_size": 256,
+        },
+    )
     f = inspect_model(str(tmp_path))
     assert (f.linear_attention_layers, f.full_attention_layers) == (6, 2)
     assert (f.num_kv_heads, f.head_dim) == (4, 64)  # kv heads fall back to attention heads
 
 
 def test_sliding_window_layers_still_count_as_kv_layers(tmp_path):
-    write_config(tmp_path, {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
-                            "num_hidden_layers": 3,
-                            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]})
+    write_config(
+        tmp_path,
+        {
+            "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 3,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        },
+    )
     f = inspect_model(str(tmp_path))
     assert not f.has_linear_attention
     assert f.full_attention_layers == 3
@@ -182,8 +197,10 @@ def test_weight_bytes_sum_safetensors_on_disk(tmp_path):
     (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"\0" * 1000)
     (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"\0" * 500)
     (tmp_path / "pytorch_model.bin").write_bytes(b"\0" * 9999)  # ignored when safetensors exist
-    index = {"metadata": {"total_size": 1400},
-             "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    index = {
+        "metadata": {"total_size": 1400},
+        "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
+    }
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     assert inspect_model(str(tmp_path)).weight_bytes == 1500
     # One shard missing (partial download): the declared total is the better figure.
@@ -192,8 +209,17 @@ def test_weight_bytes_sum_safetensors_on_disk(tmp_path):
 
 
 def test_weight_bytes_fall_back_to_bin(tmp_path):
-    write_config(tmp_path, {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 12,
-                            "n_head": 12, "n_embd": 768, "n_positions": 1024})
+    write_config(
+        tmp_path,
+        {
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "n_layer": 12,
+            "n_head": 12,
+            "n_embd": 768,
+            "n_positions": 1024,
+        },
+    )
     (tmp_path / "pytorch_model.bin").write_bytes(b"\0" * 321)
     f = inspect_model(str(tmp_path))
     assert f.weight_bytes == 321

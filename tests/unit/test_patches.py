@@ -3,6 +3,7 @@
 torch 2.13 (installed) already turns ValueError into BypassFxGraphCache inside `dumps`, so the tests put
 torch 2.10's `dumps` body back on the real class: otherwise a ValueError test would pass with no patch at all.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Backend choice for every recorded CPU, explicit requests, and refusals."""
+
 from __future__ import annotations
 
 import pytest
@@ -107,7 +108,9 @@ def test_platform_follows_the_backend(name):
         assert chosen.platform == (ZEN_PLATFORM if chosen.name == "zen" else GENERIC_PLATFORM)
 
 
-@pytest.mark.parametrize(("requested", "platform", "source"), [("auto", ZEN_PLATFORM, "policy"), ("avx512", GENERIC_PLATFORM, "user")])
+@pytest.mark.parametrize(
+    ("requested", "platform", "source"), [("auto", ZEN_PLATFORM, "policy"), ("avx512", GENERIC_PLATFORM, "user")]
+)
 def test_zen_fixture_plan_carries_the_platform_to_vllm_processes(requested, platform, source):
     """The path `detect --cpuinfo` takes: the plan's environment names the class the plugin will return."""
     hardware = read_hardware(cpuinfo_path=CPUINFO / "epyc_9755_zen5.txt")
@@ -120,7 +123,8 @@ def test_zen_fixture_plan_carries_the_platform_to_vllm_processes(requested, plat
 
 
 @pytest.mark.parametrize(
-    "name,requested", [("xeon_8480_sapphirerapids.txt", "amx"), ("epyc_9654_zen4.txt", "zen"), ("epyc_7763_zen3.txt", "avx2")]
+    "name,requested",
+    [("xeon_8480_sapphirerapids.txt", "amx"), ("epyc_9654_zen4.txt", "zen"), ("epyc_7763_zen3.txt", "avx2")],
 )
 def test_requested_backend_that_matches_is_accepted(name, requested):
     chosen = choose_backend(cpu(name), software(True), requested)

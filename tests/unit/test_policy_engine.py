@@ -1,4 +1,5 @@
 """Engine policy: every decision with its reason and source, user overrides, pre-flight failures."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,7 +54,9 @@ def test_gdn_on_amx_turns_off_prefix_caching_and_chunked_prefill(gdn_model):
 
 
 def test_gdn_on_amx_user_override_wins_with_a_warning():
-    p = plan(hw(memory=2048 * GiB), model_name="qwen3-next-80b-a3b-instruct", max_model_len=4096, enable_prefix_caching=True)
+    p = plan(
+        hw(memory=2048 * GiB), model_name="qwen3-next-80b-a3b-instruct", max_model_len=4096, enable_prefix_caching=True
+    )
     d = decision(p, "engine.enable_prefix_caching")
     assert (d.value, d.source) == (True, "user")
     assert any("enable_prefix_caching" in w for w in p.warnings)
@@ -61,8 +64,12 @@ def test_gdn_on_amx_user_override_wins_with_a_warning():
 
 
 def test_gdn_conv_layout_already_set_is_left_alone():
-    p = plan(hw(memory=2048 * GiB), model_name="qwen3-next-80b-a3b-instruct", max_model_len=4096,
-             env={"VLLM_SSM_CONV_STATE_LAYOUT": "DS"})
+    p = plan(
+        hw(memory=2048 * GiB),
+        model_name="qwen3-next-80b-a3b-instruct",
+        max_model_len=4096,
+        env={"VLLM_SSM_CONV_STATE_LAYOUT": "DS"},
+    )
     assert "VLLM_SSM_CONV_STATE_LAYOUT" not in p.env
     assert decision(p, "env.VLLM_SSM_CONV_STATE_LAYOUT").source == "user"
 

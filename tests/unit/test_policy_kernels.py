@@ -1,4 +1,5 @@
 """Pre-flight kernel limits: models vLLM's CPU kernels cannot run are refused before loading, with the limit."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -93,8 +94,14 @@ def test_detect_refuses_the_mismatched_model_before_loading():
 
 
 def test_detect_passes_the_real_qwen3_next_and_says_what_it_checked():
-    code, report = detect("--cpuinfo", str(CPUINFO / "xeon_8480_sapphirerapids.txt"), "--model", str(QWEN3_NEXT),
-                          "--max-model-len", "4096")
+    code, report = detect(
+        "--cpuinfo",
+        str(CPUINFO / "xeon_8480_sapphirerapids.txt"),
+        "--model",
+        str(QWEN3_NEXT),
+        "--max-model-len",
+        "4096",
+    )
     assert report["errors"] == [] and code == 0
     (kernels,) = [d for d in report["decisions"] if d["setting"] == SETTING]
     assert kernels["value"] == "pass" and "GDN" in kernels["reason"]

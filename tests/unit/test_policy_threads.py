@@ -1,4 +1,5 @@
 """Thread lists per rank from the allowed CPUs, for recorded machines and containers."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,5 @@
 """Preload: the libraries found on disk (facts) and the LD_PRELOAD decided from them per backend (policy)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,7 +43,9 @@ def test_read_libraries_on_a_bare_machine_finds_nothing(tmp_path):
 
 def test_read_libraries_takes_vllms_bundled_tcmalloc_when_the_system_has_none(tmp_path):
     bundled = touch(tmp_path / "site/vllm/libs/libtcmalloc_minimal.so.4")
-    facts = read_libraries(root=tmp_path / "root", prefix=tmp_path, torch_dir=tmp_path / "torch", vllm_dir=bundled.parents[1])
+    facts = read_libraries(
+        root=tmp_path / "root", prefix=tmp_path, torch_dir=tmp_path / "torch", vllm_dir=bundled.parents[1]
+    )
     assert facts.tcmalloc == bundled
 
 

@@ -1,4 +1,5 @@
 """Quantized checkpoints: facts from config.json, the kernel per (format x backend), knobs, refusals, overrides."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ import pytest
 
 from service.facts.model import inspect_model
 from service.facts.quantization import read_quantization
-from service.policy.quant import KERNELS, RULES, plan_quant
 from service.policy.engine import build_plan
+from service.policy.quant import KERNELS, RULES, plan_quant
 from service.policy.quant_measurements import MEASUREMENTS
 from service.settings import Settings, load_settings
 from tests.unit.conftest import MODELS, software
@@ -28,8 +29,16 @@ LLAMA = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, 
 def ct_config(weights: dict, activations: dict | None = None, fmt: str = "pack-quantized", **extra) -> dict:
     group = {"targets": ["Linear"], "weights": {"type": "int", "symmetric": True, "dynamic": False, **weights}}
     group["input_activations"] = activations
-    return {**LLAMA, "quantization_config": {"quant_method": "compressed-tensors", "format": fmt,
-                                             "config_groups": {"group_0": group}, "ignore": ["lm_head"], **extra}}
+    return {
+        **LLAMA,
+        "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "format": fmt,
+            "config_groups": {"group_0": group},
+            "ignore": ["lm_head"],
+            **extra,
+        },
+    }
 
 
 W4A16 = ct_config({"num_bits": 4, "strategy": "group", "group_size": 128})
@@ -48,9 +57,20 @@ W8A8_STATIC = ct_config(
 def quant_plan(config: dict, cpu: str, tmp_path, env=None, **settings):
     d = tmp_path / "m"
     d.mkdir(exist_ok=True)
-    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                                               "num_hidden_layers": 2, "max_position_embeddings": 4096, **config}))
-    return build_plan(hw(cpu, memory=256 * GiB), inspect_model(str(d)), software(True), load_settings(**settings), env or {})
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "num_hidden_layers": 2,
+                "max_position_embeddings": 4096,
+                **config,
+            }
+        )
+    )
+    return build_plan(
+        hw(cpu, memory=256 * GiB), inspect_model(str(d)), software(True), load_settings(**settings), env or {}
+    )
 
 
 def kernel(p) -> str:
@@ -60,10 +80,18 @@ def kernel(p) -> str:
 def test_facts_of_a_compressed_tensors_w4a16_checkpoint():
     f = read_quantization(W4A16)
     assert (f.key, f.weight_bits, f.group_size, f.weight_symmetric, f.act_order, f.activation_scheme) == (
-        "w4a16", 4, 128, True, None, None
+        "w4a16",
+        4,
+        128,
+        True,
+        None,
+        None,
     )
     assert [(s.name, s.in_features, s.out_features) for s in f.linear_shapes] == [
-        ("qkv_proj", 4096, 6144), ("o_proj", 4096, 4096), ("gate_up_proj", 4096, 28672), ("down_proj", 14336, 4096)
+        ("qkv_proj", 4096, 6144),
+        ("o_proj", 4096, 4096),
+        ("gate_up_proj", 4096, 28672),
+        ("down_proj", 14336, 4096),
     ]
 
 
@@ -79,7 +107,9 @@ def test_facts_of_the_recorded_gptq_model(tmp_path):
 
 
 def test_ignored_projections_are_not_checked():
-    f = read_quantization(ct_config({"num_bits": 4, "strategy": "group", "group_size": 128}, ignore=["lm_head", "re:.*down_proj"]))
+    f = read_quantization(
+        ct_config({"num_bits": 4, "strategy": "group", "group_size": 128}, ignore=["lm_head", "re:.*down_proj"])
+    )
     assert "down_proj" not in [s.name for s in f.linear_shapes]
 
 
@@ -174,10 +204,32 @@ def test_mixed_kernels_name_their_layers(tmp_path):
     [
         (ct_config({"num_bits": 4, "strategy": "group", "group_size": 128, "actorder": "group"}), "actorder=group"),
         (ct_config({"num_bits": 8, "strategy": "group", "group_size": 128}), "8-bit weight-only"),
-        ({**LLAMA, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True,
-                                           "sym": True}}, "desc_act=True"),
-        ({**LLAMA, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
-                                           "sym": False}}, "asymmetric GPTQ"),
+        (
+            {
+                **LLAMA,
+                "quantization_config": {
+                    "quant_method": "gptq",
+                    "bits": 4,
+                    "group_size": 128,
+                    "desc_act": True,
+                    "sym": True,
+                },
+            },
+            "desc_act=True",
+        ),
+        (
+            {
+                **LLAMA,
+                "quantization_config": {
+                    "quant_method": "gptq",
+                    "bits": 4,
+                    "group_size": 128,
+                    "desc_act": False,
+                    "sym": False,
+                },
+            },
+            "asymmetric GPTQ",
+        ),
     ],
 )
 @pytest.mark.parametrize("cpu", [ZEN, AMX, AVX512])
@@ -187,7 +239,9 @@ def test_refusals_are_pre_flight_errors(tmp_path, cpu, config, message):
 
 
 def test_static_act_order_runs(tmp_path):
-    p = quant_plan(ct_config({"num_bits": 4, "strategy": "group", "group_size": 128, "actorder": "static"}), AVX512, tmp_path)
+    p = quant_plan(
+        ct_config({"num_bits": 4, "strategy": "group", "group_size": 128, "actorder": "static"}), AVX512, tmp_path
+    )
     assert not p.errors and kernel(p) == "wna16-vec"
 
 
@@ -199,14 +253,18 @@ def test_shapes_no_kernel_can_take_are_refused(tmp_path):
 
 
 def test_gptq_on_zen_is_a_named_fallback(tmp_path):
-    config = {**LLAMA, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
-                                               "sym": True}}
+    config = {
+        **LLAMA,
+        "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True},
+    }
     p = quant_plan(config, ZEN, tmp_path)
     assert kernel(p) == "zentorch-wna16-fallback" and any("compressed-tensors W4A16 copy" in w for w in p.warnings)
 
 
 def test_fp8_without_amx_warns_of_the_generic_path(tmp_path):
-    p = quant_plan({**LLAMA, "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}, AVX512, tmp_path)
+    p = quant_plan(
+        {**LLAMA, "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}, AVX512, tmp_path
+    )
     assert kernel(p) == "torch-fp8" and any("torch._scaled_mm" in w for w in p.warnings)
     assert kernel(quant_plan({**LLAMA, "quantization_config": {"quant_method": "fp8"}}, AMX, tmp_path)) == "amx-fp8"
 

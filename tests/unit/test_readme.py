@@ -1,4 +1,5 @@
 """The README documents every setting the service accepts."""
+
 from __future__ import annotations
 
 from pathlib import Path

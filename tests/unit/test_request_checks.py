@@ -1,4 +1,5 @@
 """OpenAI-strict request checks (service/server/request_checks.py): the problem and the field it names."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,22 +30,68 @@ def problem(body: dict, path: str = CHAT, model=TEXT_MODEL) -> RequestProblem | 
     [
         ({"messages": [USER, {"role": "wizard", "content": "hi"}]}, "messages[1].role", "'wizard' is not a role"),
         ({"messages": [{"role": "tool", "content": "22 C"}]}, "messages[0].tool_call_id", "no tool_call_id"),
-        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, IMAGE]}]},
-         "messages[0].content[1]", "'image_url' part, but the model takes text only"),
-        ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
-         "messages[0].content[0]", "text only"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, IMAGE]}]},
+            "messages[0].content[1]",
+            "'image_url' part, but the model takes text only",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}
+                ]
+            },
+            "messages[0].content[0]",
+            "text only",
+        ),
         ({"messages": [USER], "logit_bias": {"5": 150}}, "logit_bias[5]", "out of range"),
-        ({"messages": [USER], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "flurb"}}}},
-         "response_format.json_schema.schema", "not a valid JSON Schema"),
-        ({"messages": [USER], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"minLength": -1}}}}}},
-         "response_format.json_schema.schema", "(at properties/a/minLength)"),
-        ({"messages": [USER], "tools": [TOOL, {"type": "function", "function": {"name": "f", "parameters": {"required": "city"}}}]},
-         "tools[1].function.parameters", "not a valid JSON Schema"),
-        ({"messages": [USER], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"$schema": [1]}}}]},
-         "tools[0].function.parameters", "$schema must be a URI string"),
+        (
+            {
+                "messages": [USER],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "flurb"}}},
+            },
+            "response_format.json_schema.schema",
+            "not a valid JSON Schema",
+        ),
+        (
+            {
+                "messages": [USER],
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"minLength": -1}}}},
+                },
+            },
+            "response_format.json_schema.schema",
+            "(at properties/a/minLength)",
+        ),
+        (
+            {
+                "messages": [USER],
+                "tools": [TOOL, {"type": "function", "function": {"name": "f", "parameters": {"required": "city"}}}],
+            },
+            "tools[1].function.parameters",
+            "not a valid JSON Schema",
+        ),
+        (
+            {
+                "messages": [USER],
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"$schema": [1]}}}],
+            },
+            "tools[0].function.parameters",
+            "$schema must be a URI string",
+        ),
     ],
-    ids=["role", "tool-without-id", "image-to-text-model", "audio-to-text-model", "logit-bias-range", "schema-type",
-         "schema-where", "tool-parameters", "schema-dialect-not-a-string"],
+    ids=[
+        "role",
+        "tool-without-id",
+        "image-to-text-model",
+        "audio-to-text-model",
+        "logit-bias-range",
+        "schema-type",
+        "schema-where",
+        "tool-parameters",
+        "schema-dialect-not-a-string",
+    ],
 )
 def test_problems_name_the_field(body, param, words):
     found = problem(body)
@@ -56,16 +103,36 @@ def test_problems_name_the_field(body, param, words):
     [
         ({"messages": [{"role": "developer", "content": "be brief"}, USER]}, CHAT, TEXT_MODEL),
         ({"messages": [{"role": "tool", "tool_call_id": "call_1", "content": "22 C"}]}, CHAT, TEXT_MODEL),
-        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, IMAGE]}]}, CHAT, VISION_MODEL),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, IMAGE]}]},
+            CHAT,
+            VISION_MODEL,
+        ),
         ({"messages": [USER], "logit_bias": {"5": -100, "6": 100}}, CHAT, TEXT_MODEL),
-        ({"messages": [USER], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}, CHAT, TEXT_MODEL),
+        (
+            {
+                "messages": [USER],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+            },
+            CHAT,
+            TEXT_MODEL,
+        ),
         ({"messages": [USER], "tools": [TOOL]}, CHAT, TEXT_MODEL),
         ({"prompt": "hi", "logit_bias": {"5": 10}}, COMPLETIONS, TEXT_MODEL),
         ({"messages": [{"role": "wizard", "content": "hi"}]}, "/tokenize", TEXT_MODEL),  # only completions are checked
         ({"messages": [{"role": "user", "content": [IMAGE]}]}, CHAT, None),  # no model facts: left to vLLM
     ],
-    ids=["developer", "tool-with-id", "image-to-vision-model", "bias-at-limits", "valid-schema", "valid-tool",
-         "completions", "other-path", "no-model-facts"],
+    ids=[
+        "developer",
+        "tool-with-id",
+        "image-to-vision-model",
+        "bias-at-limits",
+        "valid-schema",
+        "valid-tool",
+        "completions",
+        "other-path",
+        "no-model-facts",
+    ],
 )
 def test_valid_requests_pass(body, path, model):
     assert problem(body, path, model) is None
@@ -73,10 +140,26 @@ def test_valid_requests_pass(body, path, model):
 
 @pytest.mark.parametrize(
     "body",
-    [{"messages": "hi"}, {"messages": [5, None]}, {"messages": [{"role": 7}]}, {"logit_bias": [1, 2]},
-     {"logit_bias": {"5": "high"}}, {"messages": [USER], "response_format": {"type": "json_schema", "json_schema": {"schema": 5}}},
-     {"messages": [USER], "tools": "all"}, {"messages": [{"role": "user", "content": [{"type": ["image_url"]}, 3]}]}],
-    ids=["messages-str", "messages-not-objects", "role-int", "bias-list", "bias-str", "schema-int", "tools-str", "part-type-list"],
+    [
+        {"messages": "hi"},
+        {"messages": [5, None]},
+        {"messages": [{"role": 7}]},
+        {"logit_bias": [1, 2]},
+        {"logit_bias": {"5": "high"}},
+        {"messages": [USER], "response_format": {"type": "json_schema", "json_schema": {"schema": 5}}},
+        {"messages": [USER], "tools": "all"},
+        {"messages": [{"role": "user", "content": [{"type": ["image_url"]}, 3]}]},
+    ],
+    ids=[
+        "messages-str",
+        "messages-not-objects",
+        "role-int",
+        "bias-list",
+        "bias-str",
+        "schema-int",
+        "tools-str",
+        "part-type-list",
+    ],
 )
 def test_wrong_shapes_are_left_to_vllm_which_names_them(body):
     assert problem(body) is None
@@ -93,11 +176,27 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )
-FIELDS = ["messages", "logit_bias", "response_format", "tools", "role", "content", "type", "json_schema", "schema",
-          "function", "parameters", "$schema", "tool_call_id"]
+FIELDS = [
+    "messages",
+    "logit_bias",
+    "response_format",
+    "tools",
+    "role",
+    "content",
+    "type",
+    "json_schema",
+    "schema",
+    "function",
+    "parameters",
+    "$schema",
+    "tool_call_id",
+]
 # Objects keyed by the names the checks look at, so the fuzz reaches them.
-SHAPED = st.recursive(JSON, lambda inner: st.dictionaries(st.sampled_from(FIELDS), inner, max_size=4) | st.lists(inner, max_size=3),
-                      max_leaves=16)
+SHAPED = st.recursive(
+    JSON,
+    lambda inner: st.dictionaries(st.sampled_from(FIELDS), inner, max_size=4) | st.lists(inner, max_size=3),
+    max_leaves=16,
+)
 
 
 @settings(max_examples=50, deadline=None)

@@ -1,4 +1,5 @@
 """Settings precedence (YAML < SERVICE_* env < CLI flags) and validation."""
+
 from __future__ import annotations
 
 import pytest

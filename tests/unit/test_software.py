@@ -1,4 +1,5 @@
 """Installed versions from package metadata, and whether zentorch fits the installed torch."""
+
 from __future__ import annotations
 
 import sys

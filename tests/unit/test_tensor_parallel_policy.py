@@ -1,5 +1,6 @@
 """Tensor parallel across NUMA nodes: a recorded two-node machine through the path `serve` takes (facts ->
 policy -> report -> the environment vLLM is started with), and the simulated nodes the integration test runs."""
+
 from __future__ import annotations
 
 from service.cpulist import parse_cpulist

@@ -3,6 +3,7 @@
 vLLM itself resolving the platform with the plugin, and the per-process state lines, are integration tests
 (tests/integration/test_platform.py): they need vLLM imported or an engine running.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -43,7 +44,9 @@ def test_a_plugin_allowlist_without_ours_is_a_warning():
 def test_apply_puts_both_decisions_in_the_environment(requested):
     """`serve` on the recorded Zen 5 host: what every vLLM process will inherit."""
     environ = {"VLLM_TARGET_DEVICE": "cpu"}
-    report = build_report(Settings(backend=requested), model=None, cpuinfo=CPUINFO / "epyc_9755_zen5.txt", environ=environ)
+    report = build_report(
+        Settings(backend=requested), model=None, cpuinfo=CPUINFO / "epyc_9755_zen5.txt", environ=environ
+    )
     apply(report, environ)
     patch = next(d for d in report.decisions if d.setting == PATCH_SETTING)
     assert environ[PLATFORM_ENV] == report.plan.backend.platform == report.to_dict()["backend"]["platform"]

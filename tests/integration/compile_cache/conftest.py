@@ -1,5 +1,6 @@
 """The warm-restart test starts the engine twice with torch.compile, the first time compiling from scratch:
 minutes on a small machine (docs/performance.md). It runs only when asked for: `pytest -m compile_cache`."""
+
 from __future__ import annotations
 
 MARKER = "compile_cache"
