@@ -12,7 +12,7 @@ import httpx
 
 from harness import ServerProcess, offline_env, python_module
 from service.cpulist import parse_cpulist
-from service.server.engine import _flag  # the flag spelling the service hands vLLM's parser
+from service.server.engine import engine_flags
 
 VLLM_SERVER = "vllm.entrypoints.openai.api_server"
 # Given to both sides (the service does not report it): admitted requests, far above any concurrency measured.
@@ -96,8 +96,7 @@ def vllm_argv(model: str, served: str, engine_args: dict[str, Any], max_queued: 
     argv = python_module(
         VLLM_SERVER, "--model", model, "--served-model-name", served, "--host", "127.0.0.1", "--port", "{port}"
     )
-    for name, value in engine_args.items():
-        argv += _flag(name, value)
+    argv += engine_flags(engine_args)
     return argv + (["--max-num-queued-reqs", str(max_queued)] if max_queued else [])
 
 

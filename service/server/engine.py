@@ -20,14 +20,17 @@ def _flag(name: str, value: Any) -> list[str]:
     return [opt, str(value)]
 
 
+def engine_flags(engine_args: dict[str, Any]) -> list[str]:
+    """The policy's engine arguments as vLLM CLI flags (the service's own start and the bench's vLLM server)."""
+    return [part for name, value in engine_args.items() for part in _flag(name, value)]
+
+
 def vllm_args(engine_args: dict[str, Any], model: str, served_name: str, max_queued: int) -> Namespace:
     """vLLM's own serve arguments (its parser supplies every front-end default), from the policy's choices."""
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    argv = ["--model", model, "--served-model-name", served_name]
-    for name, value in engine_args.items():
-        argv += _flag(name, value)
+    argv = ["--model", model, "--served-model-name", served_name, *engine_flags(engine_args)]
     if max_queued:
         argv += ["--max-num-queued-reqs", str(max_queued)]
     # The service answers /metrics, /health and auth itself; uvicorn's access log would double ours.
