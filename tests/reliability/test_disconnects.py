@@ -3,24 +3,61 @@
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from tests.reliability.conftest import MAX_MODEL_LEN, MAX_NUM_SEQS, SERVED
+from tests.reliability.conftest import MAX_NUM_SEQS, MAX_QUEUED, SERVED, start_server
 
 pytestmark = pytest.mark.engine
 
+# Room for answers that take seconds even on a fast CPU; beyond the demo model's 2048 positions (hence
+# VLLM_ALLOW_LONG_MAX_MODEL_LEN), and a server of its own: the shared one keeps a short context so fuzzed
+# requests stay short.
+MAX_MODEL_LEN = 8192
 CUTOFFS = 50
-MAX_TOKENS = MAX_MODEL_LEN - 16  # far more than a client reads before hanging up
 CHUNKS_BEFORE_HANGUP = 3
+# A full answer takes this long at the rate measured on the machine at hand, so a fast CPU cannot finish it in
+# the moment between the client's third chunk and its hang-up (a fixed length did on a Zen 5).
+ANSWER_SECONDS = 6
 MIB = 1 << 20
 
 
-def stream_and_hang_up(server) -> int:
+@pytest.fixture(scope="module")
+def long_server(reliability_logs, api_key):
+    srv = start_server(
+        reliability_logs / "disconnects.log",
+        api_key=api_key,
+        max_num_seqs=str(MAX_NUM_SEQS),
+        max_queued_requests=str(MAX_QUEUED),
+        max_model_len=str(MAX_MODEL_LEN),
+        extra_env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+    )
+    yield srv
+    srv.process.stop()
+    srv.process.kill_group()
+
+
+def answer_tokens(server) -> int:
+    """Tokens a full answer gets: ANSWER_SECONDS at the decode rate of MAX_NUM_SEQS concurrent streams."""
+    probe = 128
+    body = {"model": SERVED, "prompt": "hello world", "max_tokens": probe, "ignore_eos": True}
+    with ThreadPoolExecutor(MAX_NUM_SEQS) as pool:
+        start = time.monotonic()
+        for resp in pool.map(
+            lambda _: httpx.post(f"{server.url}/v1/completions", json=body, headers=server.headers(), timeout=120),
+            range(MAX_NUM_SEQS),
+        ):
+            assert resp.status_code == 200, resp.text[:300]
+        rate = probe / (time.monotonic() - start)
+    return max(512, min(MAX_MODEL_LEN - 16, int(rate * ANSWER_SECONDS)))
+
+
+def stream_and_hang_up(server, max_tokens: int) -> int:
     """Open a streaming completion, read a few tokens, close the connection. Returns chunks read."""
-    body = {"model": SERVED, "prompt": "hello world", "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True}
+    body = {"model": SERVED, "prompt": "hello world", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
     read = 0
     with httpx.Client(timeout=30) as client:
         with client.stream("POST", f"{server.url}/v1/completions", json=body, headers=server.headers()) as resp:
@@ -54,10 +91,12 @@ def full_stream(server, max_tokens: int = 24) -> tuple[int, bool]:
     return (usage or {}).get("completion_tokens", -1), done
 
 
-def test_streams_cut_off_mid_way_are_aborted_and_leave_nothing_behind(server):
+def test_streams_cut_off_mid_way_are_aborted_and_leave_nothing_behind(long_server):
+    server = long_server
     server.wait_idle(30)
+    max_tokens = answer_tokens(server)
     for _ in range(4):  # warm the paths (allocator, tokenizer caches) before the memory baseline
-        stream_and_hang_up(server)
+        stream_and_hang_up(server, max_tokens)
     server.wait_idle(10)
     rss_before = server.rss_bytes()
     # vLLM counts requests that finish (stop/length) in request_success_total, aborted ones nowhere: a
@@ -68,7 +107,7 @@ def test_streams_cut_off_mid_way_are_aborted_and_leave_nothing_behind(server):
     idle_after: list[float] = []
     with ThreadPoolExecutor(MAX_NUM_SEQS) as pool:
         for _ in range(CUTOFFS // MAX_NUM_SEQS):
-            reads = list(pool.map(lambda _: stream_and_hang_up(server), range(MAX_NUM_SEQS)))
+            reads = list(pool.map(lambda _: stream_and_hang_up(server, max_tokens), range(MAX_NUM_SEQS)))
             assert all(r == CHUNKS_BEFORE_HANGUP for r in reads), reads
             idle_after.append(server.wait_idle(2.0))  # raises when still running after 2 s
 
@@ -77,14 +116,14 @@ def test_streams_cut_off_mid_way_are_aborted_and_leave_nothing_behind(server):
     generated = server.metrics().get("vllm:generation_tokens_total", 0) - tokens_before
     rss_after = server.rss_bytes()
     print(
-        f"disconnects: {CUTOFFS} cut off after {CHUNKS_BEFORE_HANGUP} chunks of {MAX_TOKENS}; engine idle "
+        f"disconnects: {CUTOFFS} cut off after {CHUNKS_BEFORE_HANGUP} chunks of {max_tokens}; engine idle "
         f"after max {max(idle_after):.2f}s; ran to the end {finished:.0f}; tokens generated {generated:.0f} "
-        f"(vs {CUTOFFS * MAX_TOKENS} if run to the end); RSS {rss_before / MIB:.0f} -> {rss_after / MIB:.0f} MiB"
+        f"(vs {CUTOFFS * max_tokens} if run to the end); RSS {rss_before / MIB:.0f} -> {rss_after / MIB:.0f} MiB"
     )
-    # Without aborts every cut-off request would run to MAX_TOKENS (CUTOFFS * MAX_TOKENS tokens). A few may
+    # Without aborts every cut-off request would run to max_tokens (CUTOFFS * max_tokens tokens). A few may
     # legitimately finish first on a starved machine: the whole stream sits in the socket buffers before the
     # slow client has read its first chunks. Those are not clients that were gone.
-    assert generated < CUTOFFS * MAX_TOKENS * 0.25, "the engine kept generating for clients that were gone"
+    assert generated < CUTOFFS * max_tokens * 0.25, "the engine kept generating for clients that were gone"
     assert finished <= CUTOFFS // 10, f"{finished:.0f} cut-off requests were generated to the end"
     assert rss_after - rss_before < 64 * MIB
 
