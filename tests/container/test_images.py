@@ -236,6 +236,7 @@ def test_default_image_chooses_the_live_cpus_backend_and_preload(images, cache_v
     assert "libtcmalloc is not found in LD_PRELOAD" not in log
 
 
+@pytest.mark.compile_cache
 def test_default_image_restarts_warm_from_the_cache_volume(images, cache_volume):
     """torch.compile's cache lives in the cache volume (VLLM_CACHE_ROOT under the service's cache dir): a restart
     loads the compiled model instead of compiling it again."""

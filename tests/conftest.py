@@ -1,5 +1,6 @@
-"""The warm-restart test starts the engine twice with torch.compile, the first time compiling from scratch:
-minutes on a small machine (docs/performance.md). It runs only when asked for: `pytest -m compile_cache`."""
+"""The warm-restart tests (native and in the default image) start the engine twice with torch.compile, the first
+time compiling from scratch: minutes each on a small machine (docs/performance.md). They run only when asked for:
+`pytest -m compile_cache`."""
 
 from __future__ import annotations
 
