@@ -85,7 +85,8 @@ def install_error_handlers(app: FastAPI, on_engine_dead: Callable[[str], None]) 
             err_type = error_type(status)
         if status == HTTPStatus.SERVICE_UNAVAILABLE:
             headers = {"Retry-After": RETRY_AFTER_SECONDS}
-        if status >= HTTPStatus.INTERNAL_SERVER_ERROR:
+        if status >= HTTPStatus.INTERNAL_SERVER_ERROR and status != HTTPStatus.SERVICE_UNAVAILABLE:
+            # A full queue (503) is expected under load and answered with Retry-After: not logged per request.
             log.error("answering %d to %s %s", status, request.method, request.url.path, exc_info=exc)
         return openai_error(HTTPStatus(status), message, err_type, param=err.error.param, headers=headers)
 

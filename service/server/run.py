@@ -112,6 +112,9 @@ async def _serve(settings: Settings, report: StartupReport, model: str, served: 
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_seconds)),
+        # Longer than clients' and load balancers' idle timeouts (httpx 5 s, cloud load balancers 60 s): the client
+        # then drops an idle connection first, instead of reusing one the server is closing (a reset request).
+        timeout_keep_alive=75,
         lifespan="off",
     )
     server = DrainingServer(config, lifecycle, settings.shutdown_grace_seconds)
