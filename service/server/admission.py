@@ -57,11 +57,13 @@ def engine_admission(
                 "ServiceUnavailableError",
                 headers={"Retry-After": RETRY_AFTER_SECONDS},
             )
-        refusal = await _refusal(request, max_queued, model)
-        if refusal is not None:
-            raise refusal
+        # Counted from the moment it is admitted: a SIGTERM that arrives while the body is being checked must
+        # find it in flight, or the drain would end at once and leave it to uvicorn's connection wait.
         lifecycle.request_started()
         try:
+            refusal = await _refusal(request, max_queued, model)
+            if refusal is not None:
+                raise refusal
             yield
         finally:
             # FastAPI runs this after the response has been sent, the last chunk of a stream included.

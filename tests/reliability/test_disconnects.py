@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from tests.reliability.conftest import MAX_NUM_SEQS, MAX_QUEUED, SERVED, start_server
+from tests.support.decode_rate import per_stream_rate, tokens_for
 
 pytestmark = pytest.mark.engine
 
@@ -42,17 +42,8 @@ def long_server(reliability_logs, api_key):
 
 def answer_tokens(server) -> int:
     """Tokens a full answer gets: ANSWER_SECONDS at the decode rate of MAX_NUM_SEQS concurrent streams."""
-    probe = 128
-    body = {"model": SERVED, "prompt": "hello world", "max_tokens": probe, "ignore_eos": True}
-    with ThreadPoolExecutor(MAX_NUM_SEQS) as pool:
-        start = time.monotonic()
-        for resp in pool.map(
-            lambda _: httpx.post(f"{server.url}/v1/completions", json=body, headers=server.headers(), timeout=120),
-            range(MAX_NUM_SEQS),
-        ):
-            assert resp.status_code == 200, resp.text[:300]
-        rate = probe / (time.monotonic() - start)
-    return max(512, min(MAX_MODEL_LEN - 16, int(rate * ANSWER_SECONDS)))
+    rate = per_stream_rate(server.url, SERVED, MAX_NUM_SEQS, server.headers())
+    return tokens_for(ANSWER_SECONDS, rate, MAX_MODEL_LEN - 16)
 
 
 def stream_and_hang_up(server, max_tokens: int) -> int:

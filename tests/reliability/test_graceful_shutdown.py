@@ -16,14 +16,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.server.lifecycle import Lifecycle, Phase
 from service.server.run import DrainingServer
 from tests.reliability.conftest import SERVED, start_server
+from tests.support.decode_rate import per_stream_rate, tokens_for
 
 pytestmark = pytest.mark.engine
 
 GRACE_S = 60
-# Tens of seconds of decoding: on a busy 2-core box the test process itself can be descheduled for seconds,
-# and the answers must still be running when its probes get through. The demo model declares 2048 positions;
-# its random-weight rotary layers run fine past them, which vLLM allows when told to.
-LONG_TOKENS = 4000
+# Seconds of decoding per answer at the rate measured on the server: long enough that the answers still run
+# when the probes get through (the test process can be descheduled for seconds on a busy 2-core box), short
+# enough that they end well inside the grace (a fixed 4000 tokens took the whole 60 s on a loaded CI run).
+ANSWER_SECONDS = 15
+# The demo model declares 2048 positions; its random-weight rotary layers run fine past them, which vLLM
+# allows when told to.
 CONTEXT = 8192
 
 
@@ -52,11 +55,11 @@ async def _plain(client: httpx.AsyncClient, body: dict, result: dict) -> None:
     )
 
 
-def _in_flight(server, results: list[dict]) -> None:
+def _in_flight(server, results: list[dict], tokens: int) -> None:
     """Two streams and one plain request, read by an event loop of their own in a thread of their own: in
     one loop with the probes, parsing thousands of SSE chunks delayed a probe for seconds, long enough for
     the answers to finish and the server to close its socket."""
-    common = {"model": SERVED, "max_tokens": LONG_TOKENS, "ignore_eos": True}
+    common = {"model": SERVED, "max_tokens": tokens, "ignore_eos": True}
     streaming = {**common, "stream": True, "stream_options": {"include_usage": True}}
 
     async def main() -> None:
@@ -112,10 +115,11 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(reliability_logs):
 def _drain_scenario(server) -> None:
     results: list[dict] = [{}, {}, {}]
     errors: list[BaseException] = []
+    tokens = tokens_for(ANSWER_SECONDS, per_stream_rate(server.url, SERVED, len(results)), CONTEXT - 64)
 
     def consume() -> None:
         try:
-            _in_flight(server, results)
+            _in_flight(server, results, tokens)
         except BaseException as exc:  # re-raised in the test thread
             errors.append(exc)
 
@@ -142,12 +146,12 @@ def _drain_scenario(server) -> None:
     code = server.process.proc.wait(GRACE_S + 10)
     exited_after = time.monotonic() - term_at
     print(
-        f"sigterm: /ready 503 after {ready_after * 1000:.0f} ms; 3 in-flight requests ({LONG_TOKENS} tokens, "
+        f"sigterm: /ready 503 after {ready_after * 1000:.0f} ms; 3 in-flight requests ({tokens} tokens, "
         f"{generated:.0f} generated at the signal) complete; exit {code} after {exited_after:.1f}s "
         f"(grace {GRACE_S}s)"
     )
     for r in results:
-        assert r["status"] == 200 and r["done"] and r["finish"] == "length" and r["tokens"] == LONG_TOKENS, r
+        assert r["status"] == 200 and r["done"] and r["finish"] == "length" and r["tokens"] == tokens, r
     assert code == 0
     assert exited_after <= GRACE_S
     assert f"received SIGTERM: draining ({len(results)} request(s) in flight" in server.log()
