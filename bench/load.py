@@ -8,12 +8,12 @@ import contextlib
 import gc
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.stats import extract_metrics
+from bench.stats import extract_metrics, with_asked_output_lengths
 
 # A load generator that waited this share of its run for a CPU it was ready to use stamped its times late.
 STARVED_WAIT_SHARE = 0.05
@@ -69,6 +69,8 @@ class Workload:
             "--ready-check-timeout-sec",
             "0",
             "--disable-tqdm",
+            # Keeps the per-request arrays (ttfts, itls, errors) in the returned result; nothing is written.
+            "--save-detailed",
         ]
 
 
@@ -140,26 +142,42 @@ def client_args(argv: list[str]) -> Any:
 
 
 def run_load(
-    workload: Workload, base_url: str, model_path: str, served_name: str, log: Path, cpus: Sequence[int] | None = None
+    workload: Workload,
+    base_url: str,
+    model_path: str,
+    served_name: str,
+    log: Path,
+    cpus: Sequence[int] | None = None,
+    generated: Callable[[], float] | None = None,
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Run vllm.benchmarks.serve once; its printed report goes to `log`. Returns the metrics we keep and the
-    client's own figures (CPU share, run-queue wait share, starved)."""
+    client's own figures (CPU share, run-queue wait share, starved). `generated` reads the server's own count of
+    generated tokens: where the client counted other than asked, and the server's count says it generated exactly
+    what was asked, the metrics are recomputed with the asked lengths (stats.with_asked_output_lengths)."""
     from vllm.benchmarks.serve import main_async
 
+    asked = workload.num_prompts * workload.output_len
     args = client_args(workload.argv(base_url, model_path, served_name))
+    before = generated() if generated else None
     with open(log, "a") as out, contextlib.redirect_stdout(out), pinned(cpus):
         print(f"===== {base_url} {workload}", flush=True)
         wall0, cpu0, wait0 = time.monotonic(), time.process_time(), _run_queue_wait_s()
         result = asyncio.run(main_async(args))
         wall, cpu, wait = time.monotonic() - wall0, time.process_time() - cpu0, _run_queue_wait_s() - wait0
     gc.unfreeze()  # main_async freezes the heap for its run; let the next run start clean
+    server_count = generated() - before if generated and before is not None else None
     metrics = extract_metrics(result)
     if metrics["failed"] or metrics["completed"] != workload.num_prompts:
         errors = [e for e in result.get("errors", []) if e][:3]
         raise RuntimeError(f"{base_url}: {int(metrics['failed'])} request(s) failed: {errors}")
+    client_count = metrics["total_output_tokens"]
+    if client_count != asked and server_count == asked:
+        metrics = extract_metrics(with_asked_output_lengths(result, workload.output_len))
     client = {
         # Fixed lengths with ignore_eos: any other count means the server stopped early or counts differently.
-        "output_tokens_as_asked": metrics["total_output_tokens"] == workload.num_prompts * workload.output_len,
+        "output_tokens_as_asked": metrics["total_output_tokens"] == asked,
+        "output_tokens_counted_by_client": client_count,
+        "output_tokens_counted_by_server": server_count,
         "cpus": list(cpus) if cpus else None,
         "wall_s": wall,
         "cpu_share": cpu / wall,

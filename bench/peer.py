@@ -4,6 +4,7 @@ weights, with the same load and the same paired, restarted, interleaved method a
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -145,8 +146,17 @@ def llama_server(gguf: Path, cpus: list[int], slots: int, log_path: Path) -> Ser
         "--cpu-strict-batch",
         "1",
         "--no-webui",
+        "--metrics",  # its own count of generated tokens, which the bench's client cannot read (predicted_tokens)
     ]
     return ServerProcess(srv.bench_env(), log_path, argv, "/health", "llama.cpp")
+
+
+def predicted_tokens(url: str) -> float:
+    """llama-server's own count of generated tokens (`llamacpp:tokens_predicted_total` at /metrics)."""
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("llamacpp:tokens_predicted_total "):
+            return float(line.split()[1])
+    raise RuntimeError(f"{url}/metrics has no llamacpp:tokens_predicted_total")
 
 
 def tokenization(ours_url: str, llama_url: str, tokenizer_dir: str, n: int = 8) -> dict[str, Any]:
@@ -272,7 +282,8 @@ def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
                     for rnd in range(opts.peer_rounds):
                         w = w_of(c, rep, rnd)
                         for position, (who, proc) in enumerate(pair):
-                            metrics, client = ctx.load(w, proc, model, SERVED)
+                            counter = functools.partial(predicted_tokens, proc.url) if who == "llama.cpp" else None
+                            metrics, client = ctx.load(w, proc, model, SERVED, counter)
                             peer["runs"].append(
                                 {
                                     "comparison": name,

@@ -123,29 +123,35 @@ def markdown(results: dict[str, Any], comparisons: Sequence[Comparison], decode:
         "",
         machine_line(results),
         "",
-        f"Workload: vllm.benchmarks.serve, random dataset, {o['input_len']} input / {o['output_len']} output tokens, "
-        f"ignore_eos, temperature 0, closed loop at each concurrency; model `{results['model']['served_name']}`. "
-        f"Each repetition restarts both servers (start order alternating) and runs A/B x{o['rounds']} per concurrency. "
-        "Cells: the two servers' medians, then the paired estimate (ratio: geometric mean of per-repetition ratios; "
-        "ms: mean difference) with its 95% t-interval over repetitions; a target is met or missed only when the whole "
-        "interval is on one side of it, else unresolved. Targets: "
-        + "; ".join(t.describe() for t in FRONTEND_TARGETS)
-        + " (front end); "
-        + "; ".join(t.describe() for t in POLICY_TARGETS)
-        + " (policy vs defaults).",
-        "",
     ]
     own = [c for c in comparisons if not c.name.startswith("peer")]
     if own:
-        parts += [comparison_table(own), ""]
+        parts += [
+            f"Workload: vllm.benchmarks.serve, random dataset, {o['input_len']} input / {o['output_len']} output tokens, "
+            f"ignore_eos, temperature 0, closed loop at each concurrency; model `{results['model']['served_name']}`. "
+            f"Each repetition restarts both servers (start order alternating) and runs A/B x{o['rounds']} per concurrency. "
+            "Cells: the two servers' medians, then the paired estimate (ratio: geometric mean of per-repetition ratios; "
+            "ms: mean difference) with its 95% t-interval over repetitions; a target is met or missed only when the whole "
+            "interval is on one side of it, else unresolved. Targets: "
+            + "; ".join(t.describe() for t in FRONTEND_TARGETS)
+            + " (front end); "
+            + "; ".join(t.describe() for t in POLICY_TARGETS)
+            + " (policy vs defaults).",
+            "",
+            comparison_table(own),
+            "",
+        ]
     peer = [c for c in comparisons if c.name.startswith("peer")]
     if peer:
         p = results.get("peer", {})
         parts += [
-            f"Peer: llama.cpp's `llama-server` ({p.get('llama_server', '')}) on the same weights as GGUF, "
-            f"{o['peer_input_len']} input / {o['peer_output_len']} output tokens, {p.get('threads')} compute thread(s) "
+            f"Peer: llama.cpp's `llama-server` ({p.get('llama_server', '')}) on the same weights as GGUF, the same "
+            "client (vllm.benchmarks.serve, random dataset, ignore_eos, temperature 0, closed loop; both servers "
+            f"restarted per repetition), {o['peer_input_len']} input / {o['peer_output_len']} output tokens, "
+            f"{p.get('threads')} compute thread(s) "
             f"on CPU(s) {p.get('engine_cpus')} for both, llama.cpp's parallel slots = concurrency; ratios ours/llama.cpp "
-            "(output tok/s above 1: ours faster; latencies below 1: ours faster).",
+            "(output tok/s above 1: ours faster; latencies below 1: ours faster). "
+            f"{_recounted(p)}",
             "",
             comparison_table(peer, PEER_COLUMNS, verdicts=False),
             "",
@@ -164,6 +170,23 @@ def markdown(results: dict[str, Any], comparisons: Sequence[Comparison], decode:
         ]
     parts += ["```", *results["summary"], *([results["headline"]] if results.get("headline") else []), "```", ""]
     return "\n".join(parts)
+
+
+def _recounted(peer: dict[str, Any]) -> str:
+    """How many runs' output-token counts came from the server's own counter instead of the client's."""
+    runs = [r for r in peer.get("runs", []) if r["client"].get("output_tokens_counted_by_server") is not None]
+    fixed = [
+        r
+        for r in runs
+        if r["client"]["output_tokens_counted_by_client"] != r["client"]["output_tokens_counted_by_server"]
+    ]
+    if not fixed:
+        return ""
+    return (
+        f"In {len(fixed)} of {len(runs)} llama.cpp runs vLLM's client counted fewer output tokens than llama-server "
+        "generated (it skips the usage llama-server sends next to the last chunk's text and re-tokenizes the text); "
+        "those runs' output tok/s and TPOT use llama-server's own count (its /metrics), which equalled what was asked."
+    )
 
 
 def _ratio_axis(ax, comps: Sequence[Comparison], metric: str, label: str, bound: float | None) -> None:

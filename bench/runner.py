@@ -111,7 +111,14 @@ class Context:
     def client_log(self, name: str) -> Path:
         return self.logdir / f"client-{name}.log"
 
-    def load(self, w: Workload, server: ServerProcess, model: str | None = None, served: str | None = None):
+    def load(
+        self,
+        w: Workload,
+        server: ServerProcess,
+        model: str | None = None,
+        served: str | None = None,
+        generated: Callable[[], float] | None = None,
+    ):
         return run_load(
             w,
             server.url,
@@ -119,6 +126,7 @@ class Context:
             served or self.served,
             self.client_log(server.name),
             self.client.cpus if self.client else None,
+            generated,
         )
 
 

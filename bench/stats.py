@@ -117,6 +117,33 @@ def extract_metrics(result: Mapping[str, Any]) -> dict[str, float]:
     return {name: float(result[key]) for name, key in METRIC_KEYS.items()}
 
 
+def with_asked_output_lengths(result: Mapping[str, Any], output_len: int) -> dict[str, Any]:
+    """The client's result recomputed with every completed request at `output_len` output tokens.
+
+    For a server whose token counts vLLM's client does not read: llama-server sends `usage` in the last chunk, next
+    to that chunk's text, and the client takes usage only from a chunk without choices; it then re-tokenizes the
+    text it received, which for random weights is a fraction of the tokens (54 of 128 in one run), and divides the
+    same time by that count. The caller confirms first, with the server's own counter, that it generated exactly
+    `output_len` per request. Output throughput and TPOT change; TTFT and ITL (per chunk) do not."""
+    tpots = [sum(itl) / (output_len - 1) for ttft, itl in zip(result["ttfts"], result["itls"]) if ttft]
+    total = output_len * int(result["completed"])
+    fixed = dict(result)
+    fixed["total_output_tokens"] = total
+    fixed["output_throughput"] = total / result["duration"]
+    for p in (50, 99):
+        fixed[f"p{p}_tpot_ms"] = _percentile(tpots, p) * 1000 if tpots else 0.0
+    return fixed
+
+
+def _percentile(values: Sequence[float], p: float) -> float:
+    """numpy's default (linear) percentile, as vLLM's client computes its own."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
 def median_metrics(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Per metric, the median over runs (the table's absolute figures)."""
     if not runs:

@@ -188,3 +188,31 @@ def test_decode_fraction_of_the_bandwidth_ceiling():
     assert "= 50%" in decode_line(d) and "BELOW TARGET" in decode_line(d)
     fp32 = DecodeResult("float32", tpot_p50_ms=350.0, bandwidth_gbs=10.0, bytes_per_token=2_000_000_000)
     assert faster_dtype([d, fp32]) == "bfloat16"
+
+
+def test_asked_output_lengths_recompute_throughput_and_tpot_from_the_chunk_times():
+    """llama-server's usage sits in its last chunk, which vLLM's client skips: it re-tokenizes the text and counts
+    fewer tokens. With the asked length, TPOT is the time after the first chunk over the remaining tokens."""
+    from bench.stats import extract_metrics, with_asked_output_lengths
+
+    result = {
+        "request_throughput": 0.5,
+        "output_throughput": 1.0,  # what the client computed from its own (wrong) counts
+        "p50_ttft_ms": 100.0,
+        "p99_ttft_ms": 200.0,
+        "p50_tpot_ms": 999.0,
+        "p99_tpot_ms": 999.0,
+        "p50_itl_ms": 10.0,
+        "duration": 4.0,
+        "completed": 2,
+        "failed": 0,
+        "total_output_tokens": 4,
+        "ttfts": [0.1, 0.2],
+        "itls": [[0.1, 0.1, 0.1], [0.2, 0.2, 0.2]],
+    }
+    fixed = extract_metrics(with_asked_output_lengths(result, 4))
+    assert fixed["total_output_tokens"] == 8
+    assert fixed["output_throughput"] == 2.0
+    assert round(fixed["tpot_p50_ms"], 6) == 150.0  # requests at 100 and 200 ms per token
+    assert round(fixed["tpot_p99_ms"], 6) == 199.0
+    assert fixed["ttft_p50_ms"] == 100.0 and fixed["itl_p50_ms"] == 10.0
