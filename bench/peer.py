@@ -275,33 +275,44 @@ def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
                     pair = [("ours", ours), ("llama.cpp", llama)]
                     if not ours_first:
                         pair.reverse()
-                    for _, proc in pair:  # warm, discarded
-                        ctx.load(
-                            Workload(c, c, opts.peer_input_len, opts.peer_output_len, seed=999), proc, model, SERVED
+                    # A cell that fails (llama-server with many slots on few threads has dropped requests) is
+                    # recorded and left out of the table; the rest of the bench goes on.
+                    try:
+                        for _, proc in pair:  # warm, discarded
+                            ctx.load(
+                                Workload(c, c, opts.peer_input_len, opts.peer_output_len, seed=999), proc, model, SERVED
+                            )
+                        for rnd in range(opts.peer_rounds):
+                            w = w_of(c, rep, rnd)
+                            for position, (who, proc) in enumerate(pair):
+                                counter = functools.partial(predicted_tokens, proc.url) if who == "llama.cpp" else None
+                                metrics, client = ctx.load(w, proc, model, SERVED, counter)
+                                peer["runs"].append(
+                                    {
+                                        "comparison": name,
+                                        "server": who,
+                                        "concurrency": c,
+                                        "rep": rep,
+                                        "round": rnd,
+                                        "position": position,
+                                        "workload": w.__dict__,
+                                        "metrics": metrics,
+                                        "client": client,
+                                        "loadavg_1m": os.getloadavg()[0],
+                                    }
+                                )
+                                log(
+                                    f"{name} rep {rep + 1} c={c} {who}: {metrics['output_throughput']:.1f} tok/s, TTFT p50 "
+                                    f"{metrics['ttft_p50_ms']:.0f} ms, TPOT p50 {metrics['tpot_p50_ms']:.1f} ms; load {os.getloadavg()[0]:.1f}"
+                                )
+                    except RuntimeError as exc:
+                        log(f"{name} rep {rep + 1} c={c}: {exc}; cell left out")
+                        peer["runs"] = [
+                            r for r in peer["runs"] if (r["comparison"], r["concurrency"], r["rep"]) != (name, c, rep)
+                        ]
+                        peer.setdefault("failed", []).append(
+                            {"comparison": name, "concurrency": c, "rep": rep, "error": str(exc)}
                         )
-                    for rnd in range(opts.peer_rounds):
-                        w = w_of(c, rep, rnd)
-                        for position, (who, proc) in enumerate(pair):
-                            counter = functools.partial(predicted_tokens, proc.url) if who == "llama.cpp" else None
-                            metrics, client = ctx.load(w, proc, model, SERVED, counter)
-                            peer["runs"].append(
-                                {
-                                    "comparison": name,
-                                    "server": who,
-                                    "concurrency": c,
-                                    "rep": rep,
-                                    "round": rnd,
-                                    "position": position,
-                                    "workload": w.__dict__,
-                                    "metrics": metrics,
-                                    "client": client,
-                                    "loadavg_1m": os.getloadavg()[0],
-                                }
-                            )
-                            log(
-                                f"{name} rep {rep + 1} c={c} {who}: {metrics['output_throughput']:.1f} tok/s, TTFT p50 "
-                                f"{metrics['ttft_p50_ms']:.0f} ms, TPOT p50 {metrics['tpot_p50_ms']:.1f} ms; load {os.getloadavg()[0]:.1f}"
-                            )
                     llama.close()  # the next concurrency gets a server with its own slot count
                     live.remove(llama)
             finally:
@@ -309,7 +320,9 @@ def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
                     proc.close()
         runs = [r for r in peer["runs"] if r["comparison"] == name]
         comparisons += [
-            compare(name, "ours", "llama.cpp", c, runs, estimates=PEER_ESTIMATES) for c in opts.concurrencies
+            compare(name, "ours", "llama.cpp", c, runs, estimates=PEER_ESTIMATES)
+            for c in opts.concurrencies
+            if {r["server"] for r in runs if r["concurrency"] == c} == {"ours", "llama.cpp"}
         ]
     # Batch-1 decode of each side against the bandwidth ceiling (c=1 runs' TPOT p50, medians).
     lines = []
@@ -317,7 +330,9 @@ def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
         bw = read_bandwidth(ctx.reported.engine_cpus)
         peer["bandwidth"] = bw
         for fmt in formats:
-            c1 = next(c for c in comparisons if c.name == f"peer-{fmt}" and c.concurrency == 1)
+            c1 = next((c for c in comparisons if c.name == f"peer-{fmt}" and c.concurrency == 1), None)
+            if c1 is None:
+                continue
             for who, metrics, nbytes in (
                 (f"ours {fmt}", c1.candidate_metrics, safetensors_bytes_per_token(service_models[fmt])),
                 (f"llama.cpp {fmt}", c1.baseline_metrics, gguf_bytes_per_token(ggufs[fmt])),

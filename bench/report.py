@@ -158,6 +158,12 @@ def markdown(results: dict[str, Any], comparisons: Sequence[Comparison], decode:
         ]
         if p.get("tokenization"):
             parts += [f"Tokenization check: {p['tokenization']}", ""]
+        for failed in p.get("failed", []):
+            parts += [
+                f"Left out: {failed['comparison']} c={failed['concurrency']} repetition {failed['rep'] + 1}: "
+                f"{failed['error']}",
+                "",
+            ]
     if decode or results.get("peer", {}).get("decode"):
         rows = list(decode) + [DecodeResult(**d) for d in results.get("peer", {}).get("decode", [])]
         model = results.get("decode", {}).get("model") or results.get("peer", {}).get("model", "")

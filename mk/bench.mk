@@ -1,10 +1,10 @@
 # The benchmark (docs/bench.md): a tool beside the service, `python -m bench`; results under bench/results/<stamp>/.
 #   make bench              front end vs vLLM's server at c=1,4,16, policy vs defaults, decode vs bandwidth, and the
-#                           llama.cpp peer if `make bench-tools` has installed it (BENCH_PEER=0 skips it)
+#                           llama.cpp peer (builds it first with bench-tools; BENCH_PEER=0 skips both)
 #   make bench-quick        c=4 only, front end only (< 5 min); last line: the front-end throughput ratio
 #   make bench-peer         the llama.cpp peer table alone
 #   make bench-tools        llama.cpp's server (llama-server from the llama-cpp-python sdist, built for this CPU)
-# The `bench` extra (matplotlib, py-spy) is installed by `make setup`; llama.cpp is not (a build takes minutes).
+# The `bench` extra (matplotlib, py-spy) is installed by `make setup`; llama.cpp by bench-tools (a build takes minutes).
 .PHONY: bench bench-quick bench-peer bench-tools
 
 BENCH_PEER ?= 1
@@ -17,7 +17,8 @@ LLAMA_CPP_BIN := $(LLAMA_CPP_BUILD)/bin
 # -march=native: llama.cpp's kernels for this machine's ISA (AVX-512, VNNI, BF16, AMX where the CPU shows them).
 LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=ON
 
-bench: setup
+# The peer is part of `make bench`: its server is built first (once) unless BENCH_PEER=0.
+bench: setup $(if $(filter 0,$(BENCH_PEER)),,bench-tools)
 	$(PY) -m bench $(if $(filter 0,$(BENCH_PEER)),--no-peer,) $(BENCH_ARGS)
 
 bench-quick: setup

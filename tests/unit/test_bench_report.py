@@ -184,3 +184,31 @@ def test_workload_arguments_fix_the_lengths_and_ignore_eos():
 def test_reported_reads_the_json_the_service_serves():
     # The field names the bench relies on are those of StartupReport.to_dict(); a round trip through JSON keeps them.
     assert Reported(json.loads(json.dumps(HARDWARE))).engine_args == Reported(HARDWARE).engine_args
+
+
+def test_peer_markdown_says_which_runs_were_recounted_and_which_cells_were_left_out(comparisons):
+    import dataclasses
+
+    peer = [dataclasses.replace(c, name="peer-q8_0", targets=(), verdicts={}) for c in comparisons[:1]]
+    counted = {"output_tokens_counted_by_client": 15.0, "output_tokens_counted_by_server": 96.0}
+    results = {
+        "command": "python -m bench --only-peer",
+        "started": "s",
+        "finished": "f",
+        "machine": Reported(HARDWARE).machine(),
+        "host": {"loadavg_start": (1.0, 1.0, 1.0), "loadavg_end": (2.0, 1.0, 1.0)},
+        "options": {"input_len": 128, "output_len": 64, "rounds": 2, "peer_input_len": 128, "peer_output_len": 32},
+        "model": {"served_name": "demo-tiny-llama"},
+        "peer": {
+            "llama_server": "llama.cpp",
+            "threads": 1,
+            "engine_cpus": [0],
+            "runs": [{"client": counted}, {"client": {"output_tokens_counted_by_server": None}}],
+            "failed": [{"comparison": "peer-q8_0", "concurrency": 16, "rep": 0, "error": "2 request(s) failed"}],
+        },
+        "summary": [],
+    }
+    md = markdown(results, peer, [])
+    assert "In 1 of 1 llama.cpp runs vLLM's client counted fewer output tokens" in md
+    assert "Left out: peer-q8_0 c=16 repetition 1: 2 request(s) failed" in md
+    assert "Workload: vllm.benchmarks.serve" not in md  # the front end's paragraph, absent without its table
