@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 # Our name -> the key in the dict vllm.benchmarks.serve returns (run with --metric-percentiles 50,99).
 METRIC_KEYS: dict[str, str] = {
     "request_throughput": "request_throughput",
@@ -131,17 +133,9 @@ def with_asked_output_lengths(result: Mapping[str, Any], output_len: int) -> dic
     fixed["total_output_tokens"] = total
     fixed["output_throughput"] = total / result["duration"]
     for p in (50, 99):
-        fixed[f"p{p}_tpot_ms"] = _percentile(tpots, p) * 1000 if tpots else 0.0
+        # numpy's percentile, as vLLM's client computes its own
+        fixed[f"p{p}_tpot_ms"] = float(np.percentile(tpots, p)) * 1000 if tpots else 0.0
     return fixed
-
-
-def _percentile(values: Sequence[float], p: float) -> float:
-    """numpy's default (linear) percentile, as vLLM's client computes its own."""
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * p / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def median_metrics(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
