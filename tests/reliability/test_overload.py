@@ -98,8 +98,12 @@ def test_burst_beyond_the_queue_gets_503_with_retry_after_at_once(server):
     assert statuses[503] >= burst - 2 * CAPACITY, statuses  # most of the burst is turned away ...
     assert statuses[200] >= CAPACITY, statuses  # ... and what was admitted is served
     assert all(complete for status, complete, _ in results if status == 200)
-    rejected = sorted(took for status, _, took in results if status == 503)
-    assert rejected[len(rejected) // 2] < 2.0, f"503s were slow: median {rejected[len(rejected) // 2]:.2f}s"
+    # "At once" means without waiting for a free slot: a 503 held until capacity frees would take at least as
+    # long as an admitted answer. Relative, not a fixed number of seconds: on a loaded 2-core machine the engine's
+    # decoding also slows the API process that sends the 503s.
+    rejected = statistics.median(took for status, _, took in results if status == 503)
+    served = statistics.median(took for status, _, took in results if status == 200)
+    assert rejected < served / 2, f"503s were not at once: median {rejected:.2f}s vs {served:.2f}s for a served answer"
     server.wait_idle(10)
 
 
