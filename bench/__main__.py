@@ -23,6 +23,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", action=flag, default=None, help="policy vs vLLM defaults")
     p.add_argument("--decode", action=flag, default=None, help="batch-1 decode vs the bandwidth ceiling")
     p.add_argument("--profile", action=flag, default=None, help="py-spy on both API processes")
+    p.add_argument("--quant", action=flag, default=None, help="quantized linear kernels per format")
+    p.add_argument("--quant-repetitions", type=int)
     p.add_argument("--peer", action=flag, default=None, help="llama.cpp's server (built by `make bench-tools`)")
     p.add_argument("--only-peer", action="store_true", help="the llama.cpp peer alone")
     p.add_argument("--peer-format", action="append", choices=("bf16", "q8_0", "q4_0"), help="repeat for several")
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     opts = BenchOptions.quick_mode() if args.quick else BenchOptions()
     if args.only_peer:
-        opts = replace(opts, frontend=False, policy=False, decode=False, peer=True)
+        opts = replace(opts, frontend=False, policy=False, decode=False, quant=False, peer=True)
     given = {
         "repetitions": args.repetitions,
         "rounds": args.rounds,
@@ -51,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         "policy": args.policy,
         "decode": args.decode,
         "profile": args.profile,
+        "quant": args.quant,
+        "quant_repetitions": args.quant_repetitions,
         "peer": args.peer,
         "peer_formats": tuple(args.peer_format) if args.peer_format else None,
         "peer_repetitions": args.peer_repetitions,

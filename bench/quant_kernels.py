@@ -12,7 +12,8 @@ predicts for the live backend with that candidate's knobs, confirmed against the
 
     .venv/bin/python bench/quant_kernels.py [--formats bf16,w8a8,w8a8-static,w4a16] [--reps 3] [--corrupt]
 
-Writes .cache/bench/quant_kernels.json and prints a table. CPU time matters here: run on an idle machine.
+Writes .cache/bench/quant_kernels.json and prints a table; `python -m bench` (`make bench`) runs the same measurement
+into its results directory and its table.md. CPU time matters here: run on an idle machine.
 """
 
 from __future__ import annotations
@@ -165,23 +166,85 @@ def _worker(spec: dict) -> dict:
 def run_candidate(cand: Candidate, directory: Path, prompts: list[list[int]], reps: int, log: Path) -> dict:
     spec = {"model": str(directory), "reps": reps, "prompts": prompts}
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", **cand.env}
+    # stdout and stderr both into the log: vLLM logs its kernel choice (the markers read back) to stdout.
     with open(log, "w") as f:
         proc = subprocess.run(
             [sys.executable, __file__, "--worker", json.dumps(spec)],
             env=env,
-            stdout=subprocess.PIPE,
-            stderr=f,
+            stdout=f,
+            stderr=subprocess.STDOUT,
             text=True,
             timeout=1800,
         )
     if proc.returncode != 0:
         return {"error": f"exit {proc.returncode}, log {log}"}
-    # vLLM logs to stdout too: the result is the line with the marker.
-    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith(RESULT))[len(RESULT) :])
+    result = next(line for line in log.read_text(errors="replace").splitlines() if line.startswith(RESULT))
+    return json.loads(result[len(RESULT) :])
 
 
 def _summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
+
+
+def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path, progress=print) -> dict:
+    """Every candidate of `formats` on the live backend, one engine each; the report (also written to `out`, after
+    each candidate) with the bandwidth ceiling of each row."""
+    from service.facts.hardware import read_hardware
+    from service.facts.software import read_software
+    from service.policy.backend import choose_backend
+    from service.policy.quant import KERNELS
+    from tests.support.quant_quality import prompt_ids, score
+
+    hardware = read_hardware()
+    backend = choose_backend(hardware.cpu, read_software()).name or "none"
+    report: dict = {
+        "machine": f"{hardware.cpu.vendor} {hardware.cpu.model_name} ({hardware.cpu.microarchitecture}), "
+        f"backend {backend}",
+        "backend": backend,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "reps": reps,
+        "rows": [],
+    }
+    source = model_dir(cache, "bf16")
+    prompts = prompt_ids(source)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for cand in candidates(backend, formats, corrupt):
+        directory = model_dir(cache, cand.format)
+        kernel = predicted_kernel(backend, directory, cand.env)
+        log = out.parent / f"quant_kernels-{cand.label.replace(' ', '_').replace('/', '_')}.log"
+        progress(f"quantized kernels: {cand.label} (policy: {kernel}) ...")
+        result = run_candidate(cand, directory, prompts, reps, log)
+        row = {"format": cand.format, "env": cand.env, "kernel": kernel, "log": str(log)}
+        if "error" in result:
+            report["rows"].append({**row, **result})
+            progress(f"  failed: {result['error']}")
+            continue
+        logged = log.read_text(errors="replace")
+        markers = [m for k in kernel.split("+") if k in KERNELS for m in KERNELS[k].log_markers]
+        quality = score(source, prompts, result["generated"], result["logprobs"])
+        row.update(
+            decode=_summary(result["decode"]),
+            prefill=_summary(result["prefill"]),
+            kernel_confirmed=all(m in logged for m in markers),
+            quality=quality.as_dict(),
+            quality_passes=quality.passes(cand.format.removesuffix("-corrupt")),
+        )
+        report["rows"].append(row)
+        out.write_text(json.dumps(report, indent=2))  # partial: a later candidate may not finish
+        progress(f"  {row_line(row)}")
+    report["load_average"] = os.getloadavg()
+    complete(report, cache)
+    out.write_text(json.dumps(report, indent=2))
+    return report
+
+
+def row_line(row: dict) -> str:
+    d, p, q = row["decode"], row["prefill"], row["quality"]
+    return (
+        f"decode {d['median']:.1f} tok/s [{d['min']:.1f}-{d['max']:.1f}], prefill {p['median']:.0f} tok/s "
+        f"[{p['min']:.0f}-{p['max']:.0f}], top1 {q['top1']:.2f}, |dlogprob| {q['mean_abs_dlogprob']:.3f} "
+        f"({'pass' if row['quality_passes'] else 'FAIL'}), kernel in the engine log: {row['kernel_confirmed']}"
+    )
 
 
 def main() -> None:
@@ -198,101 +261,65 @@ def main() -> None:
         print(RESULT + json.dumps(_worker(json.loads(args.worker))), flush=True)
         return
     if args.render:
-        render(json.loads(args.render.read_text()), args.cache, args.render)
-        return
-
-    from service.facts.hardware import read_hardware
-    from service.facts.software import read_software
-    from service.policy.backend import choose_backend
-    from service.policy.quant import KERNELS
-    from tests.support.quant_quality import prompt_ids, score
-
-    hardware = read_hardware()
-    backend = choose_backend(hardware.cpu, read_software()).name or "none"
-    machine = f"{hardware.cpu.vendor} {hardware.cpu.model_name} ({hardware.cpu.microarchitecture}), backend {backend}"
-    formats = args.formats.split(",")
-    source = model_dir(args.cache, "bf16")
-    prompts = prompt_ids(source)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for cand in candidates(backend, formats, args.corrupt):
-        directory = model_dir(args.cache, cand.format)
-        kernel = predicted_kernel(backend, directory, cand.env)
-        log = args.out.parent / f"quant_kernels-{cand.label.replace(' ', '_').replace('/', '_')}.log"
-        print(f"running {cand.label} (policy: {kernel}) ...", flush=True)
-        result = run_candidate(cand, directory, prompts, args.reps, log)
-        row = {"format": cand.format, "env": cand.env, "kernel": kernel, "log": str(log)}
-        if "error" in result:
-            rows.append({**row, **result})
-            print(f"  failed: {result['error']}", flush=True)
-            continue
-        logged = log.read_text(errors="replace")
-        markers = [m for k in kernel.split("+") if k in KERNELS for m in KERNELS[k].log_markers]
-        scheme = cand.format.removesuffix("-corrupt")
-        quality = score(source, prompts, result["generated"], result["logprobs"])
-        row.update(
-            decode=_summary(result["decode"]),
-            prefill=_summary(result["prefill"]),
-            kernel_confirmed=all(m in logged for m in markers),
-            quality=quality.as_dict(),
-            quality_passes=quality.passes(scheme),
-        )
-        rows.append(row)
-        args.out.write_text(json.dumps({"machine": machine, "backend": backend, "rows": rows}, indent=2))  # partial
-        print(
-            f"  decode {row['decode']['median']:.1f} tok/s [{row['decode']['min']:.1f}-{row['decode']['max']:.1f}], "
-            f"prefill {row['prefill']['median']:.0f} tok/s [{row['prefill']['min']:.0f}-{row['prefill']['max']:.0f}], "
-            f"top1 {quality.top1:.2f}, |dlogprob| {quality.mean_abs_dlogprob:.3f} "
-            f"({'pass' if row['quality_passes'] else 'FAIL'}), kernel in log: {row['kernel_confirmed']}",
-            flush=True,
-        )
-    render(
-        {
-            "machine": machine,
-            "backend": backend,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "command": " ".join(sys.argv),
-            "load_average": os.getloadavg(),
-            "rows": rows,
-        },
-        args.cache,
-        args.out,
-    )
+        report = json.loads(args.render.read_text())
+        complete(report, args.cache)
+        args.render.write_text(json.dumps(report, indent=2))
+    else:
+        report = measure(args.formats.split(","), args.reps, args.corrupt, args.cache, args.out)
+        report["command"] = " ".join(sys.argv)
+        args.out.write_text(json.dumps(report, indent=2))
+    print("\n" + heading(report) + "\n\n" + markdown_table(report))
+    print(f"\nwritten to {args.render or args.out}")
 
 
-def render(report: dict, cache: Path, out: Path) -> None:
-    """Add bytes/token and the bandwidth ceiling (bench/bandwidth.py on the engine's CPUs), write, print."""
+def complete(report: dict, cache: Path) -> None:
+    """Add the read bandwidth (bench/bandwidth.py on the engine's CPUs), each row's bytes/token and its ceiling."""
     from bench.bandwidth import read_bandwidth
 
     if "bandwidth" not in report:
-        cpus = compute_cpus()
-        report["bandwidth"] = read_bandwidth(cpus, size_bytes=1 << 30, repeats=5)
+        report["bandwidth"] = read_bandwidth(compute_cpus(), size_bytes=1 << 30, repeats=5)
     gbs = report["bandwidth"]["gbs"]
     for r in report["rows"]:
         if "decode" in r:
             r["bytes_per_token"] = bytes_per_token(model_dir(cache, r["format"]))
             r["ceiling_tok_s"] = gbs * 1e9 / r["bytes_per_token"]
             r["ceiling_fraction"] = r["decode"]["median"] / r["ceiling_tok_s"]
-    out.write_text(json.dumps(report, indent=2))
-    print(
-        f"\n{report['machine']}; read bandwidth {gbs:.1f} GB/s on CPUs {report['bandwidth']['cpus']}; "
-        f"load average at the end {', '.join(f'{x:.1f}' for x in report.get('load_average', os.getloadavg()))}"
+
+
+def heading(report: dict) -> str:
+    load = report.get("load_average")
+    return (
+        f"Quantized linear kernels on {report['machine']} ({report['date']}): vLLM's offline engine per candidate, "
+        f"batch 1, median [min-max] of {report.get('reps', '?')} repetitions; read bandwidth "
+        f"{report['bandwidth']['gbs']:.1f} GB/s on CPU(s) {report['bandwidth']['cpus']}"
+        + (f"; load average {load[0]:.1f} at the end" if load else "")
+        + ". Quality: greedy tokens scored against the bf16 source in transformers (tests/support/quant_quality.py)."
     )
-    head = f"{'candidate':<50} {'kernel':<14} {'decode tok/s':>20} {'prefill tok/s':>18} {'MB/token':>9} {'ceiling':>8} quality"
-    print(head)
+
+
+def markdown_table(report: dict) -> str:
+    head = (
+        "| candidate | kernel (policy) | in engine log | decode tok/s | prefill tok/s | MB/token | of ceiling "
+        "| top-1 | mean abs dlogprob | quality |"
+    )
+    lines = [head, "| " + " | ".join(["---"] * 10) + " |"]
     for r in report["rows"]:
         label = Candidate(r["format"], r["env"]).label
         if "error" in r:
-            print(f"{label:<50} {r['kernel']:<14} {r['error']}")
+            lines.append(f"| {label} | {r['kernel']} | {r['error']} |" + " |" * 7)
             continue
-        d, pf = r["decode"], r["prefill"]
-        print(
-            f"{label:<50} {r['kernel']:<14} {d['median']:>7.1f} [{d['min']:.1f}-{d['max']:.1f}] "
-            f"{pf['median']:>6.0f} [{pf['min']:.0f}-{pf['max']:.0f}] {r['bytes_per_token'] / 1e6:>9.0f} "
-            f"{r['ceiling_fraction']:>7.0%} top1 {r['quality']['top1']:.2f} "
-            f"|dlp| {r['quality']['mean_abs_dlogprob']:.3f} {'pass' if r['quality_passes'] else 'FAIL'}"
+        d, p, q = r["decode"], r["prefill"], r["quality"]
+        expected = "pass" if not r["format"].endswith("-corrupt") else "fail"
+        verdict = "pass" if r["quality_passes"] else "fail"
+        lines.append(
+            f"| {label} | `{r['kernel']}` | {'yes' if r['kernel_confirmed'] else 'NO'} "
+            f"| {d['median']:.1f} [{d['min']:.1f}-{d['max']:.1f}] | {p['median']:.0f} [{p['min']:.0f}-{p['max']:.0f}] "
+            f"| {r['bytes_per_token'] / 1e6:.0f} | {r['ceiling_fraction']:.0%} | {q['top1']:.2f} "
+            f"| {q['mean_abs_dlogprob']:.3f} | {verdict}"
+            + ("" if verdict == expected else f" (expected {expected})")
+            + " |"
         )
-    print(f"\nwritten to {out}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -174,6 +174,10 @@ def markdown(results: dict[str, Any], comparisons: Sequence[Comparison], decode:
             decode_table(rows),
             "",
         ]
+    if results.get("quant_kernels"):
+        from bench.quant_kernels import heading, markdown_table
+
+        parts += [heading(results["quant_kernels"]), "", markdown_table(results["quant_kernels"]), ""]
     parts += ["```", *results["summary"], *([results["headline"]] if results.get("headline") else []), "```", ""]
     return "\n".join(parts)
 

@@ -54,6 +54,9 @@ class BenchOptions:
     policy_repetitions: int = 2
     decode: bool = True  # decode vs the bandwidth ceiling
     profile: bool = True  # py-spy on both API processes, in an extra (uncounted) run
+    quant: bool = True  # the quantized linear kernels per format (bench/quant_kernels.py)
+    quant_formats: tuple[str, ...] = ("bf16", "w8a8", "w8a8-static", "w4a16")
+    quant_repetitions: int = 3
     peer: bool = True  # llama.cpp's server, if `make bench-tools` built it
     peer_formats: tuple[str, ...] = ("bf16", "q8_0", "q4_0")
     peer_repetitions: int = 2
@@ -78,6 +81,7 @@ class BenchOptions:
             policy=False,
             decode=False,
             profile=False,
+            quant=False,
             peer=False,
         )
         base.update(kw)
@@ -387,6 +391,33 @@ def decode(ctx: Context, results: dict[str, Any]) -> list[DecodeResult]:
     return out
 
 
+def quant_kernels(ctx: Context) -> dict[str, Any]:
+    """Each quantized format's linear kernel on the live backend, every candidate the policy can steer to, with
+    decode, prefill, bandwidth ceiling and quality against the bf16 source (and a corrupted copy that must fail)."""
+    from bench.quant_kernels import measure
+
+    opts = ctx.opts
+    return measure(
+        list(opts.quant_formats), opts.quant_repetitions, True, cache_dir(), ctx.logdir / "quant_kernels.json", log
+    )
+
+
+def quant_lines(report: dict[str, Any]) -> list[str]:
+    from bench.quant_kernels import Candidate
+
+    return [
+        f"quantized {Candidate(r['format'], r['env']).label} ({r['kernel']}): "
+        + (
+            r["error"]
+            if "error" in r
+            else f"{r['decode']['median']:.1f} tok/s decode, {r['ceiling_fraction']:.0%} "
+            f"of the ceiling, {r['prefill']['median']:.0f} tok/s prefill, quality "
+            f"{'pass' if r['quality_passes'] else 'fail'}"
+        )
+        for r in report["rows"]
+    ]
+
+
 def cache_dir() -> Path:
     """The service's model cache (configs/default.yaml < SERVICE_CACHE_DIR), read from its settings."""
     from service.settings import load_settings
@@ -422,6 +453,8 @@ def run_bench(opts: BenchOptions, command: str | None = None) -> int:
         comparisons += policy(ctx, results)
     if opts.decode:
         decoded = decode(ctx, results)
+    if opts.quant:
+        results["quant_kernels"] = quant_kernels(ctx)
     if opts.peer:
         from bench import peer as peer_mod
 
@@ -446,6 +479,8 @@ def run_bench(opts: BenchOptions, command: str | None = None) -> int:
     results["summary"] = [summary_line(c) for c in comparisons] + [decode_line(d) for d in decoded]
     if peer:
         results["summary"] += peer.get("decode_lines", [])
+    if opts.quant:
+        results["summary"] += quant_lines(results["quant_kernels"])
     front = [c for c in comparisons if c.name == "frontend"]
     results["headline"] = headline(front) if front else None
     (out / "results.json").write_text(json.dumps(results, indent=2, default=_json_default))
