@@ -174,6 +174,16 @@ def markdown(results: dict[str, Any], comparisons: Sequence[Comparison], decode:
             decode_table(rows),
             "",
         ]
+        for run in results.get("decode", {}).get("runs", []):
+            prof = run.get("profile") or {}
+            if prof.get("samples"):
+                parts += [
+                    f"Where a {run['dtype']} decode step goes (py-spy --native on the engine process, one extra run, "
+                    f"{prof['samples']} samples): "
+                    + ", ".join(f"{area} {share:.0%}" for area, share in prof["by_area"])
+                    + ".",
+                    "",
+                ]
     if results.get("quant_kernels"):
         from bench.quant_kernels import heading, markdown_table
 

@@ -374,18 +374,22 @@ def decode(ctx: Context, results: dict[str, Any]) -> list[DecodeResult]:
             ),
             ctx,
         )
+        profiled: dict[str, Any] | None = None
         try:
             engine_cpus = srv.Reported.fetch(server.url).engine_cpus
             ctx.load(Workload(1, 1, opts.decode_input_len, 8, seed=7), server, big, "bench-llama")
             w = Workload(1, opts.decode_prompts, opts.decode_input_len, opts.decode_output_len, seed=11)
             metrics, client = ctx.load(w, server, big, "bench-llama")
+            if opts.profile:
+                profiled = _profile_decode(server, w, ctx, big, dtype)
         finally:
             server.close()
         bw = read_bandwidth(engine_cpus)
         log(f"read bandwidth on CPU(s) {engine_cpus}: {bw['gbs']:.1f} GB/s {bw['by_op_gbs']}")
         d = DecodeResult(dtype, metrics["tpot_p50_ms"], bw["gbs"], bytes_per_token(BYTES[dtype]))
         out.append(d)
-        results["decode"]["runs"].append({**d.as_dict(), "metrics": metrics, "client": client, "bandwidth": bw})
+        run = {**d.as_dict(), "metrics": metrics, "client": client, "bandwidth": bw}
+        results["decode"]["runs"].append(run | ({"profile": profiled} if profiled else {}))
         log(decode_line(d))
     results["decode"]["faster"] = faster_dtype(out)
     return out
@@ -416,6 +420,33 @@ def quant_lines(report: dict[str, Any]) -> list[str]:
         )
         for r in report["rows"]
     ]
+
+
+def _profile_decode(server: ServerProcess, w: Workload, ctx: Context, model: str, dtype: str) -> dict[str, Any]:
+    """py-spy with native frames on the process that runs the forward pass, during one more (uncounted) batch-1
+    decode run: the share of samples in the linear layers against attention, OpenMP, the scheduler and the rest."""
+    from bench import profile
+
+    pid = profile.compute_process(server.pid)
+    if pid is None:
+        return {"error": "no vLLM engine process found under the server"}
+    out = ctx.logdir / f"py-spy-decode-{dtype}.folded"
+    rec = profile.start_record(pid, out, rate=100, native=True)
+    if rec is None:
+        return {"error": "py-spy not installed (pip install -e '.[bench]')"}
+    try:
+        time.sleep(1)
+        ctx.load(w, server, model, "bench-llama")
+    finally:
+        profile.stop_record(rec)
+    if not out.exists():
+        return {"error": f"py-spy wrote nothing (exit {rec.returncode}); ptrace not permitted?"}
+    summary = profile.summarize(out.read_text(), areas=profile.WORKER_AREAS)
+    log(
+        f"decode {dtype}, where the engine process's samples go: "
+        + ", ".join(f"{area} {share:.0%}" for area, share in summary["by_area"][:6])
+    )
+    return summary | {"pid": pid, "folded": str(out)}
 
 
 def cache_dir() -> Path:

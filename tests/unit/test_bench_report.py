@@ -4,6 +4,7 @@ from the service's GET /v1/hardware to start vLLM's server with the same engine.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -103,7 +104,12 @@ def test_decode_table_and_markdown(comparisons):
         "host": {"loadavg_start": (1.0, 1.0, 1.0), "loadavg_end": (2.0, 1.0, 1.0), "loadavg_1m_max_during_runs": 3.0},
         "options": {"input_len": 128, "output_len": 64, "rounds": 2},
         "model": {"served_name": "demo-tiny-llama"},
-        "decode": {"model": "/x/bench-llama-0.5b-v1"},
+        "decode": {
+            "model": "/x/bench-llama-0.5b-v1",
+            "runs": [
+                {"dtype": "bfloat16", "profile": {"samples": 900, "by_area": [("linear layers (oneDNN GEMM)", 0.7)]}}
+            ],
+        },
         "summary": ["line one"],
         "headline": "frontend throughput ratio ours/vllm: 0.950",
     }
@@ -112,6 +118,10 @@ def test_decode_table_and_markdown(comparisons):
     assert "ISA: avx2, avx512_bf16;" in md and "engine computes on CPU(s) [0, 1]" in md
     assert "load generator on CPU(s) [3] of its own" in md and "up to 3.0 during the runs" in md
     assert "bench-llama-0.5b-v1" in md
+    assert (
+        "Where a bfloat16 decode step goes (py-spy --native on the engine process, one extra run, 900 samples): " in md
+    )
+    assert "linear layers (oneDNN GEMM) 70%." in md
     assert md.rstrip().endswith("frontend throughput ratio ours/vllm: 0.950\n```")
 
 
@@ -162,6 +172,29 @@ def test_py_spy_summary_self_and_areas():
     assert areas["vLLM OpenAI serving (request parsing, detokenized streaming)"] == 0.7
     assert areas["starlette (ASGI routing, middleware)"] == 0.3
     assert profile.summarize("")["samples"] == 0
+
+
+def test_worker_profile_areas_take_the_innermost_known_native_frame():
+    step = "run_engine_core (/x/site-packages/vllm/v1/engine/core.py:1);execute_model (/x/site-packages/vllm/v1/worker/cpu_model_runner.py:2)"
+    folded = "\n".join(
+        [
+            f"{step};onednn_mm (/x/site-packages/vllm/_custom_ops.py:3);dnnl::impl::cpu::x64::brgemm (libdnnl.so);0x7f00 (?) 60",
+            f"{step};onednn_mm (/x/site-packages/vllm/_custom_ops.py:3);__kmp_wait_template (libiomp5.so) 10",
+            f"{step};cpu_attention_with_kv_cache (/x/site-packages/vllm/v1/attention/backends/cpu_attn.py:4) 20",
+            f"{step} 10",
+        ]
+    )
+    areas = dict(profile.summarize(folded, areas=profile.WORKER_AREAS)["by_area"])
+    assert areas == {
+        "linear layers (oneDNN GEMM)": 0.6,
+        "attention over the KV cache": 0.2,
+        "OpenMP runtime (barriers, waiting)": 0.1,
+        "model runner (Python: inputs, metadata)": 0.1,
+    }
+
+
+def test_no_engine_process_under_a_process_without_children():
+    assert profile.compute_process(os.getpid()) is None
 
 
 def test_bench_model_is_bandwidth_bound_size():
