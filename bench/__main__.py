@@ -23,6 +23,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", action=flag, default=None, help="policy vs vLLM defaults")
     p.add_argument("--decode", action=flag, default=None, help="batch-1 decode vs the bandwidth ceiling")
     p.add_argument("--profile", action=flag, default=None, help="py-spy on both API processes")
+    p.add_argument("--preload", action=flag, default=None, help="native decode with and without the preload")
+    p.add_argument("--preload-repetitions", type=int)
+    p.add_argument("--warm-start", action=flag, default=None, help="start to ready, cold and warm compile cache")
     p.add_argument("--quant", action=flag, default=None, help="quantized linear kernels per format")
     p.add_argument("--quant-repetitions", type=int)
     p.add_argument("--peer", action=flag, default=None, help="llama.cpp's server (built by `make bench-tools`)")
@@ -44,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     opts = BenchOptions.quick_mode() if args.quick else BenchOptions()
     if args.only_peer:
-        opts = replace(opts, frontend=False, policy=False, decode=False, quant=False, peer=True)
+        opts = replace(
+            opts, frontend=False, policy=False, decode=False, preload=False, warm_start=False, quant=False, peer=True
+        )
     given = {
         "repetitions": args.repetitions,
         "rounds": args.rounds,
@@ -53,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         "policy": args.policy,
         "decode": args.decode,
         "profile": args.profile,
+        "preload": args.preload,
+        "preload_repetitions": args.preload_repetitions,
+        "warm_start": args.warm_start,
         "quant": args.quant,
         "quant_repetitions": args.quant_repetitions,
         "peer": args.peer,

@@ -184,6 +184,46 @@ def markdown(results: dict[str, Any], comparisons: Sequence[Comparison], decode:
                     + ".",
                     "",
                 ]
+    if results.get("preload"):
+        p = results["preload"]
+        used = next((r["ld_preload"]["value"] for r in p["runs"] if r["variant"] == "with" and r["ld_preload"]), None)
+        parts += [
+            f"Native preload (`bench/preload.py`): batch-1 decode of `{Path(p['model']).name}` served by the service "
+            f"with its own preload (`LD_PRELOAD={used}`) and with vLLM's (torch's GNU OpenMP, no allocator), "
+            f"{len(p['ratio_with_over_without'])} repetitions restarting both (order alternating), "
+            f"{p['requests_per_start']} decode rates of {p['max_tokens']} tokens per start: with "
+            f"{p['median_tok_s']['with']:.2f} tok/s, without {p['median_tok_s']['without']:.2f} tok/s; "
+            f"with/without {p['estimate']}.",
+            "",
+        ]
+    if results.get("warm_start"):
+        head = ["model", "cold: start to ready", "warm", "vLLM engine init cold", "warm", "warm start"]
+        lines = [_row(head), _row(["---"] * len(head))]
+        for w in results["warm_start"]:
+            cold, warm = w["cold"], w["warm"]
+            how = (
+                "loaded the compiled graph"
+                if warm["loaded_compiled"] and not warm["compiled_and_saved"]
+                else "compiled"
+            )
+            lines.append(
+                _row(
+                    [
+                        w["name"],
+                        f"{cold['ready_s']:.0f} s",
+                        f"{warm['ready_s']:.0f} s",
+                        f"{cold['engine_init_s']} s",
+                        f"{warm['engine_init_s']} s",
+                        how,
+                    ]
+                )
+            )
+        parts += [
+            "Start to ready with torch.compile (`bench/warm_start.py`): a fresh cache directory, then the same one again.",
+            "",
+            *lines,
+            "",
+        ]
     if results.get("quant_kernels"):
         from bench.quant_kernels import heading, markdown_table
 

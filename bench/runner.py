@@ -27,6 +27,7 @@ from bench.stats import (
     DecodeResult,
     compare,
     decode_line,
+    estimate,
     faster_dtype,
     headline,
     summary_line,
@@ -54,6 +55,9 @@ class BenchOptions:
     policy_repetitions: int = 2
     decode: bool = True  # decode vs the bandwidth ceiling
     profile: bool = True  # py-spy on both API processes, in an extra (uncounted) run
+    preload: bool = True  # native decode with and without the preload the service decides (bench/preload.py)
+    preload_repetitions: int = 3
+    warm_start: bool = True  # start-to-ready, cold and warm compile cache, demo and bench model (bench/warm_start.py)
     quant: bool = True  # the quantized linear kernels per format (bench/quant_kernels.py)
     quant_formats: tuple[str, ...] = ("bf16", "w8a8", "w8a8-static", "w4a16")
     quant_repetitions: int = 3
@@ -81,6 +85,8 @@ class BenchOptions:
             policy=False,
             decode=False,
             profile=False,
+            preload=False,
+            warm_start=False,
             quant=False,
             peer=False,
         )
@@ -395,6 +401,56 @@ def decode(ctx: Context, results: dict[str, Any]) -> list[DecodeResult]:
     return out
 
 
+def native_preload(ctx: Context) -> dict[str, Any]:
+    """Batch-1 decode of the bench model served natively with the preload the service decides (allocator + OpenMP
+    runtime) and with vLLM's own (torch's GNU OpenMP, no allocator), restarted per repetition in alternating order."""
+    from bench import preload
+    from bench.models import ensure_bench_model
+
+    log("native decode with and without the service's preload (bench model, restarted per repetition)")
+    result = preload.measure(
+        ensure_bench_model(cache_dir()),
+        cache_dir(),
+        ctx.logdir / "preload",
+        ctx.opts.preload_repetitions,
+        settings={"kv_cache_gib": "1"},
+    )
+    result["estimate"] = estimate("decode with/without preload", "ratio", result["ratio_with_over_without"]).fmt()
+    log(preload_line(result))
+    return result
+
+
+def preload_line(result: dict[str, Any]) -> str:
+    med = result["median_tok_s"]
+    return (
+        f"native decode with the service's preload {med['with']:.2f} tok/s, with vLLM's own {med['without']:.2f} "
+        f"tok/s: with/without {result['estimate']}"
+    )
+
+
+def warm_starts(ctx: Context) -> list[dict[str, Any]]:
+    """Start to /ready with torch.compile, cold (empty cache) then warm, for the demo and the bench model."""
+    from bench import warm_start
+    from bench.models import ensure_bench_model
+
+    out = []
+    for name, model in (("demo", None), ("bench", ensure_bench_model(cache_dir()))):
+        log(f"start to ready, cold then warm compile cache: {name} model")
+        result = warm_start.measure(model, ctx.logdir / f"warm-start-{name}", {"kv_cache_gib": "1"})
+        out.append(result | {"name": name})
+        log(warm_start_line(out[-1]))
+    return out
+
+
+def warm_start_line(result: dict[str, Any]) -> str:
+    cold, warm = result["cold"], result["warm"]
+    return (
+        f"start to ready, {result['name']} model: cold {cold['ready_s']:.0f} s, warm {warm['ready_s']:.0f} s "
+        f"(engine init {cold['engine_init_s']} s -> {warm['engine_init_s']} s; warm start "
+        + ("loaded the compiled graph)" if warm["loaded_compiled"] and not warm["compiled_and_saved"] else "COMPILED)")
+    )
+
+
 def quant_kernels(ctx: Context) -> dict[str, Any]:
     """Each quantized format's linear kernel on the live backend, every candidate the policy can steer to, with
     decode, prefill, bandwidth ceiling and quality against the bf16 source (and a corrupted copy that must fail)."""
@@ -484,6 +540,10 @@ def run_bench(opts: BenchOptions, command: str | None = None) -> int:
         comparisons += policy(ctx, results)
     if opts.decode:
         decoded = decode(ctx, results)
+    if opts.preload:
+        results["preload"] = native_preload(ctx)
+    if opts.warm_start:
+        results["warm_start"] = warm_starts(ctx)
     if opts.quant:
         results["quant_kernels"] = quant_kernels(ctx)
     if opts.peer:
@@ -510,6 +570,10 @@ def run_bench(opts: BenchOptions, command: str | None = None) -> int:
     results["summary"] = [summary_line(c) for c in comparisons] + [decode_line(d) for d in decoded]
     if peer:
         results["summary"] += peer.get("decode_lines", [])
+    if opts.preload:
+        results["summary"].append(preload_line(results["preload"]))
+    if opts.warm_start:
+        results["summary"] += [warm_start_line(w) for w in results["warm_start"]]
     if opts.quant:
         results["summary"] += quant_lines(results["quant_kernels"])
     front = [c for c in comparisons if c.name == "frontend"]

@@ -1,7 +1,7 @@
 # The benchmark (docs/bench.md): a tool beside the service, `python -m bench`; results under bench/results/<stamp>/.
-#   make bench              front end vs vLLM's server at c=1,4,16, policy vs defaults, decode vs bandwidth, the
-#                           quantized kernels per format, and the llama.cpp peer (builds it first with bench-tools;
-#                           BENCH_PEER=0 skips both)
+#   make bench              front end vs vLLM's server at c=1,4,16, policy vs defaults, decode vs bandwidth, native
+#                           preload, cold/warm start, the quantized kernels per format, and the llama.cpp peer
+#                           (builds it first with bench-tools; BENCH_PEER=0 skips both)
 #   make bench-quick        c=4 only, front end only (< 5 min); last line: the front-end throughput ratio
 #   make bench-peer         the llama.cpp peer table alone
 #   make bench-tools        llama.cpp's server (llama-server from the llama-cpp-python sdist, built for this CPU)

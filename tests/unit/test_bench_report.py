@@ -287,3 +287,50 @@ def test_quantized_kernel_table_flags_a_corrupted_copy_that_passes_and_an_unconf
     assert table[5].startswith("| w8a8-static | onednn-w8a8 | exit 1, log x.log |")
     assert all(line.count("|") == table[0].count("|") for line in table)
     assert "11.2 GB/s on CPU(s) [1]" in heading(report) and "median [min-max] of 3 repetitions" in heading(report)
+
+
+def test_preload_and_warm_start_sections():
+    results = {
+        "command": "python -m bench",
+        "started": "s",
+        "finished": "f",
+        "machine": Reported(HARDWARE).machine(),
+        "host": {"loadavg_start": (1.0, 1.0, 1.0), "loadavg_end": (2.0, 1.0, 1.0)},
+        "options": {"input_len": 128, "output_len": 64, "rounds": 2},
+        "model": {"served_name": "demo-tiny-llama"},
+        "preload": {
+            "model": "/x/bench-llama-0.5b-v1",
+            "max_tokens": 128,
+            "requests_per_start": 3,
+            "runs": [
+                {
+                    "variant": "with",
+                    "ld_preload": {"setting": "env.LD_PRELOAD", "value": "/l/libtcmalloc.so:/l/libiomp5.so"},
+                },
+                {
+                    "variant": "without",
+                    "ld_preload": {"setting": "env.LD_PRELOAD", "value": "/t/libgomp.so", "source": "user"},
+                },
+            ],
+            "median_tok_s": {"with": 8.1, "without": 7.9},
+            "ratio_with_over_without": [1.02, 1.03],
+            "estimate": "x1.025 [0.961, 1.093]",
+        },
+        "warm_start": [
+            {
+                "name": "bench",
+                "cold": {
+                    "ready_s": 300.0,
+                    "engine_init_s": 200.1,
+                    "loaded_compiled": False,
+                    "compiled_and_saved": True,
+                },
+                "warm": {"ready_s": 90.0, "engine_init_s": 30.2, "loaded_compiled": True, "compiled_and_saved": False},
+            }
+        ],
+        "summary": [],
+    }
+    md = markdown(results, [], [])
+    assert "with its own preload (`LD_PRELOAD=/l/libtcmalloc.so:/l/libiomp5.so`)" in md
+    assert "with 8.10 tok/s, without 7.90 tok/s; with/without x1.025 [0.961, 1.093]." in md
+    assert "| bench | 300 s | 90 s | 200.1 s | 30.2 s | loaded the compiled graph |" in md
