@@ -21,7 +21,7 @@ def start_record(pid: int, out: Path, rate: int = 200, native: bool = False) -> 
     exe = py_spy()
     if exe is None:
         return None
-    mode = ["--native"] if native else ["--nonblocking"]
+    mode = ["--native", "--threads"] if native else ["--nonblocking"]
     return subprocess.Popen(
         [exe, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--output", str(out), *mode],
         stdout=subprocess.DEVNULL,
@@ -74,30 +74,44 @@ def _frame_name(frame: str) -> str:
     return f"{name} ({path})"
 
 
-def summarize(folded: str, top: int = 15, areas: tuple[tuple[str, str | None], ...] | None = None) -> dict:
-    """Self time per function, and samples by area (innermost frame with a known area), as fractions."""
-    self_count: collections.Counter[str] = collections.Counter()
-    area_count: collections.Counter[str] = collections.Counter()
-    total = 0
+def summarize(
+    folded: str,
+    top: int = 15,
+    areas: tuple[tuple[str, str | None], ...] | None = None,
+    threads_with: tuple[str, ...] = (),
+) -> dict:
+    """Self time per function, and samples by area (innermost frame with a known area), as fractions. With
+    `threads_with` (a recording made with --threads), only the threads that ever showed one of those frames count:
+    in native mode py-spy samples threads blocked in the C library as well, which are not where the work is."""
+    stacks: list[tuple[str, list[str], int]] = []
     for line in folded.splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        n = int(count)
-        total += n
         frames = [f for f in stack.split(";") if f]
+        thread = frames.pop(0) if frames and frames[0].startswith("thread (") else ""
+        stacks.append((thread, frames, int(count)))
+    kept = {t for t, frames, _ in stacks if any(m in f for f in frames for m in threads_with)}
+    self_count: collections.Counter[str] = collections.Counter()
+    area_count: collections.Counter[str] = collections.Counter()
+    total = left_out = 0
+    for thread, frames, n in stacks:
+        if threads_with and thread not in kept:
+            left_out += n
+            continue
+        total += n
         if frames:
             self_count[_frame_name(frames[-1])] += n
         # Each sample goes to the area of its innermost frame that has one: a partition that sums to 100%.
         area = next((a for a in (_area(f, areas or AREAS) for f in reversed(frames)) if a), "other")
         area_count[area] += n
-    if not total:
-        return {"samples": 0, "self": [], "by_area": []}
-    return {
-        "samples": total,
-        "self": [(name, n / total) for name, n in self_count.most_common(top)],
-        "by_area": [(name, n / total) for name, n in area_count.most_common()],
-    }
+    out: dict = {"samples": total, "self": [], "by_area": []}
+    if threads_with:
+        out |= {"threads": sorted(t.split(": ", 1)[-1] for t in kept), "samples_of_other_threads": left_out}
+    if total:
+        out["self"] = [(name, n / total) for name, n in self_count.most_common(top)]
+        out["by_area"] = [(name, n / total) for name, n in area_count.most_common()]
+    return out
 
 
 AREAS = (
@@ -127,9 +141,14 @@ AREAS = (
 )
 
 
-# Where a batch-1 decode step spends the compute process's time (native frames; innermost known frame wins). oneDNN's
-# JIT-generated kernels have no symbol: their samples land on the dnnl:: frame that called them.
+# The threads that compute: the one running the model (execute_model) and OpenMP's workers.
+COMPUTE_THREADS = ("execute_model", "kmp", "gomp")
+
+# Where a batch-1 decode step spends the compute threads' time (native frames; innermost known frame wins).
 WORKER_AREAS: tuple[tuple[str, str | None], ...] = (
+    # A frame py-spy cannot name ("0x... (?)", no module): code generated at run time, which in a CPU engine is
+    # oneDNN's JIT kernels (brgemm GEMM/GEMV); unwinding stops there, so the Python caller is the next known frame.
+    ("(?)", "linear layers (oneDNN JIT GEMM kernels)"),
     ("zentorch", "linear layers (zentorch)"),
     ("dnnl", "linear layers (oneDNN GEMM)"),
     ("onednn", "linear layers (oneDNN GEMM)"),

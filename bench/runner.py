@@ -497,7 +497,7 @@ def _profile_decode(server: ServerProcess, w: Workload, ctx: Context, model: str
         profile.stop_record(rec)
     if not out.exists():
         return {"error": f"py-spy wrote nothing (exit {rec.returncode}); ptrace not permitted?"}
-    summary = profile.summarize(out.read_text(), areas=profile.WORKER_AREAS)
+    summary = profile.summarize(out.read_text(), areas=profile.WORKER_AREAS, threads_with=profile.COMPUTE_THREADS)
     log(
         f"decode {dtype}, where the engine process's samples go: "
         + ", ".join(f"{area} {share:.0%}" for area, share in summary["by_area"][:6])

@@ -186,11 +186,27 @@ def test_worker_profile_areas_take_the_innermost_known_native_frame():
     )
     areas = dict(profile.summarize(folded, areas=profile.WORKER_AREAS)["by_area"])
     assert areas == {
-        "linear layers (oneDNN GEMM)": 0.6,
+        "linear layers (oneDNN JIT GEMM kernels)": 0.6,
         "attention over the KV cache": 0.2,
         "OpenMP runtime (barriers, waiting)": 0.1,
         "model runner (Python: inputs, metadata)": 0.1,
     }
+
+
+def test_worker_profile_counts_only_the_compute_threads_and_names_jit_kernels():
+    run = (
+        "thread (11): MainThread;<module> (<string>:1);execute_model (/x/site-packages/vllm/v1/worker/gpu_worker.py:5)"
+    )
+    folded = "\n".join(
+        [
+            f"{run};runtime_wrapper (/x/site-packages/torch/_functorch/x.py:1);OpOverload.__call__ (torch/_ops.py:875);0x7f8a95fbe1cd (?) 90",
+            f"{run};sample (/x/site-packages/vllm/v1/sample/sampler.py:2) 10",
+            "thread (12): Thread-1;0x7f8adb5278ec (libc.so.6);read (libc.so.6) 300",
+        ]
+    )
+    s = profile.summarize(folded, areas=profile.WORKER_AREAS, threads_with=profile.COMPUTE_THREADS)
+    assert s["samples"] == 100 and s["samples_of_other_threads"] == 300 and s["threads"] == ["MainThread"]
+    assert dict(s["by_area"]) == {"linear layers (oneDNN JIT GEMM kernels)": 0.9, "sampling and logits": 0.1}
 
 
 def test_no_engine_process_under_a_process_without_children():
