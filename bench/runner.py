@@ -534,18 +534,19 @@ def run_bench(opts: BenchOptions, command: str | None = None) -> int:
     comparisons: list[Comparison] = []
     decoded: list[DecodeResult] = []
     peer: dict[str, Any] | None = None
-    if opts.frontend:
-        comparisons += frontend(ctx, results)
-    if opts.policy:
-        comparisons += policy(ctx, results)
-    if opts.decode:
-        decoded = decode(ctx, results)
-    if opts.preload:
-        results["preload"] = native_preload(ctx)
-    if opts.warm_start:
-        results["warm_start"] = warm_starts(ctx)
-    if opts.quant:
-        results["quant_kernels"] = quant_kernels(ctx)
+    parts: list[tuple[bool, Callable[[], Any]]] = [
+        (opts.frontend, lambda: comparisons.extend(frontend(ctx, results))),
+        (opts.policy, lambda: comparisons.extend(policy(ctx, results))),
+        (opts.decode, lambda: decoded.extend(decode(ctx, results))),
+        (opts.preload, lambda: results.update(preload=native_preload(ctx))),
+        (opts.warm_start, lambda: results.update(warm_start=warm_starts(ctx))),
+        (opts.quant, lambda: results.update(quant_kernels=quant_kernels(ctx))),
+    ]
+    for wanted, run in parts:
+        if wanted:
+            run()
+            # Each part's raw results as soon as it ends: a later part that fails does not lose them.
+            (out / "results.partial.json").write_text(json.dumps(results, indent=2, default=_json_default))
     if opts.peer:
         from bench import peer as peer_mod
 

@@ -43,6 +43,7 @@ def measure(
     """Cold then warm start of `model` (None: the built-in demo model) with torch.compile."""
     cache_dir = work_dir / "cache"
     shutil.rmtree(cache_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True, exist_ok=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_") and k != "VLLM_CACHE_ROOT"}
     base.update(
         VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", SERVICE_CACHE_DIR=str(cache_dir), SERVICE_ENFORCE_EAGER="false"
