@@ -27,12 +27,18 @@ RECOMPILED = "Compiling model again due to a load failure"
 INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
 
 
+# Only vLLM's own log lines count (they name their source file): the service's startup report quotes the
+# recompile message in the reason of its compile-cache decision.
+VLLM_LINE = re.compile(r"\[decorators\.py:\d+\] .*")
+
+
 def read_log(text: str) -> dict:
     init = INIT_ENGINE.search(text)
+    vllm = "\n".join(m[0] for m in VLLM_LINE.finditer(text))
     return {
-        "compiled_and_saved": SAVED in text,
-        "loaded_compiled": LOADED in text,
-        "load_failed_recompiled": RECOMPILED in text,
+        "compiled_and_saved": SAVED in vllm,
+        "loaded_compiled": LOADED in vllm,
+        "load_failed_recompiled": RECOMPILED in vllm,
         "engine_init_s": float(init[1]) if init else None,
     }
 

@@ -7,11 +7,13 @@ COLD = """(Worker pid=1) INFO [decorators.py:743] [backbone] saved AOT compiled 
 UNPATCHED = """(Worker pid=1) WARNING [decorators.py:333] [backbone] Compiling model again due to a load failure from /c/m, \
 reason: 'function' object has no attribute 'finalize_loading'
 (Worker pid=1) INFO [decorators.py:743] [backbone] saved AOT compiled function to /c/m"""
-WARM = """(Worker pid=1) INFO [decorators.py:319] [backbone] Directly load AOT compilation from path /c/m
+WARM = """│ patch.vllm_aot_compile_cache │ true │ policy │ every start logged 'Compiling model again due to a load failure' │
+(Worker pid=1) INFO [decorators.py:319] [backbone] Directly load AOT compilation from path /c/m
 (EngineCore pid=2) INFO [core.py:402] init engine (profile, create kv cache, warmup model) took 31.58 s"""
 
 
 def test_read_log_tells_compile_recompile_and_load_apart():
+    """WARM also holds the service's report quoting the recompile message: only vLLM's own lines count."""
     assert read_log(COLD) == {
         "compiled_and_saved": True,
         "loaded_compiled": False,
