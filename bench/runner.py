@@ -453,7 +453,8 @@ def warm_start_line(result: dict[str, Any]) -> str:
 
 def quant_kernels(ctx: Context) -> dict[str, Any]:
     """Each quantized format's linear kernel on the live backend, every candidate the policy can steer to, with
-    decode, prefill, bandwidth ceiling and quality against the bf16 source (and a corrupted copy that must fail)."""
+    decode, prefill, bandwidth ceiling, and quality against the bf16 source and against the checkpoint's exact
+    dequantization (the kernel check, which a corrupted copy must fail)."""
     from bench.quant_kernels import measure
 
     opts = ctx.opts
@@ -471,7 +472,7 @@ def quant_lines(report: dict[str, Any]) -> list[str]:
             r["error"]
             if "error" in r
             else f"{r['decode']['median']:.1f} tok/s decode, {r['ceiling_fraction']:.0%} "
-            f"of the ceiling, {r['prefill']['median']:.0f} tok/s prefill, quality "
+            f"of the ceiling, {r['prefill']['median']:.0f} tok/s prefill, kernel check "
             f"{'pass' if r['quality_passes'] else 'fail'}"
         )
         for r in report["rows"]

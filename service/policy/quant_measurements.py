@@ -47,7 +47,17 @@ ZEN5_FIELD_NOTES = Machine(
     "../shared/field-notes.md: offline LLM, enforce_eager, 0.5 B random Llama, ONE run each on another machine",
 )
 
+EMERALD_RAPIDS_NO_AMX = Machine(
+    "Intel Xeon Emerald Rapids KVM guest, AMX hidden (1 compute core)",
+    "avx512",
+    "python -m bench --quant, 2026-11-22 16:24, quiet machine, 3 repetitions (docs/quantization.md)",
+)
+
 MEASUREMENTS: tuple[Measurement, ...] = (
+    Measurement(EMERALD_RAPIDS_NO_AMX, "bf16", "bf16", "", 8.0, 71.0, (7.7, 8.7), (68.0, 72.0)),
+    Measurement(EMERALD_RAPIDS_NO_AMX, "w8a8", "onednn-w8a8", "", 17.0, 291.0, (15.2, 17.3), (248.0, 314.0)),
+    Measurement(EMERALD_RAPIDS_NO_AMX, "w8a8-static", "onednn-w8a8", "", 14.8, 290.0, (14.3, 14.9), (252.0, 302.0)),
+    Measurement(EMERALD_RAPIDS_NO_AMX, "w4a16", "wna16-vec", "", 6.0, 58.0, (5.9, 6.4), (55.0, 60.0)),
     Measurement(ZEN5_FIELD_NOTES, "bf16", "bf16", "zentorch", 28.8, None),
     Measurement(ZEN5_FIELD_NOTES, "w8a8", "zentorch-w8a8", "", 45.1, 1213.0),
     Measurement(ZEN5_FIELD_NOTES, "w8a8", "onednn-w8a8", "generic CpuPlatform", 41.4, 1480.0),

@@ -55,6 +55,12 @@ class Quality:
         t = THRESHOLDS[scheme]
         return self.top1 >= t.min_top1 and self.mean_abs_dlogprob <= t.max_mean_abs_dlogprob
 
+    def logprob_passes(self, scheme: str) -> bool:
+        """The logprob criterion alone: for a model whose logits are near-flat (the 0.5 B random bench model), where
+        a kernel's own rounding (W8A8's per-token activation quantization) flips greedy near-ties without being
+        wrong; measured there: correct W8A8 kernel 0.052, corrupted scale 1.43 (docs/quantization.md)."""
+        return self.mean_abs_dlogprob <= THRESHOLDS[scheme].max_mean_abs_dlogprob
+
     def as_dict(self) -> dict:
         return {
             "tokens": self.tokens,

@@ -272,6 +272,7 @@ def _quant_row(fmt, kernel, decode, passes, **kw):
         "prefill": {"median": 500.0, "min": 450.0, "max": 510.0},
         "kernel_confirmed": kw.get("confirmed", True),
         "quality": {"top1": 0.97 if passes else 0.5, "mean_abs_dlogprob": 0.01 if passes else 0.4},
+        "kernel_quality": {"top1": 0.99, "mean_abs_dlogprob": 0.005},
         "quality_passes": passes,
         "bytes_per_token": 505_000_000,
         "ceiling_fraction": 0.8,
@@ -296,7 +297,7 @@ def test_quantized_kernel_table_flags_a_corrupted_copy_that_passes_and_an_unconf
     }
     table = markdown_table(report).splitlines()
     assert table[2] == (
-        "| w8a8 | `onednn-w8a8` | yes | 21.0 [20.0-22.0] | 500 [450-510] | 505 | 80% | 0.97 | 0.010 | pass |"
+        "| w8a8 | `onednn-w8a8` | yes | 21.0 [20.0-22.0] | 500 [450-510] | 505 | 80% | 0.97, 0.010 | 0.99, 0.005 | pass |"
     )
     assert table[3].startswith("| w4a16 [VLLM_CPU_INT4_W4A8=0] | `wna16-vec` | NO |")
     assert table[4].endswith("| pass (expected fail) |")  # a corrupted scale that scores as correct is a finding

@@ -276,3 +276,12 @@ def test_unquantized_model_has_no_quant_decisions():
 
 def test_plan_quant_without_facts_is_empty():
     assert plan_quant(None, "zen", "bfloat16", Settings(), {}).decisions == ()
+
+
+def test_a_measured_backend_is_cited_with_its_numbers_and_an_unmeasured_one_says_so():
+    from service.policy.quant_measurements import cite
+
+    assert "wna16-vec: decode 6.0 [5.9-6.4] tok/s, prefill 58.0 [55.0-60.0] tok/s" in cite(
+        "avx512", "w4a16", ("wna16-vec",)
+    )
+    assert cite("avx2", "w4a16", ("wna16-vec",)).startswith("not measured on the avx2 backend yet")
