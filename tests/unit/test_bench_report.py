@@ -235,28 +235,37 @@ def test_reported_reads_the_json_the_service_serves():
     assert Reported(json.loads(json.dumps(HARDWARE))).engine_args == Reported(HARDWARE).engine_args
 
 
+def _results(command: str, options: dict | None = None, **parts) -> dict:
+    """A finished run's results as bench.report reads them: the machine and host parts, and `parts`."""
+    return {
+        "command": command,
+        "started": "s",
+        "finished": "f",
+        "machine": Reported(HARDWARE).machine(),
+        "host": {"loadavg_start": (1.0, 1.0, 1.0), "loadavg_end": (2.0, 1.0, 1.0)},
+        "options": options or {"input_len": 128, "output_len": 64, "rounds": 2},
+        "model": {"served_name": "demo-tiny-llama"},
+        "summary": [],
+        **parts,
+    }
+
+
 def test_peer_markdown_says_which_runs_were_recounted_and_which_cells_were_left_out(comparisons):
     import dataclasses
 
     peer = [dataclasses.replace(c, name="peer-q8_0", targets=(), verdicts={}) for c in comparisons[:1]]
     counted = {"output_tokens_counted_by_client": 15.0, "output_tokens_counted_by_server": 96.0}
-    results = {
-        "command": "python -m bench --only-peer",
-        "started": "s",
-        "finished": "f",
-        "machine": Reported(HARDWARE).machine(),
-        "host": {"loadavg_start": (1.0, 1.0, 1.0), "loadavg_end": (2.0, 1.0, 1.0)},
-        "options": {"input_len": 128, "output_len": 64, "rounds": 2, "peer_input_len": 128, "peer_output_len": 32},
-        "model": {"served_name": "demo-tiny-llama"},
-        "peer": {
+    results = _results(
+        "python -m bench --only-peer",
+        options={"input_len": 128, "output_len": 64, "rounds": 2, "peer_input_len": 128, "peer_output_len": 32},
+        peer={
             "llama_server": "llama.cpp",
             "threads": 1,
             "engine_cpus": [0],
             "runs": [{"client": counted}, {"client": {"output_tokens_counted_by_server": None}}],
             "failed": [{"comparison": "peer-q8_0", "concurrency": 16, "rep": 0, "error": "2 request(s) failed"}],
         },
-        "summary": [],
-    }
+    )
     md = markdown(results, peer, [])
     assert "In 1 of 1 llama.cpp runs vLLM's client counted fewer output tokens" in md
     assert "Left out: peer-q8_0 c=16 repetition 1: 2 request(s) failed" in md
@@ -307,15 +316,9 @@ def test_quantized_kernel_table_flags_a_corrupted_copy_that_passes_and_an_unconf
 
 
 def test_preload_and_warm_start_sections():
-    results = {
-        "command": "python -m bench",
-        "started": "s",
-        "finished": "f",
-        "machine": Reported(HARDWARE).machine(),
-        "host": {"loadavg_start": (1.0, 1.0, 1.0), "loadavg_end": (2.0, 1.0, 1.0)},
-        "options": {"input_len": 128, "output_len": 64, "rounds": 2},
-        "model": {"served_name": "demo-tiny-llama"},
-        "preload": {
+    results = _results(
+        "python -m bench",
+        preload={
             "model": "/x/bench-llama-0.5b-v1",
             "max_tokens": 128,
             "requests_per_start": 3,
@@ -333,7 +336,7 @@ def test_preload_and_warm_start_sections():
             "ratio_with_over_without": [1.02, 1.03],
             "estimate": "x1.025 [0.961, 1.093]",
         },
-        "warm_start": [
+        warm_start=[
             {
                 "name": "bench",
                 "cold": {
@@ -345,8 +348,7 @@ def test_preload_and_warm_start_sections():
                 "warm": {"ready_s": 90.0, "engine_init_s": 30.2, "loaded_compiled": True, "compiled_and_saved": False},
             }
         ],
-        "summary": [],
-    }
+    )
     md = markdown(results, [], [])
     assert "with its own preload (`LD_PRELOAD=/l/libtcmalloc.so:/l/libiomp5.so`)" in md
     assert "with 8.10 tok/s, without 7.90 tok/s; with/without x1.025 [0.961, 1.093]." in md
