@@ -4,9 +4,11 @@ from the service's GET /v1/hardware to start vLLM's server with the same engine.
 from __future__ import annotations
 
 import json
-import os
+import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from bench import models, profile
@@ -209,8 +211,29 @@ def test_worker_profile_counts_only_the_compute_threads_and_names_jit_kernels():
     assert dict(s["by_area"]) == {"linear layers (oneDNN JIT GEMM kernels)": 0.9, "sampling and logits": 0.1}
 
 
-def test_no_engine_process_under_a_process_without_children():
-    assert profile.compute_process(os.getpid()) is None
+def test_the_compute_process_is_found_among_descendants_by_vllm_s_process_title():
+    """A server whose grandchild is titled as vLLM titles its engine core, and a process with no children."""
+    engine = "import setproctitle, time; setproctitle.setproctitle('VLLM::EngineCore'); time.sleep(60)"
+    parent = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {engine!r}]); time.sleep(60)"
+    server = subprocess.Popen([sys.executable, "-c", parent])
+    lone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 30
+        found = None
+        while found is None and time.monotonic() < deadline:
+            found = profile.compute_process(server.pid)
+            time.sleep(0.1)
+        assert found is not None and found != server.pid
+        assert "VLLM::EngineCore" in " ".join(psutil.Process(found).cmdline())
+        assert profile.compute_process(lone.pid) is None
+    finally:
+        for p in psutil.Process(server.pid).children(recursive=True) + [
+            psutil.Process(server.pid),
+            psutil.Process(lone.pid),
+        ]:
+            p.kill()
+        server.wait()
+        lone.wait()
 
 
 def test_bench_model_is_bandwidth_bound_size():
