@@ -70,7 +70,7 @@ def serve(env: dict[str, str], log_path: Path, timeout: float) -> tuple[subproce
         env=env,
         stdout=open(log_path, "wb"),
         stderr=subprocess.STDOUT,
-        start_new_session=True,
+        process_group=0,  # the client's session: see harness.server.ServerProcess.start
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout

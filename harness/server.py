@@ -75,7 +75,10 @@ class ServerProcess:
             env={k: v.replace("{port}", port) for k, v in self.env.items()},
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # engine core and workers stay in this group: kill_group() leaves nothing behind
+            # A process group of its own, so kill_group() leaves no engine core or worker behind, but the caller's
+            # session: Linux schedules each session as one group (autogroup), and vLLM's engine core, which spins
+            # on sched_yield while its worker computes, kept clients in another group off the CPU for seconds.
+            process_group=0,
         )
         return self
 

@@ -29,6 +29,7 @@ def test_start_wait_ready_stop(tmp_path):
         assert httpx.get(server.url + "/ready").text == "ok"
         assert server.api_cpu_s() >= 0
         assert os.getpgid(server.pid) == server.pid  # its own process group, for kill_group
+        assert os.getsid(server.pid) == os.getsid(0)  # the caller's session: one scheduling group with its clients
     finally:
         code = server.stop(timeout=10)
         server.kill_group()
