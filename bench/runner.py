@@ -54,7 +54,7 @@ class BenchOptions:
     policy: bool = True  # policy vs vLLM defaults
     policy_repetitions: int = 2
     decode: bool = True  # decode vs the bandwidth ceiling
-    profile: bool = True  # py-spy on both API processes, in an extra (uncounted) run
+    profile: bool = True  # py-spy on both API processes and on the decode engine process, in extra (uncounted) runs
     preload: bool = True  # native decode with and without the preload the service decides (bench/preload.py)
     preload_repetitions: int = 3
     warm_start: bool = True  # start-to-ready, cold and warm compile cache, demo and bench model (bench/warm_start.py)
