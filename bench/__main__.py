@@ -22,7 +22,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--frontend", action=flag, default=None, help="ours vs vLLM's own server")
     p.add_argument("--policy", action=flag, default=None, help="policy vs vLLM defaults")
     p.add_argument("--decode", action=flag, default=None, help="batch-1 decode vs the bandwidth ceiling")
-    p.add_argument("--profile", action=flag, default=None, help="py-spy on both API processes")
+    p.add_argument(
+        "--profile", action=flag, default=None, help="py-spy on both API processes and on the decode engine process"
+    )
     p.add_argument("--preload", action=flag, default=None, help="native decode with and without the preload")
     p.add_argument("--preload-repetitions", type=int)
     p.add_argument("--warm-start", action=flag, default=None, help="start to ready, cold and warm compile cache")
