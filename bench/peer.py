@@ -146,6 +146,11 @@ def llama_server(gguf: Path, cpus: list[int], slots: int, log_path: Path) -> Ser
         "--cpu-strict-batch",
         "1",
         "--no-webui",
+        # No SSE keep-alive comments: a request that waits 30 s for its first token (16 slots on one thread) got a
+        # ":" ping before any data, which vLLM's benchmark client strips of its blank line and then reads every
+        # later event as part of that comment ("Never received a valid chunk"): cells left out at c=16.
+        "--sse-ping-interval",
+        "-1",
         "--metrics",  # its own count of generated tokens, which the bench's client cannot read (predicted_tokens)
     ]
     return ServerProcess(srv.bench_env(), log_path, argv, "/health", "llama.cpp")

@@ -19,6 +19,20 @@ def test_llama_server_gets_the_engine_cores_and_one_slot_per_concurrent_request(
     assert opt["--port"] == "{port}" and opt["-a"] == peer.SERVED and server.ready_path == "/health"
 
 
+def test_llama_server_sends_no_sse_ping_that_vllms_benchmark_client_would_misread(tmp_path):
+    """vLLM's client strips each read before buffering it: a lone ":" ping loses its blank line, and every later
+    event is read as part of that comment, so a request pinged before its first token counts as failed."""
+    from vllm.benchmarks.lib.endpoint_request_func import StreamedResponseHandler
+
+    event = b'data: {"choices": [{"text": "a"}]}\n\n'
+    for reads, parsed in (([event], 1), ([b":\n\n", event, event], 0)):
+        handler = StreamedResponseHandler()
+        assert len([m for read in reads for m in handler.add_chunk(read.strip())]) == parsed
+    argv = peer.llama_server(tmp_path / "m.gguf", [0], 16, tmp_path / "log").argv
+    opt = dict(zip(argv, argv[1:]))
+    assert opt["--sse-ping-interval"] == "-1"
+
+
 def test_safetensors_bytes_per_token_leave_out_the_embedding_table(tmp_path):
     save_file(
         {
