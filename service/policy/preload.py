@@ -1,8 +1,9 @@
-"""Which allocator and OpenMP runtime the engine processes preload (LD_PRELOAD), and why.
+"""Which allocator and OpenMP runtime the service and its engine processes preload (LD_PRELOAD), and why.
 
 vLLM's CPU guide asks for tcmalloc and an OpenMP runtime in LD_PRELOAD; its CPU worker warns at start when
-`libtcmalloc` or `libiomp` is missing from it. The variable is set in the API server's environment before
-vLLM spawns its engine core and workers, which inherit it (the API server itself is not preloaded).
+`libtcmalloc` or `libiomp` is missing from it. The variable is set in the service's environment before
+vLLM spawns its engine core and workers, which inherit it; the service's own process executes itself once more
+with it (service/self_preload.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ HOW_TO_INSTALL = {
 @dataclass(frozen=True)
 class PreloadChoice:
     decision: Decision
-    env: dict[str, str] = field(default_factory=dict)  # what to set in the API server before vLLM spawns
+    env: dict[str, str] = field(default_factory=dict)  # what to set in the service's environment before vLLM spawns
     warnings: tuple[str, ...] = ()
 
 

@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
+import sys
 import time
 from pathlib import Path
 from types import FrameType
@@ -17,6 +19,7 @@ from rich.console import Console
 
 from service.demo_model import DEMO_NAME, ensure_demo_model
 from service.report import StartupReport
+from service.self_preload import mapped_files, missing_from, reexec_argv, reexec_environ, restore_user_preload
 from service.server.lifecycle import Lifecycle, Phase
 from service.settings import Settings
 from service.startup import apply, build_report
@@ -65,24 +68,41 @@ def _log_report(report: StartupReport) -> None:
     log.info("startup report %s", json.dumps(report.to_dict()))
 
 
+def _preload_self(decided: str | None, user_preload: str | None, reexecuted: bool) -> None:
+    """Execute this process again with the engine's preload, unless it is loaded here already (service/self_preload.py)."""
+    missing = missing_from(decided, mapped_files(Path("/proc/self/maps").read_text()))
+    if not missing:
+        return
+    if reexecuted:
+        log.warning("the service's own process did not load %s; its engine processes get them", ", ".join(missing))
+        return
+    log.info("executing the service again with LD_PRELOAD=%s: its own process allocates with it too", decided)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    env = reexec_environ({**os.environ, "LD_PRELOAD": decided or ""}, user_preload)
+    os.execve(sys.executable, reexec_argv(sys.executable, sys.argv), env)
+
+
 def run(settings: Settings) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The service's logger carries its own level: the root logger ends up at ERROR once the engine has started
     # (a library raises it), which silenced "ready", "received SIGTERM: draining" and friends.
     logging.getLogger("service").setLevel(settings.log_level.upper())
+    reexecuted = restore_user_preload(os.environ)
+    user_preload = os.environ.get("LD_PRELOAD")
     started = time.monotonic()
     demo = not settings.model
+    model = str(ensure_demo_model(settings.cache_dir)) if demo else settings.model
+    report = build_report(settings, model=model)
+    if report.ok:
+        _preload_self(report.plan.env.get("LD_PRELOAD"), user_preload, reexecuted)
     if demo:
-        model = str(ensure_demo_model(settings.cache_dir))
         log.warning(
             "DEMO MODEL: no model configured, serving the built-in tiny random-weight model %r from %s. "
             "It answers gibberish. Set SERVICE_MODEL (e.g. Qwen/Qwen3-0.6B or a local path) for a real model.",
             DEMO_NAME,
             model,
         )
-    else:
-        model = settings.model
-    report = build_report(settings, model=model)
     _log_report(report)
     if not report.ok:
         log.error("refusing to start: %s", "; ".join(report.errors))

@@ -1,13 +1,17 @@
-"""The preload decision reaches the engine processes vLLM spawns: their memory maps hold the libraries the
-policy chose for the live CPU's backend, and vLLM's worker no longer warns that they are missing."""
+"""The preload decision reaches the service's own process (re-executed once with it) and the engine processes vLLM
+spawns: their memory maps hold the libraries the policy chose for the live CPU's backend, and vLLM's worker no longer
+warns that they are missing."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
+
+from service.self_preload import mapped_files
 
 pytestmark = pytest.mark.engine
 
@@ -27,12 +31,7 @@ def engine_processes(server_pid: int) -> list[psutil.Process]:
     return found
 
 
-def mapped_files(pid: int) -> set[str]:
-    with open(f"/proc/{pid}/maps") as fh:
-        return {line.split(None, 5)[5].strip() for line in fh if len(line.split(None, 5)) == 6}
-
-
-def test_engine_processes_carry_the_decided_preload(chat_server):
+def test_the_service_and_its_engine_processes_carry_the_decided_preload(chat_server):
     report = httpx.get(f"{chat_server.url}/v1/hardware", headers=chat_server.headers()).json()
     decision = next(d for d in report["decisions"] if d["setting"] == "env.LD_PRELOAD")
     assert decision["source"] == "policy" and decision["value"], decision
@@ -41,15 +40,17 @@ def test_engine_processes_carry_the_decided_preload(chat_server):
     openmp = "libgomp" if report["backend"]["name"] == "zen" else "libiomp5"
     assert any(os.path.basename(p).startswith(openmp) for p in libraries), (report["backend"], libraries)
 
-    procs = engine_processes(chat_server.process.proc.pid)
+    server = psutil.Process(chat_server.process.proc.pid)
+    procs = engine_processes(server.pid)
     assert len(procs) >= 2, "expected vLLM's engine core and at least one worker"
-    for proc in procs:
-        maps = mapped_files(proc.pid)
+    for proc in [server, *procs]:
+        maps = mapped_files(Path(f"/proc/{proc.pid}/maps").read_text())
         for lib in libraries:
             assert os.path.realpath(lib) in maps, f"{lib} not mapped in {proc.pid} {proc.cmdline()[:3]}"
 
     log = chat_server.process.log_path.read_text(errors="replace")
     assert "libtcmalloc" in decision["value"], "make setup installs tcmalloc (libtcmalloc-minimal4)"
     assert MISSING_WARNING.format("libtcmalloc") not in log
+    assert log.count("executing the service again with LD_PRELOAD") == 1, "once: the re-executed process has them"
     if openmp == "libiomp5":
         assert MISSING_WARNING.format("libiomp") not in log
