@@ -28,9 +28,14 @@ class Workload:
     input_len: int
     output_len: int
     seed: int
+    # A connection per request: llama-server's HTTP library closes an idle kept-alive connection after 5 s, the
+    # client keeps it for 60 s, and a request sent on one the server was closing failed ("Cannot write to closing
+    # transport"). Requests of seconds do not notice the connect.
+    fresh_connections: bool = False
 
     def argv(self, base_url: str, model_path: str, served_name: str) -> list[str]:
-        return [
+        fresh = ["--header", "Connection=close"] if self.fresh_connections else []
+        return fresh + [
             "--backend",
             "openai",
             "--base-url",

@@ -235,6 +235,7 @@ def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
             opts.peer_input_len,
             opts.peer_output_len,
             seed=3000 * rep + 10 * rnd + c,
+            fresh_connections=True,
         )
 
     comparisons: list[Comparison] = []
@@ -280,12 +281,15 @@ def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
                     pair = [("ours", ours), ("llama.cpp", llama)]
                     if not ours_first:
                         pair.reverse()
-                    # A cell that fails (llama-server with many slots on few threads has dropped requests) is
+                    # A cell that fails (a request the client could not send or read; see llama_server and Workload) is
                     # recorded and left out of the table; the rest of the bench goes on.
                     try:
                         for _, proc in pair:  # warm, discarded
                             ctx.load(
-                                Workload(c, c, opts.peer_input_len, opts.peer_output_len, seed=999), proc, model, SERVED
+                                Workload(c, c, opts.peer_input_len, opts.peer_output_len, 999, fresh_connections=True),
+                                proc,
+                                model,
+                                SERVED,
                             )
                         for rnd in range(opts.peer_rounds):
                             w = w_of(c, rep, rnd)

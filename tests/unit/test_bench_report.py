@@ -251,6 +251,14 @@ def test_workload_arguments_fix_the_lengths_and_ignore_eos():
     assert opts["--random-range-ratio"] == "0" and opts["--max-concurrency"] == "4"
     assert opts["--num-prompts"] == "16" and opts["--seed"] == "3" and opts["--dataset-name"] == "random"
     assert "--ignore-eos" in argv and opts["--metric-percentiles"] == "50,99"
+    assert "--header" not in argv
+
+
+def test_a_peer_workload_asks_for_a_connection_per_request():
+    from bench.load import client_args
+
+    argv = Workload(16, 32, 128, 32, seed=3, fresh_connections=True).argv("http://127.0.0.1:1", "/m", "demo")
+    assert client_args(argv).header == ["Connection=close"]
 
 
 def test_reported_reads_the_json_the_service_serves():
