@@ -39,10 +39,10 @@ def mapped_files(maps: str) -> set[str]:
 
 
 def reexec_environ(environ: Mapping[str, str], user_value: str | None) -> dict[str, str]:
-    """The environment to execute again with: the decided LD_PRELOAD (already applied to `environ`) and the user's."""
+    """The environment to execute again with: `environ` (holding the decided LD_PRELOAD) and the user's own beside it."""
     return {**environ, REEXEC_ENV: user_value or ""}
 
 
 def reexec_argv(executable: str, argv: Sequence[str]) -> list[str]:
-    """This same command (`python -m service ...` or the console script), through the same interpreter."""
+    """The same arguments as `python -m service`, through the same interpreter, however this process was started."""
     return [executable, "-m", "service", *argv[1:]]
