@@ -3,6 +3,7 @@ once the engine is up, the API key and engine admission as dependencies, one set
 
 from __future__ import annotations
 
+import copy
 from argparse import Namespace
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,11 +20,12 @@ from starlette.routing import Match
 from service.report import StartupReport
 from service.server.admission import engine_admission
 from service.server.auth import require_api_key
+from service.server.body_limit import BodyLimitMiddleware
 from service.server.errors import install_error_handlers
 from service.server.lifecycle import Lifecycle, Phase
 from service.server.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
-from service.server.middleware import BodyLimitMiddleware, StreamStartErrorMiddleware
 from service.server.routes import SERVICE_ROUTES, UNCOUNTED, Access, served_engine_route
+from service.server.stream_start import first_event_checked
 from service.settings import Settings
 
 _ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -101,16 +103,25 @@ def create_app(
 
     def attach_engine(vllm_app: FastAPI) -> None:
         router = APIRouter()
-        router.routes.extend(r for r in vllm_app.routes if isinstance(r, APIRoute) and served_engine_route(r.path))
+        router.routes.extend(
+            _stream_checked(r) for r in vllm_app.routes if isinstance(r, APIRoute) and served_engine_route(r.path)
+        )
         app.router.routes.remove(catch_all)
         app.include_router(router, dependencies=dependencies[Access.ENGINE])
         app.router.routes.append(catch_all)
         app.openapi_schema = None  # rebuilt with vLLM's routes (run.py does it before /ready: seconds of CPU)
 
     Instrumentator(excluded_handlers=list(UNCOUNTED), registry=metrics.registry).instrument(app)
-    app.add_middleware(StreamStartErrorMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     return HttpShell(app, attach_engine)
+
+
+def _stream_checked(route: APIRoute) -> APIRoute:
+    """vLLM's route with its endpoint's event streams checked (stream_start.py); include_router rebuilds the route
+    from the copy, so vLLM's own app is left as it was."""
+    checked = copy.copy(route)
+    checked.endpoint = first_event_checked(route.endpoint)
+    return checked
 
 
 async def _not_served(request: Request) -> None:

@@ -1,0 +1,130 @@
+"""The two HTTP layers around vLLM's routes that are not FastAPI dependencies: the stream-start check on the
+endpoints (service/server/stream_start.py) and the body limit (service/server/body_limit.py), on a small FastAPI
+app in-process. The real server's answers (a full queue, a 10 MB body) are in tests/reliability/."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from service.server.body_limit import BodyLimitMiddleware
+from service.server.stream_start import first_event_checked, sse_error
+
+LIMIT = 1000
+
+
+def _event(data: object) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+def _app(events: list[str], closed: list[bool]) -> FastAPI:
+    app = FastAPI()
+
+    async def stream():
+        try:
+            for event in events:
+                yield event
+        finally:
+            closed.append(True)
+
+    # A JSON body parameter, as vLLM's routes have: FastAPI reads the body. No return annotation: FastAPI would
+    # make it a response model.
+    async def completions(body: dict[str, Any]):
+        if not body.get("stream"):
+            return JSONResponse({"echo": len(json.dumps(body))})
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    app.add_api_route("/v1/completions", first_event_checked(completions), methods=["POST"])
+    app.add_middleware(BodyLimitMiddleware, max_bytes=LIMIT)
+    return app
+
+
+def _post(app: FastAPI, **kwargs) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post("/v1/completions", **kwargs)
+
+    return asyncio.run(go())
+
+
+def test_a_stream_whose_first_event_is_an_error_answers_with_its_status():
+    closed: list[bool] = []
+    error = {"error": {"message": "queue is full", "type": "ServiceUnavailableError", "code": 503}}
+    resp = _post(_app([_event(error), _event({"never": "sent"})], closed), json={"stream": True})
+    assert resp.status_code == 503
+    assert resp.headers["retry-after"]
+    assert resp.headers["content-type"].startswith("application/json")
+    assert resp.json()["error"]["message"] == "queue is full"
+    assert resp.json()["error"]["code"] == 503
+    assert closed == [True]  # the stream was closed, not left pending
+
+
+def test_a_stream_that_starts_well_streams_every_event_unchanged():
+    events = ["", _event({"text": "a"}), _event({"error": {"code": 500, "message": "later"}}), "data: [DONE]\n\n"]
+    resp = _post(_app(events, []), json={"stream": True})
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    assert resp.text == "".join(events)  # an error after the first event is the stream's own business
+
+
+def test_an_empty_stream_is_an_empty_200():
+    resp = _post(_app([], []), json={"stream": True})
+    assert resp.status_code == 200
+    assert resp.text == ""
+
+
+def test_responses_that_are_not_streams_pass_through():
+    resp = _post(_app([], []), json={"stream": False, "x": 1})
+    assert resp.status_code == 200
+    assert resp.json() == {"echo": len(json.dumps({"stream": False, "x": 1}))}
+
+
+@pytest.mark.parametrize(
+    ("chunk", "code"),
+    [
+        (b'data: {"error": {"code": 400, "message": "m"}}\n\n', 400),
+        (b'data: {"error": {"code": 503}}\n\n', 503),
+        (b'data: {"error": {"code": 200}}\n\n', None),  # not an error status
+        (b'data: {"error": {"code": 999}}\n\n', None),  # not a status at all
+        (b'data: {"error": "text"}\n\n', None),
+        (b'data: {"choices": []}\n\n', None),
+        (b"data: not json\n\n", None),
+        (b": ping\n\n", None),
+    ],
+)
+def test_sse_error_recognises_only_an_error_event_with_an_http_error_code(chunk, code):
+    error = sse_error(chunk)
+    assert (error["code"] if error else None) == code
+
+
+def test_a_body_within_the_declared_limit_is_served():
+    body = {"stream": False, "prompt": "x" * (LIMIT - 100)}
+    resp = _post(_app([], []), json=body)
+    assert resp.status_code == 200
+    assert resp.json() == {"echo": len(json.dumps(body))}
+
+
+def test_a_declared_length_over_the_limit_is_413():
+    resp = _post(_app([], []), json={"stream": False, "prompt": "x" * LIMIT})
+    assert resp.status_code == 413
+    assert f"{LIMIT} bytes" in resp.json()["error"]["message"]
+
+
+def test_a_chunked_body_over_the_limit_is_413_and_one_within_is_served():
+    async def chunks(n: int):  # no Content-Length: httpx sends it chunked
+        yield b'{"stream": false, "prompt": "'
+        for _ in range(n):
+            yield b"x" * 100
+        yield b'"}'
+
+    over = _post(_app([], []), content=chunks(20), headers={"content-type": "application/json"})
+    assert over.status_code == 413
+    within = _post(_app([], []), content=chunks(5), headers={"content-type": "application/json"})
+    assert within.status_code == 200
