@@ -27,7 +27,14 @@ def test_start_wait_ready_stop(tmp_path):
         assert took == server.started_s and took > 0
         assert server.ready_statuses[-1] == (200, "ok")  # not JSON: kept as text
         assert httpx.get(server.url + "/ready").text == "ok"
-        assert server.api_cpu_s() >= 0
+        # The server's CPU clock, not ours: it agrees with the kernel's tick count for that pid, and it moves with
+        # the requests the server serves.
+        cpu = server.api_cpu_s()
+        stat = open(f"/proc/{server.pid}/stat").read().rsplit(")", 1)[1].split()
+        assert abs(cpu - (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")) < 0.05
+        for _ in range(20):
+            httpx.get(server.url + "/ready")
+        assert server.api_cpu_s() > cpu
         assert os.getpgid(server.pid) == server.pid  # its own process group, for kill_group
         assert os.getsid(server.pid) == os.getsid(0)  # the caller's session: one scheduling group with its clients
     finally:
