@@ -146,6 +146,32 @@ def client_args(argv: list[str]) -> Any:
     return parser.parse_args(argv)
 
 
+@contextlib.contextmanager
+def requests_window(sample: Callable[[], float] | None) -> Iterator[list[float]]:
+    """vLLM's benchmark client scrapes the server's /metrics twice right before its requests and twice right after
+    them, for speculative-decoding and diffusion counters (neither applies here). One scrape costs the API process
+    ~8 ms of CPU (660-710 lines of exposition; measured 2026-11-23), which is not the server's cost of serving the
+    requests. For the run, its two scrape functions answer "no such counters" without asking the server, and the
+    first one takes `sample()` instead: the yielded list then holds its value before and after the requests."""
+    from vllm.benchmarks import serve
+
+    marks: list[float] = []
+
+    async def spec_decode(base_url: str, session: Any) -> None:
+        if sample is not None:
+            marks.append(sample())
+
+    async def diffusion(base_url: str, session: Any) -> None:
+        return None
+
+    saved = serve.fetch_spec_decode_metrics, serve.fetch_diffusion_metrics
+    serve.fetch_spec_decode_metrics, serve.fetch_diffusion_metrics = spec_decode, diffusion  # type: ignore[assignment]
+    try:
+        yield marks
+    finally:
+        serve.fetch_spec_decode_metrics, serve.fetch_diffusion_metrics = saved
+
+
 def run_load(
     workload: Workload,
     base_url: str,
@@ -154,17 +180,20 @@ def run_load(
     log: Path,
     cpus: Sequence[int] | None = None,
     generated: Callable[[], float] | None = None,
+    api_cpu: Callable[[], float] | None = None,
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Run vllm.benchmarks.serve once; its printed report goes to `log`. Returns the metrics we keep and the
     client's own figures (CPU share, run-queue wait share, starved). `generated` reads the server's own count of
     generated tokens: where the client counted other than asked, and the server's count says it generated exactly
-    what was asked, the metrics are recomputed with the asked lengths (stats.with_asked_output_lengths)."""
+    what was asked, the metrics are recomputed with the asked lengths (stats.with_asked_output_lengths). `api_cpu`
+    reads the server's API-process CPU seconds: its use from the first request to the last (requests_window), per
+    completed request, becomes `api_cpu_ms_per_request`."""
     from vllm.benchmarks.serve import main_async
 
     asked = workload.num_prompts * workload.output_len
     args = client_args(workload.argv(base_url, model_path, served_name))
     before = generated() if generated else None
-    with open(log, "a") as out, contextlib.redirect_stdout(out), pinned(cpus):
+    with open(log, "a") as out, contextlib.redirect_stdout(out), pinned(cpus), requests_window(api_cpu) as marks:
         print(f"===== {base_url} {workload}", flush=True)
         wall0, cpu0, wait0 = time.monotonic(), time.process_time(), _run_queue_wait_s()
         result = asyncio.run(main_async(args))
@@ -178,6 +207,13 @@ def run_load(
     client_count = metrics["total_output_tokens"]
     if client_count != asked and server_count == asked:
         metrics = extract_metrics(with_asked_output_lengths(result, workload.output_len))
+    if api_cpu is not None:
+        if len(marks) != 2:
+            raise RuntimeError(
+                f"vLLM's benchmark client called fetch_spec_decode_metrics {len(marks)} time(s), not once before and "
+                "once after its requests: the API CPU window (bench/load.py requests_window) needs a new anchor"
+            )
+        metrics["api_cpu_ms_per_request"] = 1000 * (marks[1] - marks[0]) / metrics["completed"]
     client = {
         # Fixed lengths with ignore_eos: any other count means the server stopped early or counts differently.
         "output_tokens_as_asked": metrics["total_output_tokens"] == asked,

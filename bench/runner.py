@@ -46,10 +46,14 @@ class BenchOptions:
     quick: bool = False
     concurrencies: tuple[int, ...] = (1, 4, 16)
     repetitions: int = 4  # restarts of both servers per comparison, start order alternating
-    rounds: int = 2  # A/B pairs per concurrency on each pair of server processes
+    # A/B pairs per concurrency on each pair of server processes, ~1-2 s a run, the order alternating A/B, B/A: this
+    # machine's speed drifts over seconds (one server's API CPU per request: autocorrelation 0.71 between
+    # consecutive requests, 0.33 ten requests apart), so runs of ~8 s back to back differed by 6.8% (sd) on their
+    # own; short alternating runs cancel most of the drift (docs/bench.md, "Short alternating rounds").
+    rounds: int = 16
     input_len: int = 128
     output_len: int = 64
-    prompts: dict[int, int] = field(default_factory=lambda: {1: 32, 4: 96, 16: 256})  # ~10 s a run
+    prompts: dict[int, int] = field(default_factory=lambda: {1: 4, 4: 12, 16: 32})  # per run: 2-3 waves of requests
     frontend: bool = True
     policy: bool = True  # policy vs vLLM defaults
     policy_repetitions: int = 2
@@ -80,8 +84,8 @@ class BenchOptions:
             quick=True,
             concurrencies=(4,),
             repetitions=2,
-            rounds=2,
-            prompts={4: 48},
+            rounds=8,
+            prompts={4: 12},
             policy=False,
             decode=False,
             profile=False,
@@ -128,6 +132,7 @@ class Context:
         model: str | None = None,
         served: str | None = None,
         generated: Callable[[], float] | None = None,
+        api_cpu: Callable[[], float] | None = None,
     ):
         return run_load(
             w,
@@ -137,6 +142,7 @@ class Context:
             self.client_log(server.name),
             self.client.cpus if self.client else None,
             generated,
+            api_cpu,
         )
 
 
@@ -179,6 +185,12 @@ def ours_ready(ctx: Context, engine_args_given: Callable[[], dict[str, Any] | No
     return hook
 
 
+def round_order(started: Sequence[Side], rnd: int) -> Sequence[Side]:
+    """A/B in even rounds, B/A in odd ones (A the first started): a drift of the machine's speed within a repetition
+    then weighs on both sides alike instead of always on the one that runs second."""
+    return started if rnd % 2 == 0 else started[::-1]
+
+
 def ab_runs(
     name: str,
     sides: tuple[Side, Side],
@@ -190,7 +202,7 @@ def ab_runs(
     after_last: Callable[[dict[str, ServerProcess], list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Per repetition: start both servers anew (the first of `sides` first in even repetitions, second in odd ones),
-    warm both, then per concurrency `rounds` x (A, B) on the same workload, in start order."""
+    warm both, then per concurrency `rounds` pairs of runs on the same workload, in the order `round_order` gives."""
     runs: list[dict[str, Any]] = []
     for rep in range(repetitions):
         order = sides if rep % 2 == 0 else sides[::-1]
@@ -217,14 +229,11 @@ def ab_runs(
             for c in concurrencies:
                 for rnd in range(rounds):
                     w = workload(c, rep, rnd)
-                    for position, side in enumerate(order):
+                    for position, side in enumerate(round_order(order, rnd)):
                         proc = live[side.name]
-                        cpu0 = proc.api_cpu_s()
-                        metrics, client = ctx.load(w, proc)
-                        if side.api_cpu:
-                            # CPU time of the API-server process only (not the engine core or workers): the front
-                            # end's own cost, which neighbours on a shared machine slow down but do not inflate.
-                            metrics["api_cpu_ms_per_request"] = 1000 * (proc.api_cpu_s() - cpu0) / metrics["completed"]
+                        # CPU time of the API-server process only (not the engine core or workers): the front
+                        # end's own cost, which neighbours on a shared machine slow down but do not inflate.
+                        metrics, client = ctx.load(w, proc, api_cpu=proc.api_cpu_s if side.api_cpu else None)
                         runs.append(
                             {
                                 "comparison": name,
@@ -268,7 +277,9 @@ def _profile(server: ServerProcess, c: int, ctx: Context) -> dict[str, Any]:
     time.sleep(1)
     cpu0, t0 = server.api_cpu_s(), time.monotonic()
     try:
-        w = Workload(c, ctx.opts.num_prompts(c), ctx.opts.input_len, ctx.opts.output_len, seed=4242)
+        # As many requests as one server's measured runs of a repetition: the profile needs seconds of samples.
+        prompts = ctx.opts.rounds * ctx.opts.num_prompts(c)
+        w = Workload(c, prompts, ctx.opts.input_len, ctx.opts.output_len, seed=4242)
         metrics, _ = ctx.load(w, server)
     finally:
         profile.stop_record(rec)

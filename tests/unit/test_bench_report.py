@@ -12,8 +12,9 @@ import psutil
 import pytest
 
 from bench import models, profile
-from bench.load import Workload, client_cpus
+from bench.load import Workload, client_cpus, requests_window
 from bench.report import comparison_table, decode_table, markdown
+from bench.runner import BenchOptions, Side, round_order
 from bench.servers import MAX_QUEUED, Reported, vllm_argv, vllm_defaults, vllm_same_engine
 from bench.stats import FRONTEND_TARGETS, DecodeResult, compare, extract_metrics
 
@@ -384,3 +385,39 @@ def test_preload_and_warm_start_sections():
     assert "with its own preload (`LD_PRELOAD=/l/libtcmalloc.so:/l/libiomp5.so`)" in md
     assert "with 8.10 tok/s, without 7.90 tok/s; with/without x1.025 [0.961, 1.093]." in md
     assert "| bench | 300 s | 90 s | 200.1 s | 30.2 s | loaded the compiled graph |" in md
+
+
+def test_rounds_alternate_the_order_so_a_drift_weighs_on_both_sides():
+    a, b = Side("a", lambda p: None), Side("b", lambda p: None)  # type: ignore[arg-type,return-value]
+    orders = [[s.name for s in round_order((a, b), rnd)] for rnd in range(4)]
+    assert orders == [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]]
+    assert [s.name for s in round_order((b, a), 1)] == ["a", "b"]
+
+
+@pytest.mark.parametrize("opts", [BenchOptions(), BenchOptions.quick_mode()], ids=["full", "quick"])
+def test_runs_are_short_and_rounds_even(opts):
+    """A run of a few waves of requests (~1-2 s: the machine's speed drifts over longer ones), an even number of rounds
+    so each server runs first as often as second."""
+    assert opts.rounds % 2 == 0
+    for c in opts.concurrencies:
+        assert 2 * c <= opts.num_prompts(c) <= 4 * c
+
+
+def test_api_cpu_is_sampled_around_the_requests_not_the_client_s_metrics_scrapes():
+    import asyncio
+    import inspect
+
+    from vllm.benchmarks import serve
+
+    # The anchor: vLLM's client fetches these counters once right before its requests and once right after.
+    body = inspect.getsource(serve.benchmark)
+    assert body.count("await fetch_spec_decode_metrics(") == 2
+    assert body.count("await fetch_diffusion_metrics(") == 2
+    before = serve.fetch_spec_decode_metrics, serve.fetch_diffusion_metrics
+    readings = iter([1.25, 1.5])
+    with requests_window(lambda: next(readings)) as marks:
+        assert asyncio.run(serve.fetch_spec_decode_metrics("http://unused", None)) is None
+        assert asyncio.run(serve.fetch_diffusion_metrics("http://unused", None)) is None
+        assert asyncio.run(serve.fetch_spec_decode_metrics("http://unused", None)) is None
+    assert marks == [1.25, 1.5]
+    assert (serve.fetch_spec_decode_metrics, serve.fetch_diffusion_metrics) == before
