@@ -129,7 +129,7 @@ def markdown(results: dict[str, Any], comparisons: Sequence[Comparison], decode:
         parts += [
             f"Workload: vllm.benchmarks.serve, random dataset, {o['input_len']} input / {o['output_len']} output tokens, "
             f"ignore_eos, temperature 0, closed loop at each concurrency; model `{results['model']['served_name']}`. "
-            f"Each repetition restarts both servers (start order alternating) and runs A/B x{o['rounds']} per concurrency. "
+            f"Each repetition restarts both servers (start order alternating) and runs {o['rounds']} pairs of runs per concurrency, A/B and B/A by turns. "
             "Cells: the two servers' medians, then the paired estimate (ratio: geometric mean of per-repetition ratios; "
             "ms: mean difference) with its 95% t-interval over repetitions; a target is met or missed only when the whole "
             "interval is on one side of it, else unresolved. Targets: "
