@@ -46,10 +46,10 @@ class BenchOptions:
     quick: bool = False
     concurrencies: tuple[int, ...] = (1, 4, 16)
     repetitions: int = 4  # restarts of both servers per comparison, start order alternating
-    # A/B pairs per concurrency on each pair of server processes, ~1-2 s a run, the order alternating A/B, B/A: this
+    # Pairs of runs per concurrency on each pair of server processes, 1-3 s a run, A/B and B/A by turns: this
     # machine's speed drifts over seconds (one server's API CPU per request: autocorrelation 0.71 between
-    # consecutive requests, 0.33 ten requests apart), so runs of ~8 s back to back differed by 6.8% (sd) on their
-    # own; short alternating runs cancel most of the drift (docs/bench.md, "Short alternating rounds").
+    # consecutive requests, 0.33 ten requests apart), and back-to-back runs of ~8 s differed by 6.8% (sd). With
+    # short alternating runs (and the CPU counted to the ns) the c=4/16 intervals narrowed 2-6x (docs/bench.md).
     rounds: int = 16
     input_len: int = 128
     output_len: int = 64
