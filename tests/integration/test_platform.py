@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import httpx
 import pytest
@@ -25,18 +24,12 @@ from service.policy.backend import GENERIC_PLATFORM, ZEN_PLATFORM
 from service.policy.platform import PLATFORM_ENV
 from service.vllm_plugin import STATE_PREFIX
 from tests.integration.conftest import _start
+from tests.support.live_cpu import expected_platform
 from tests.support.server import REPO, service_env
 
 pytestmark = pytest.mark.engine
 
 ZEN5_FIXTURE = REPO / "tests" / "fixtures" / "cpuinfo" / "epyc_9755_zen5.txt"
-
-
-def live_platform() -> str:
-    """What vLLM itself would run here: ZenCpuPlatform on an AMD CPU with AVX-512 and a usable zentorch."""
-    amd = "AuthenticAMD" in Path("/proc/cpuinfo").read_text()
-    zen = amd and torch.cpu._is_avx512_supported() and read_software().zentorch_usable
-    return ZEN_PLATFORM if zen else GENERIC_PLATFORM
 
 
 def process_states(log: str) -> list[dict]:
@@ -66,7 +59,7 @@ def check_running_platform(server, platform: str) -> None:
 
 
 def test_the_engine_runs_the_platform_the_report_chose(chat_server):
-    check_running_platform(chat_server, live_platform())
+    check_running_platform(chat_server, expected_platform())
 
 
 def test_every_vllm_process_applies_the_startup_patch_decision(chat_server):
@@ -83,7 +76,7 @@ def test_every_vllm_process_applies_the_startup_patch_decision(chat_server):
 def test_avx512_on_a_zen_host_runs_vllms_generic_platform(server_logs):
     """The A/B switch away from zentorch. Live on a Zen host; elsewhere the recorded Zen 5 host's plan,
     through `detect --cpuinfo`, handed to vLLM's own platform resolution with the service's plugin."""
-    if live_platform() == ZEN_PLATFORM:
+    if expected_platform() == ZEN_PLATFORM:
         server = _start("ab-avx512", server_logs, "demo-tiny-llama", backend="avx512")
         try:
             check_running_platform(server, GENERIC_PLATFORM)
@@ -182,4 +175,4 @@ def test_a_forced_patch_is_applied_in_every_process_vllm_starts(tmp_path):
     # On torch 2.10 itself vLLM's env_override wraps dumps at import, before the plugin runs: one wrapper.
     expected = PatchStatus.PATCHED_BY_VLLM if needs_fxgraph_pickle_patch(torch.__version__) else PatchStatus.APPLIED
     assert {s["fxgraph_patch"] for s in states} == {expected.value}, states
-    assert {s["platform"] for s in states} == {live_platform()}, states
+    assert {s["platform"] for s in states} == {expected_platform()}, states

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from typer.testing import CliRunner
 
 from service.__main__ import app
 from service.facts.cpu import FROM_TABLE, find_part, part_contradicted, read_cpuinfo
+from tests.support.live_cpu import expected_backend
 from tests.unit.conftest import CPUINFO, MODELS, SYSFS
 
 runner = CliRunner()
@@ -114,16 +114,7 @@ def test_live_detect_as_a_real_process_agrees_with_torch(live_detect):
     isa = report["hardware"]["isa"]
     assert isa["avx512_bf16"] == torch.cpu._is_avx512_bf16_supported()
     assert isa["amx_tile"] == torch.cpu._is_amx_tile_supported()
-    # vLLM's own test is the oracle for Zen: an AMD CPU with AVX-512 (its /proc/cpuinfo check) where zentorch imports.
-    from vllm.platforms import _is_amd_zen_cpu
-
-    if _is_amd_zen_cpu() and importlib.util.find_spec("zentorch") is not None:
-        expected = "zen"
-    elif torch.cpu._is_amx_tile_supported():
-        expected = "amx"
-    else:
-        expected = "avx512" if torch.cpu._is_avx512_supported() else "avx2"
-    assert report["backend"]["name"] == expected and returncode == 0
+    assert report["backend"]["name"] == expected_backend() and returncode == 0
 
 
 def test_live_detect_names_the_part_its_family_model_says(live_detect):
