@@ -103,7 +103,7 @@ def summarize(
         if frames:
             self_count[_frame_name(frames[-1])] += n
         # Each sample goes to the area of its innermost frame that has one: a partition that sums to 100%.
-        area = next((a for a in (_area(f, areas or AREAS) for f in reversed(frames)) if a), "other")
+        area = _stack_area(frames, areas or AREAS)
         area_count[area] += n
     out: dict = {"samples": total, "self": [], "by_area": []}
     if threads_with:
@@ -144,11 +144,14 @@ AREAS = (
 # The threads that compute: the one running the model (execute_model) and OpenMP's workers.
 COMPUTE_THREADS = ("execute_model", "kmp", "gomp")
 
+JIT = "JIT GEMM kernels"
+
 # Where a batch-1 decode step spends the compute threads' time (native frames; innermost known frame wins).
 WORKER_AREAS: tuple[tuple[str, str | None], ...] = (
     # A frame py-spy cannot name ("0x... (?)", no module): code generated at run time, which in a CPU engine is
     # oneDNN's JIT kernels (brgemm GEMM/GEMV); unwinding stops there, so the Python caller is the next known frame.
     ("(?)", "linear layers (oneDNN JIT GEMM kernels)"),
+    ("jitAmdZen", "linear layers (ZenDNN JIT GEMM kernels, zentorch)"),
     ("zentorch", "linear layers (zentorch)"),
     ("dnnl", "linear layers (oneDNN GEMM)"),
     ("onednn", "linear layers (oneDNN GEMM)"),
@@ -175,6 +178,21 @@ WORKER_AREAS: tuple[tuple[str, str | None], ...] = (
     ("libtorch", "other torch operators"),
     ("at::", "other torch operators"),
 )
+
+
+def _stack_area(frames: list[str], areas: tuple[tuple[str, str | None], ...]) -> str:
+    """The area of the innermost frame that has one. Run-time generated code ("(?)") is oneDNN's JIT unless its
+    named caller is another library's JIT kernel (ZenDNN's under zentorch)."""
+    for i in range(len(frames) - 1, -1, -1):
+        area = _area(frames[i], areas)
+        if area is None:
+            continue
+        if "(?)" in frames[i] and i > 0:
+            caller = _area(frames[i - 1], areas)
+            if caller is not None and JIT in caller:
+                return caller
+        return area
+    return "other"
 
 
 def _area(frame: str, areas: tuple[tuple[str, str | None], ...] = AREAS) -> str | None:

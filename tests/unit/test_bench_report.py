@@ -196,6 +196,25 @@ def test_worker_profile_areas_take_the_innermost_known_native_frame():
     }
 
 
+def test_worker_profile_names_zendnn_jit_code_by_its_zentorch_caller():
+    # As py-spy records a Zen 5 decode step: unnamed JIT code called from ZenDNN's bf16 kernel inside zentorch.
+    step = "execute_model (/x/site-packages/vllm/v1/worker/cpu_model_runner.py:2)"
+    zen = "amdzen::gen::jitAmdZenBF16::executeKernel (zentorch/libzentorch.so)"
+    folded = "\n".join(
+        [
+            f"{step};0x7fff (?);{zen};0x7fa9 (?) 70",
+            f"{step};onednn_mm (/x/site-packages/vllm/_custom_ops.py:3);0x7f00 (?) 20",
+            f"{step};sched_yield (/x/site-packages/vllm/distributed/device_communicators/shm_broadcast.py:9) 10",
+        ]
+    )
+    areas = dict(profile.summarize(folded, areas=profile.WORKER_AREAS)["by_area"])
+    assert areas == {
+        "linear layers (ZenDNN JIT GEMM kernels, zentorch)": 0.7,
+        "linear layers (oneDNN JIT GEMM kernels)": 0.2,
+        "engine-core <-> worker hand-off (shared-memory queue)": 0.1,
+    }
+
+
 def test_worker_profile_counts_only_the_compute_threads_and_names_jit_kernels():
     run = (
         "thread (11): MainThread;<module> (<string>:1);execute_model (/x/site-packages/vllm/v1/worker/gpu_worker.py:5)"
