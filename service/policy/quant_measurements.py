@@ -41,10 +41,10 @@ class Measurement:
         )
 
 
-ZEN5_FIELD_NOTES = Machine(
+ZEN5 = Machine(
     "AMD EPYC Zen 5 KVM guest (1 compute core)",
     "zen",
-    "../shared/field-notes.md: offline LLM, enforce_eager, 0.5 B random Llama, ONE run each on another machine",
+    "python -m bench --quant, 2026-11-23 11:44, 3 repetitions (docs/quantization.md)",
 )
 
 EMERALD_RAPIDS_NO_AMX = Machine(
@@ -58,12 +58,21 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(EMERALD_RAPIDS_NO_AMX, "w8a8", "onednn-w8a8", "", 17.0, 291.0, (15.2, 17.3), (248.0, 314.0)),
     Measurement(EMERALD_RAPIDS_NO_AMX, "w8a8-static", "onednn-w8a8", "", 14.8, 290.0, (14.3, 14.9), (252.0, 302.0)),
     Measurement(EMERALD_RAPIDS_NO_AMX, "w4a16", "wna16-vec", "", 6.0, 58.0, (5.9, 6.4), (55.0, 60.0)),
-    Measurement(ZEN5_FIELD_NOTES, "bf16", "bf16", "zentorch", 28.8, None),
-    Measurement(ZEN5_FIELD_NOTES, "w8a8", "zentorch-w8a8", "", 45.1, 1213.0),
-    Measurement(ZEN5_FIELD_NOTES, "w8a8", "onednn-w8a8", "generic CpuPlatform", 41.4, 1480.0),
-    Measurement(ZEN5_FIELD_NOTES, "w4a16", "zentorch-da8w4", "VLLM_CPU_INT4_W4A8=1", 11.5, None),
-    Measurement(ZEN5_FIELD_NOTES, "w4a16", "zentorch-woq", "VLLM_CPU_INT4_W4A8=0", 31.1, None),
-    Measurement(ZEN5_FIELD_NOTES, "w4a16", "wna16-vec", "generic CpuPlatform", 13.9, None),
+    Measurement(ZEN5, "bf16", "bf16", "zentorch", 26.5, 390.0, (26.0, 26.9), (388.0, 408.0)),
+    Measurement(ZEN5, "w8a8", "zentorch-w8a8", "", 32.9, 565.0, (30.4, 37.6), (476.0, 632.0)),
+    Measurement(
+        ZEN5,
+        "w8a8",
+        "onednn-w8a8",
+        "VLLM_DISABLED_KERNELS=ZentorchInt8ScaledMMLinearKernel",
+        31.2,
+        651.0,
+        (29.7, 32.9),
+        (464.0, 654.0),
+    ),
+    Measurement(ZEN5, "w8a8-static", "onednn-w8a8", "", 34.2, 632.0, (31.0, 37.9), (550.0, 654.0)),
+    Measurement(ZEN5, "w4a16", "zentorch-woq", "VLLM_CPU_INT4_W4A8=0", 30.9, 405.0, (28.5, 31.0), (385.0, 410.0)),
+    Measurement(ZEN5, "w4a16", "zentorch-da8w4", "VLLM_CPU_INT4_W4A8=1", 16.6, 577.0, (15.6, 19.6), (526.0, 582.0)),
 )
 
 
