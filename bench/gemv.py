@@ -1,6 +1,6 @@
 """Batch-1 bf16 linear kernels of the live backend, side by side, against the read bandwidth of the same moment.
 
-  .venv/bin/python -m bench.gemv [--rounds 8] [--cpu 0] [--json PATH]
+  .venv/bin/python -m bench.gemv [--rounds 40] [--cpu 0] [--json PATH]
 
 Why: a batch-1 decode step of a bandwidth-bound model is mostly GEMVs (M = 1). This separates the kernels' own
 efficiency from the engine's per-step costs, which the decode profile (`python -m bench --decode --profile`) shows.
@@ -145,7 +145,8 @@ def table(result: Mapping[str, Any]) -> str:
     ]
     for k in kern:
         f, v = s["fraction_of_read_bandwidth"][k["name"]], s["vs_default"][k["name"]]
-        lines.append(f"| {k['name']} | {k['route']} | {f.fmt()} | {v.fmt()} |")
+        share = f"{f.value:.0%}" + (f" [{f.low:.0%}, {f.high:.0%}]" if f.low is not None and f.high is not None else "")
+        lines.append(f"| {k['name']} | {k['route']} | {share} | {v.fmt()} |")
     return "\n".join(lines)
 
 
@@ -153,7 +154,7 @@ def main() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"  # before torch (and OpenMP) start: one compute thread, as the engine's
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=40)
     p.add_argument("--cpu", type=int, default=0)
     p.add_argument("--backend", help="default: the service's choice for this machine")
     p.add_argument("--json", help="write the rounds here")

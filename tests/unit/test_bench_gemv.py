@@ -42,5 +42,8 @@ def test_table_names_every_kernel_with_its_route():
     }
     text = gemv.table(result)
     assert "read bandwidth 25.0-40.0 GB/s" in text
-    assert "| zentorch prepacked | ZenCpuPlatform, VLLM_ZENTORCH_WEIGHT_PREPACK=1 (default) | x0.900" in text
-    assert "| onednn_mm | CpuPlatform (SERVICE_BACKEND=avx512) | x0.800" in text
+    assert (
+        "| zentorch prepacked | ZenCpuPlatform, VLLM_ZENTORCH_WEIGHT_PREPACK=1 (default) | 90% [90%, 90%] | x1.000"
+        in text
+    )
+    assert "| onednn_mm | CpuPlatform (SERVICE_BACKEND=avx512) | 80% [80%, 80%] | x0.889" in text
