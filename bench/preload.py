@@ -1,12 +1,15 @@
 """Native batch-1 decode with and without the preload the service decides (service/policy/preload.py).
 
-  .venv/bin/python -m bench.preload [--model PATH] [--repetitions 3] [--requests 3] [--max-tokens 128]
+  .venv/bin/python -m bench.preload [--model PATH] [--repetitions 3] [--requests 4] [--max-tokens 128]
 
 "with": the service's own decision (tcmalloc + the backend's OpenMP runtime). "without": what vLLM does on its
 own when nothing is preloaded: it preloads torch's GNU OpenMP and no allocator (vllm/platforms/cpu.py); the
 benchmark sets exactly that as the user's LD_PRELOAD, which the policy leaves alone. Each repetition starts
-both variants once, in alternating order; each start measures `requests` decode rates (decode_rate: a long and
-a short greedy request, ignore_eos, one after the other).
+both variants, in alternating order, and keeps both running; then `requests` pairs of decode rates (decode_rate: a
+long and a short greedy request, ignore_eos, one after the other), one per variant, back to back, order alternating.
+Pairs, not separate starts: on a shared VM the host's memory bandwidth, which a batch-1 decode follows, moved by
+x1.7 within minutes (Zen 5 guest, 2026-11-23), so rates measured minutes apart were not comparable (with/without
+x0.918 [0.437, 1.927] over three restarts measured one variant at a time).
 `measure()` is what the benchmark tool calls; main() prints a table and writes JSON.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import socket
@@ -105,12 +109,13 @@ def measure(
     cache_dir: Path,
     log_dir: Path,
     repetitions: int = 3,
-    requests: int = 3,
+    requests: int = 4,
     max_tokens: int = 128,
     settings: dict[str, str] | None = None,
     ready_timeout: float = 900,
 ) -> dict:
-    """Decode tok/s per variant and start, interleaved; the ratio with/without per repetition."""
+    """Decode tok/s of both variants, running side by side, in adjacent pairs; per repetition (a restart of both) the
+    geometric mean of its pairs' ratios with/without."""
     log_dir.mkdir(parents=True, exist_ok=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_") and k != "LD_PRELOAD"}
     base.update(
@@ -124,33 +129,50 @@ def measure(
     base.update({f"SERVICE_{k.upper()}": v for k, v in (settings or {}).items()})
     extra = {"with": {}, "without": {"LD_PRELOAD": torch_gomp()}}
     runs: list[dict] = []
-    for rep in range(repetitions):
-        for variant in VARIANTS if rep % 2 == 0 else VARIANTS[::-1]:
-            proc, url = serve(base | extra[variant], log_dir / f"server-{variant}-{rep}.log", ready_timeout)
-            try:
-                report = httpx.get(f"{url}/v1/hardware", timeout=30).json()
-                preload = next((d for d in report.get("decisions", []) if d["setting"] == "env.LD_PRELOAD"), None)
-                decode_rate(url, "bench", 16)  # first requests after start: not timed
-                load_before = os.getloadavg()[0]
-                tok_s = [decode_rate(url, "bench", max_tokens) for _ in range(requests)]
-                runs.append(
-                    {
-                        "variant": variant,
-                        "repetition": rep,
-                        "tok_s": tok_s,
-                        "median": statistics.median(tok_s),
-                        "ld_preload": preload,
-                        "loadavg_1m": [load_before, os.getloadavg()[0]],
-                    }
-                )
-            finally:
-                stop(proc)
-            print(f"rep {rep} {variant:7s}: " + " ".join(f"{t:.2f}" for t in tok_s) + " tok/s", file=sys.stderr)
-    per_variant = {v: statistics.median([r["median"] for r in runs if r["variant"] == v]) for v in VARIANTS}
     ratios = []
     for rep in range(repetitions):
-        pair = {r["variant"]: r["median"] for r in runs if r["repetition"] == rep}
-        ratios.append(pair["with"] / pair["without"])
+        started: dict[str, tuple[subprocess.Popen, str]] = {}
+        try:
+            # Both variants up at once, started in alternating order; their engines share the compute CPUs but
+            # only one decodes at a time (an idle engine does not spin).
+            for variant in VARIANTS if rep % 2 == 0 else VARIANTS[::-1]:
+                started[variant] = serve(base | extra[variant], log_dir / f"server-{variant}-{rep}.log", ready_timeout)
+            preload = {}
+            for variant, (_, url) in started.items():
+                report = httpx.get(f"{url}/v1/hardware", timeout=30).json()
+                preload[variant] = next(
+                    (d for d in report.get("decisions", []) if d["setting"] == "env.LD_PRELOAD"), None
+                )
+                decode_rate(url, "bench", 16)  # first requests after start: not timed
+            load_before = os.getloadavg()[0]
+            tok_s: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            for i in range(requests):
+                # Adjacent in time and in alternating order: the host's memory bandwidth, which moves by tens of
+                # percent within minutes on a shared VM, is nearly the same for both measurements of a pair.
+                for variant in VARIANTS if i % 2 == 0 else VARIANTS[::-1]:
+                    tok_s[variant].append(decode_rate(started[variant][1], "bench", max_tokens))
+            load_after = os.getloadavg()[0]
+        finally:
+            for proc, _ in started.values():
+                stop(proc)
+        pairs = [w / wo for w, wo in zip(tok_s["with"], tok_s["without"])]
+        ratios.append(math.exp(statistics.fmean(math.log(r) for r in pairs)))
+        for variant in VARIANTS:
+            runs.append(
+                {
+                    "variant": variant,
+                    "repetition": rep,
+                    "tok_s": tok_s[variant],
+                    "median": statistics.median(tok_s[variant]),
+                    "ld_preload": preload[variant],
+                    "loadavg_1m": [load_before, load_after],
+                }
+            )
+            print(
+                f"rep {rep} {variant:7s}: " + " ".join(f"{t:.2f}" for t in tok_s[variant]) + " tok/s", file=sys.stderr
+            )
+        print(f"rep {rep} with/without per pair: " + " ".join(f"{r:.3f}" for r in pairs), file=sys.stderr)
+    per_variant = {v: statistics.median([r["median"] for r in runs if r["variant"] == v]) for v in VARIANTS}
     return {
         "model": str(model),
         "max_tokens": max_tokens,
@@ -171,7 +193,7 @@ def main() -> None:
     ap.add_argument("--model", type=Path, help="default: the bench model (built on first use)")
     ap.add_argument("--cache-dir", type=Path, default=default_cache_dir())
     ap.add_argument("--repetitions", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--eager", action="store_true", help="enforce_eager (skip torch.compile)")
     ap.add_argument("--out", type=Path, default=REPO / ".cache" / "bench-preload")
