@@ -48,8 +48,7 @@ def kernels(backend: str) -> tuple[Kernel, ...]:
             Kernel("zentorch", "ZenCpuPlatform, VLLM_ZENTORCH_WEIGHT_PREPACK=0 (SERVICE_ZENTORCH_WEIGHT_PREPACK)"),
             Kernel("onednn_mm", "CpuPlatform (SERVICE_BACKEND=avx512)"),
         )
-    if backend == "amx":
-        return (onednn, Kernel("sgl weight_packed_linear", "vLLM's dispatch for shapes check_cpu_sgl_kernel accepts"))
+    # AMX's sgl weight_packed_linear takes only weights under 1 MiB (router-sized: check_cpu_sgl_kernel), none of these.
     return (onednn,)
 
 
@@ -71,21 +70,13 @@ def _runner(kernel: str, weights: Sequence[Any], xs: Mapping[int, Any]) -> Calla
         return zentorch_pass
     from vllm import _custom_ops as ops
 
-    if kernel == "onednn_mm":
-        handles = [(ops.create_onednn_mm(w.t(), 32), w.shape[1]) for w in weights]
+    handles = [(ops.create_onednn_mm(w.t(), 32), w.shape[1]) for w in weights]
 
-        def onednn_pass() -> None:
-            for h, k in handles:
-                ops.onednn_mm(h, xs[k], None)
+    def onednn_pass() -> None:
+        for h, k in handles:
+            ops.onednn_mm(h, xs[k], None)
 
-        return onednn_pass
-    packed_sgl = [(torch.ops._C.convert_weight_packed(w), w.shape) for w in weights]
-
-    def sgl_pass() -> None:
-        for p, (n, k) in packed_sgl:
-            ops.weight_packed_linear_cpu(xs[k], p, n, None)
-
-    return sgl_pass
+    return onednn_pass
 
 
 def measure(backend: str, rounds: int, cpu: int) -> dict[str, Any]:
