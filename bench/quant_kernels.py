@@ -219,8 +219,11 @@ def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path
         kernel = predicted_kernel(backend, directory, cand.env)
         log = out.parent / f"quant_kernels-{cand.label.replace(' ', '_').replace('/', '_')}.log"
         progress(f"quantized kernels: {cand.label} (policy: {kernel}) ...")
-        result = run_candidate(cand, directory, prompts, reps, log)
         row = {"format": cand.format, "env": cand.env, "kernel": kernel, "log": str(log)}
+        if kernel.startswith("refused: "):  # the service would not start it; the engine would die on it
+            report["rows"].append({**row, "error": kernel})
+            continue
+        result = run_candidate(cand, directory, prompts, reps, log)
         if "error" in result:
             report["rows"].append({**row, **result})
             progress(f"  failed: {result['error']}")

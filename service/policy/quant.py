@@ -69,7 +69,7 @@ KERNELS: dict[str, Kernel] = {
     ),
     "wna16-vec": Kernel(
         "CPUWNA16LinearKernel",
-        "cpu_gemm_wna16 isa=vec (AVX-512/AVX2): int4 weights, 16-bit activations",
+        "cpu_gemm_wna16 isa=vec (AVX-512): int4 weights, 16-bit activations",
         ("Using CPUWNA16LinearKernel",),
     ),
     "amx-fp8": Kernel(
@@ -162,15 +162,12 @@ RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
     ),
     ("w4a16", "amx"): _WNA16_AMX,
     ("w4a16", "avx512"): _WNA16_VEC,
-    ("w4a16", "avx2"): _WNA16_VEC,
     ("gptq-w4a16", "zen"): _ZEN_GPTQ_AWQ,
     ("gptq-w4a16", "amx"): _WNA16_AMX,
     ("gptq-w4a16", "avx512"): _WNA16_VEC,
-    ("gptq-w4a16", "avx2"): _WNA16_VEC,
     ("awq-w4a16", "zen"): _ZEN_GPTQ_AWQ,
     ("awq-w4a16", "amx"): _WNA16_AMX,
     ("awq-w4a16", "avx512"): _WNA16_VEC,
-    ("awq-w4a16", "avx2"): _WNA16_VEC,
     ("fp8", "amx"): (Rule((), "amx-fp8"),),
     ("fp8", "zen"): (Rule((), "torch-fp8"),),
     ("fp8", "avx512"): (Rule((), "torch-fp8"),),
@@ -217,6 +214,15 @@ REFUSALS: tuple[tuple[Callable[[QuantFacts], bool], str], ...] = (
     ),
 )
 
+
+# (format family, backend) where vLLM 0.32 selects a kernel whose op is missing from the kernel build it loads for
+# that CPU: refused before the engine starts, since the engine would die at its first forward pass.
+MISSING_IN_BUILD: dict[tuple[str, str], str] = {
+    (family, "avx2"): "vLLM 0.32's only x86 int4 kernel (CPUWNA16LinearKernel, op cpu_gemm_wna16) is not in its AVX2 "
+    "kernel build (_C_AVX2, loaded on CPUs without AVX-512): the engine would die at the first forward pass; "
+    "serve the unquantized model or a W8A8 copy (oneDNN int8 runs on AVX2)"
+    for family in ("w4a16", "gptq-w4a16", "awq-w4a16")
+}
 
 ALREADY = "already set in the environment"
 
@@ -321,6 +327,9 @@ def plan_quant(
         if refused(facts):
             error = "quantized model: " + message.format(**vars(facts), key=facts.key)
             return QuantPlan(tuple(decisions), errors=(error,))
+    missing = MISSING_IN_BUILD.get((facts.key, backend))
+    if missing:
+        return QuantPlan(tuple(decisions), errors=(f"quantized model ({describe(facts)}) on {backend}: {missing}",))
     rules = RULES.get((facts.key, backend))
     if rules is None:
         warning = (

@@ -1,10 +1,13 @@
 """Quantized models served end to end: the demo model quantized at test time (W8A8 and W4A16, compressed-tensors),
 served by `python -m service serve`, asked through the official `openai` client; the kernel the running engine
-logged is the one the policy names for the live backend; the outputs agree with the bf16 source."""
+logged is the one the policy names for the live backend; the outputs agree with the bf16 source. A scheme whose
+kernel op is missing from the vLLM kernel build this CPU loads is refused before the engine starts."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -14,6 +17,7 @@ import pytest
 from service.demo_model import ensure_demo_model
 from service.facts.model import inspect_model
 from service.policy.quant import KERNELS, plan_quant
+from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from tests.integration.conftest import _start
 from tests.support.quant_quality import QUALITY_TOKENS, greedy_with, prompt_ids, score
@@ -24,35 +28,86 @@ MODELS = REPO / ".cache" / "test-models"
 SCHEMES = ("w8a8", "w4a16")
 
 
+# The op each scheme's CPU kernel calls (vLLM's _C kernel builds; zentorch on Zen runs only where _C, which has
+# both, is the build vLLM loads).
+KERNEL_OPS = {"w8a8": "onednn_scaled_mm", "w4a16": "cpu_gemm_wna16"}
+REFUSED = "refusing to start: "
+
+
+@dataclass
+class Refusal:
+    scheme: str
+    log: str
+
+
 def _serve(name: str, scheme: str, server_logs):
     model = quantized_demo(MODELS, scheme)
-    # A small KV cache: the demo model needs little, and the build machines are shared.
-    server = _start(
-        name, server_logs, f"demo-{scheme}", model=str(model), served_model_name=f"demo-{scheme}", kv_cache_gib="0.25"
-    )
+    try:
+        # A small KV cache: the demo model needs little, and the build machines are shared.
+        server = _start(
+            name,
+            server_logs,
+            f"demo-{scheme}",
+            model=str(model),
+            served_model_name=f"demo-{scheme}",
+            kv_cache_gib="0.25",
+        )
+    except RuntimeError as exc:
+        if f"exited with {EXIT_STARTUP_REFUSED}" in str(exc) and REFUSED in str(exc):
+            return Refusal(scheme, (server_logs / f"{name}.log").read_text(errors="replace"))
+        raise
     server.scheme, server.model = scheme, model
     return server
 
 
 @pytest.fixture(scope="session")
-def w8a8_server(server_logs):
-    server = _serve("w8a8", "w8a8", server_logs)
-    yield server
-    server.process.stop()
-    server.process.kill_group()
+def started(server_logs):
+    """Per scheme, the running server or the service's refusal; stopped at the end of the session."""
+    servers: dict = {}
+
+    def get(scheme: str):
+        if scheme not in servers:
+            servers[scheme] = _serve(scheme, scheme, server_logs)
+        return servers[scheme]
+
+    yield get
+    for server in servers.values():
+        if not isinstance(server, Refusal):
+            server.process.stop()
+            server.process.kill_group()
 
 
 @pytest.fixture(scope="session")
-def w4a16_server(server_logs):
-    server = _serve("w4a16", "w4a16", server_logs)
-    yield server
-    server.process.stop()
-    server.process.kill_group()
+def live_kernel_ops() -> set[str]:
+    """The ops of the vLLM kernel build this CPU loads, asked of vLLM itself in a fresh process."""
+    probe = (
+        "import torch; from vllm.platforms.cpu import CpuPlatform; CpuPlatform.import_kernels(); "
+        f"print(' '.join(op for op in {sorted(KERNEL_OPS.values())!r} if hasattr(torch.ops._C, op)))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    return set(out.stdout.split())
 
 
 @pytest.fixture(params=SCHEMES)
-def quantized_server(request):
-    return request.getfixturevalue(f"{request.param}_server")
+def quantized_server(request, started):
+    server = started(request.param)
+    if isinstance(server, Refusal):
+        pytest.skip(f"{request.param} is refused on this CPU (test_each_scheme_starts_where_its_kernel_op_exists)")
+    return server
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_each_scheme_starts_where_its_kernel_op_exists(scheme, started, live_kernel_ops):
+    """Served where vLLM's kernel build for this CPU has the scheme's op; elsewhere refused before the engine
+    loads, naming the missing op, instead of an engine that dies at its first forward pass."""
+    server = started(scheme)
+    if KERNEL_OPS[scheme] in live_kernel_ops:
+        assert not isinstance(server, Refusal), server.log
+    else:
+        assert isinstance(server, Refusal), f"{scheme} started without {KERNEL_OPS[scheme]} in vLLM's build"
+        assert KERNEL_OPS[scheme] in server.log.split(REFUSED, 1)[1]
+        assert "Starting to load model" not in server.log
 
 
 def _decisions(server) -> tuple[dict, dict]:

@@ -134,7 +134,6 @@ def test_every_rule_names_a_known_kernel_and_condition():
         (ZEN, W4A16, "zentorch-woq"),  # the measured Zen default: weight-only, VLLM_CPU_INT4_W4A8=0
         (AMX, W4A16, "amx-w4a8"),
         (AVX512, W4A16, "wna16-vec"),
-        (AVX2, W4A16, "wna16-vec"),
     ],
 )
 def test_kernel_per_format_and_backend(tmp_path, cpu, config, expected):
@@ -242,6 +241,21 @@ def test_refusals_are_pre_flight_errors(tmp_path, cpu, config, message):
     assert any(message in e for e in p.errors)
 
 
+INT4_CONFIGS = {
+    "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True},
+    "awq": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True},
+}
+
+
+@pytest.mark.parametrize("method", ["compressed-tensors", "gptq", "awq"])
+def test_int4_on_avx2_is_refused_before_the_engine_dies_on_the_missing_op(tmp_path, method):
+    """vLLM 0.32 picks CPUWNA16LinearKernel there, but its AVX2 build (_C_AVX2) has no cpu_gemm_wna16."""
+    config = W4A16 if method == "compressed-tensors" else {**LLAMA, "quantization_config": INT4_CONFIGS[method]}
+    p = quant_plan(config, AVX2, tmp_path)
+    assert any("cpu_gemm_wna16" in e and "AVX2" in e for e in p.errors), p.errors
+    assert not [d for d in p.decisions if d.setting == "quant.linear_kernel"]
+
+
 def test_static_act_order_runs(tmp_path):
     p = quant_plan(
         ct_config({"num_bits": 4, "strategy": "group", "group_size": 128, "actorder": "static"}), AVX512, tmp_path
@@ -288,4 +302,4 @@ def test_a_measured_backend_is_cited_with_its_numbers_and_an_unmeasured_one_says
     assert "wna16-vec: decode 6.0 [5.9-6.4] tok/s, prefill 58.0 [55.0-60.0] tok/s" in cite(
         "avx512", "w4a16", ("wna16-vec",)
     )
-    assert cite("avx2", "w4a16", ("wna16-vec",)).startswith("not measured on the avx2 backend yet")
+    assert cite("avx2", "w8a8", ("onednn-w8a8",)).startswith("not measured on the avx2 backend yet")
