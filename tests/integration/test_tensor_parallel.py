@@ -12,6 +12,7 @@ import json
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -108,30 +109,51 @@ def test_each_worker_is_bound_where_the_report_says(tp_server):
         assert all(cpus <= expected[rank] for cpus in threads.values()), threads
 
 
-def greedy(url: str, prompt: str, headers: dict[str, str]) -> list[tuple[int, float]]:
+@dataclass(frozen=True)
+class Step:
+    token: int
+    logprob: float
+    top: dict[int, float]  # the two most likely tokens of the step and their log-probabilities
+
+
+def greedy(url: str, prompt: str, headers: dict[str, str]) -> list[Step]:
     body = {
         "model": SERVED,
         "prompt": prompt,
         "max_tokens": GREEDY_TOKENS,
         "temperature": 0,
-        "logprobs": 1,
+        "logprobs": 2,
         "ignore_eos": True,
         "return_tokens_as_token_ids": True,
     }
     resp = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=120)
     assert resp.status_code == 200, resp.text
-    logprobs = resp.json()["choices"][0]["logprobs"]
-    return [(int(tok.removeprefix("token_id:")), lp) for tok, lp in zip(logprobs["tokens"], logprobs["token_logprobs"])]
+    lp = resp.json()["choices"][0]["logprobs"]
+
+    def token_id(text: str) -> int:
+        return int(text.removeprefix("token_id:"))
+
+    return [
+        Step(token_id(tok), logprob, {token_id(t): v for t, v in top.items()})
+        for tok, logprob, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])
+    ]
 
 
 def test_greedy_output_equals_one_rank(tp_server, chat_server):
-    """Same model, same prompts: two ranks give tp=1's greedy token ids, with its log-probabilities."""
+    """Same model, same prompts: two ranks give tp=1's greedy tokens, with its log-probabilities, up to the first
+    near-tie: a step where tp=1's two best tokens lie within the tolerance, so that summing the partial products in
+    another order may pick either (the demo model's random weights make near-ties common; without native bf16
+    the rounding differs more). The sequences differ from there on, so the comparison stops."""
     for prompt in PROMPTS:
         two = greedy(tp_server.url, prompt, {})
         one = greedy(chat_server.url, prompt, chat_server.headers())
-        print(f"{prompt!r}: tp=2 {[t for t, _ in two]}")
-        assert [t for t, _ in two] == [t for t, _ in one], (prompt, two, one)
-        assert all(abs(a - b) <= LOGPROB_TOLERANCE for (_, a), (_, b) in zip(two, one)), (prompt, two, one)
+        print(f"{prompt!r}: tp=2 {[s.token for s in two]}, tp=1 {[s.token for s in one]}")
+        assert len(two) == len(one) == GREEDY_TOKENS
+        for i, (a, b) in enumerate(zip(two, one)):
+            assert abs(a.logprob - b.logprob) <= LOGPROB_TOLERANCE, (prompt, i, a, b)
+            if a.token != b.token:
+                assert a.token in b.top and b.logprob - b.top[a.token] <= LOGPROB_TOLERANCE, (prompt, i, a, b)
+                break
 
 
 def test_probe_paths_of_the_kubernetes_manifests_are_in_the_openapi(tp_server):
