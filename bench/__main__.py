@@ -27,6 +27,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--preload", action=flag, default=None, help="native decode with and without the preload")
     p.add_argument("--preload-repetitions", type=int)
+    p.add_argument("--dtype", action=flag, default=None, help="decode bf16 against fp32, side by side")
+    p.add_argument("--dtype-repetitions", type=int)
     p.add_argument("--warm-start", action=flag, default=None, help="start to ready, cold and warm compile cache")
     p.add_argument("--quant", action=flag, default=None, help="quantized linear kernels per format")
     p.add_argument("--quant-repetitions", type=int)
@@ -50,7 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     opts = BenchOptions.quick_mode() if args.quick else BenchOptions()
     if args.only_peer:
         opts = replace(
-            opts, frontend=False, policy=False, decode=False, preload=False, warm_start=False, quant=False, peer=True
+            opts,
+            frontend=False,
+            policy=False,
+            decode=False,
+            preload=False,
+            dtype=False,
+            warm_start=False,
+            quant=False,
+            peer=True,
         )
     given = {
         "repetitions": args.repetitions,
@@ -62,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         "profile": args.profile,
         "preload": args.preload,
         "preload_repetitions": args.preload_repetitions,
+        "dtype": args.dtype,
+        "dtype_repetitions": args.dtype_repetitions,
         "warm_start": args.warm_start,
         "quant": args.quant,
         "quant_repetitions": args.quant_repetitions,

@@ -186,14 +186,31 @@ def markdown(results: dict[str, Any], comparisons: Sequence[Comparison], decode:
                 ]
     if results.get("preload"):
         p = results["preload"]
-        used = next((r["ld_preload"]["value"] for r in p["runs"] if r["variant"] == "with" and r["ld_preload"]), None)
+        used = next(
+            (
+                r["decisions"]["env.LD_PRELOAD"]["value"]
+                for r in p["runs"]
+                if r["variant"] == "with" and "env.LD_PRELOAD" in r["decisions"]
+            ),
+            None,
+        )
         parts += [
             f"Native preload (`bench/preload.py`): batch-1 decode of `{Path(p['model']).name}` served by the service "
             f"with its own preload (`LD_PRELOAD={used}`) and with vLLM's (torch's GNU OpenMP, no allocator), "
-            f"{len(p['ratio_with_over_without'])} repetitions restarting both (order alternating), "
+            f"{len(p['ratios'])} repetitions restarting both (order alternating), "
             f"{p['requests_per_start']} decode rates of {p['max_tokens']} tokens per start: with "
             f"{p['median_tok_s']['with']:.2f} tok/s, without {p['median_tok_s']['without']:.2f} tok/s; "
             f"with/without {p['estimate']}.",
+            "",
+        ]
+    if results.get("dtype"):
+        d = results["dtype"]
+        parts += [
+            f"dtype (`bench/dtype.py`) on {d['cpu']} ({d['isa_class']}): batch-1 decode of `{Path(d['model']).name}` "
+            f"served in bf16 and in fp32 side by side, {len(d['ratios'])} repetitions restarting both (order "
+            f"alternating), {d['requests_per_start']} decode rates of {d['max_tokens']} tokens per start: bf16 "
+            f"{d['median_tok_s']['bfloat16']:.2f} tok/s, fp32 {d['median_tok_s']['float32']:.2f} tok/s; "
+            f"bf16/fp32 decode {d['estimate']}, prefill {d['prefill_estimate']}.",
             "",
         ]
     if results.get("warm_start"):

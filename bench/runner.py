@@ -61,6 +61,8 @@ class BenchOptions:
     profile: bool = True  # py-spy on both API processes and on the decode engine process, in extra (uncounted) runs
     preload: bool = True  # native decode with and without the preload the service decides (bench/preload.py)
     preload_repetitions: int = 3
+    dtype: bool = True  # bf16 against fp32 decode, side by side (bench/dtype.py): the dtype policy's measurement
+    dtype_repetitions: int = 3
     warm_start: bool = True  # start-to-ready, cold and warm compile cache, demo and bench model (bench/warm_start.py)
     quant: bool = True  # the quantized linear kernels per format (bench/quant_kernels.py)
     quant_formats: tuple[str, ...] = ("bf16", "w8a8", "w8a8-static", "w4a16")
@@ -90,6 +92,7 @@ class BenchOptions:
             decode=False,
             profile=False,
             preload=False,
+            dtype=False,
             warm_start=False,
             quant=False,
             peer=False,
@@ -426,7 +429,7 @@ def native_preload(ctx: Context) -> dict[str, Any]:
         ctx.opts.preload_repetitions,
         settings={"kv_cache_gib": "1"},
     )
-    result["estimate"] = estimate("decode with/without preload", "ratio", result["ratio_with_over_without"]).fmt()
+    result["estimate"] = estimate("decode with/without preload", "ratio", result["ratios"]).fmt()
     log(preload_line(result))
     return result
 
@@ -436,6 +439,31 @@ def preload_line(result: dict[str, Any]) -> str:
     return (
         f"native decode with the service's preload {med['with']:.2f} tok/s, with vLLM's own {med['without']:.2f} "
         f"tok/s: with/without {result['estimate']}"
+    )
+
+
+def dtype_pair(ctx: Context) -> dict[str, Any]:
+    """Batch-1 decode of the bench model in bf16 and fp32, served side by side, restarted per repetition."""
+    from bench import dtype
+    from bench.models import ensure_bench_model
+
+    log("decode bf16 against fp32, side by side (bench model, restarted per repetition)")
+    result = dtype.measure(
+        ensure_bench_model(cache_dir()),
+        cache_dir(),
+        ctx.logdir / "dtype",
+        ctx.opts.dtype_repetitions,
+        settings={"kv_cache_gib": "1", "enforce_eager": "true"},
+    )
+    log(dtype_line(result))
+    return result
+
+
+def dtype_line(result: dict[str, Any]) -> str:
+    med = result["median_tok_s"]
+    return (
+        f"decode side by side on {result['cpu']} ({result['isa_class']}): bf16 {med['bfloat16']:.2f} tok/s, "
+        f"fp32 {med['float32']:.2f} tok/s: bf16/fp32 decode {result['estimate']}, prefill {result['prefill_estimate']}"
     )
 
 
@@ -551,6 +579,7 @@ def run_bench(opts: BenchOptions, command: str | None = None) -> int:
         (opts.policy, lambda: comparisons.extend(policy(ctx, results))),
         (opts.decode, lambda: decoded.extend(decode(ctx, results))),
         (opts.preload, lambda: results.update(preload=native_preload(ctx))),
+        (opts.dtype, lambda: results.update(dtype=dtype_pair(ctx))),
         (opts.warm_start, lambda: results.update(warm_start=warm_starts(ctx))),
         (opts.quant, lambda: results.update(quant_kernels=quant_kernels(ctx))),
     ]
@@ -585,6 +614,8 @@ def run_bench(opts: BenchOptions, command: str | None = None) -> int:
         results["summary"] += peer.get("decode_lines", [])
     if opts.preload:
         results["summary"].append(preload_line(results["preload"]))
+    if opts.dtype:
+        results["summary"].append(dtype_line(results["dtype"]))
     if opts.warm_start:
         results["summary"] += [warm_start_line(w) for w in results["warm_start"]]
     if opts.quant:

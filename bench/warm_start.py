@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.preload import REPO, serve, stop
+from bench.paired import REPO, serve, stop
 
 # vLLM 0.32's log lines (vllm/compilation/decorators.py, monitor.py, v1/engine/core.py).
 SAVED = "saved AOT compiled function to"

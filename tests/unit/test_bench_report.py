@@ -376,15 +376,20 @@ def test_preload_and_warm_start_sections():
             "runs": [
                 {
                     "variant": "with",
-                    "ld_preload": {"setting": "env.LD_PRELOAD", "value": "/l/libtcmalloc.so:/l/libiomp5.so"},
+                    "decisions": {
+                        "env.LD_PRELOAD": {"setting": "env.LD_PRELOAD", "value": "/l/libtcmalloc.so:/l/libiomp5.so"}
+                    },
                 },
                 {
                     "variant": "without",
-                    "ld_preload": {"setting": "env.LD_PRELOAD", "value": "/t/libgomp.so", "source": "user"},
+                    "decisions": {
+                        "env.LD_PRELOAD": {"setting": "env.LD_PRELOAD", "value": "/t/libgomp.so", "source": "user"}
+                    },
                 },
             ],
             "median_tok_s": {"with": 8.1, "without": 7.9},
-            "ratio_with_over_without": [1.02, 1.03],
+            "variants": ["with", "without"],
+            "ratios": [1.02, 1.03],
             "estimate": "x1.025 [0.961, 1.093]",
         },
         warm_start=[
@@ -404,6 +409,24 @@ def test_preload_and_warm_start_sections():
     assert "with its own preload (`LD_PRELOAD=/l/libtcmalloc.so:/l/libiomp5.so`)" in md
     assert "with 8.10 tok/s, without 7.90 tok/s; with/without x1.025 [0.961, 1.093]." in md
     assert "| bench | 300 s | 90 s | 200.1 s | 30.2 s | loaded the compiled graph |" in md
+
+
+def test_dtype_section_names_the_cpu_class_and_both_ratios():
+    dtype = {
+        "model": "/x/bench-llama-0.5b-v1",
+        "cpu": "AuthenticAMD AMD EPYC (zen)",
+        "isa_class": "avx2",
+        "max_tokens": 32,
+        "requests_per_start": 3,
+        "median_tok_s": {"bfloat16": 4.63, "float32": 5.01},
+        "ratios": [0.917, 0.914, 0.870],
+        "prefill_ratios": [0.159, 0.156, 0.158],
+        "estimate": "x0.900 [0.836, 0.969]",
+        "prefill_estimate": "x0.157 [0.153, 0.162]",
+    }
+    md = markdown(_results("python -m bench --dtype", dtype=dtype), [], [])
+    assert "on AuthenticAMD AMD EPYC (zen) (avx2)" in md and "3 repetitions" in md
+    assert "bf16/fp32 decode x0.900 [0.836, 0.969], prefill x0.157 [0.153, 0.162]." in md
 
 
 def test_rounds_alternate_the_order_so_a_drift_weighs_on_both_sides():
