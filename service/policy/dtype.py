@@ -1,4 +1,5 @@
-"""The model dtype: bf16 where the CPU computes it natively, the measured choice elsewhere."""
+"""The model dtype: bf16 where the CPU computes it natively, elsewhere what `make bench` measured on that class of
+CPU (bf16 against fp32 decode, side by side: bench/dtype.py), when fp32's weights fit."""
 
 from __future__ import annotations
 
@@ -9,15 +10,47 @@ from service.policy.decision import Source
 
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
-# CPUs with AVX-512 or AVX2 but no native bf16. `make bench` decodes a bandwidth-bound model in bf16 and fp32
-# side by side; on the only CPU measured so far (native bf16: AMX) bf16 ran 1.88x fp32. Batch-1 decode streams
-# every weight once per token, so half the bytes keeps bf16 ahead where conversion is done in AVX-512 or AVX2
-# registers too; no CPU without native bf16 has been measured yet, and the reason says so.
-MEASURED_WITHOUT_NATIVE_BF16 = "bfloat16"
-MEASUREMENT = (
-    "decode is memory-bandwidth bound and bf16 halves the bytes per token; `make bench` measured bf16 1.88x fp32 "
-    "on a native-bf16 CPU, none without it yet"
-)
+
+def isa_class(isa: Isa) -> str:
+    """How the CPU computes bf16, which is what the dtype choice keys on (and vLLM's kernel build: _C, _C_AVX512
+    or _C_AVX2)."""
+    if isa.native_bf16:
+        return "native-bf16"
+    return "avx512" if isa.avx512 else "avx2"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """bf16/fp32 batch-1 rates on one CPU of a class: decode (ratio, low, high of its 95% interval), prefill too."""
+
+    cpu: str
+    ratio: float
+    low: float
+    high: float
+    source: str  # the command and the run it comes from
+    prefill: str = ""  # the prefill ratio with its interval, as printed
+
+    def __str__(self) -> str:
+        prefill = f", prefill {self.prefill}" if self.prefill else ""
+        return (
+            f"bf16/fp32 decode x{self.ratio:.2f} [{self.low:.2f}, {self.high:.2f}]{prefill} on {self.cpu} "
+            f"({self.source})"
+        )
+
+
+# One entry per class, from `python -m bench.dtype` (or `python -m bench --dtype`); "avx512" (AVX-512 without its
+# bf16 extension: vLLM's _C_AVX512 build) has none yet.
+MEASUREMENTS: dict[str, Measurement] = {
+    # bf16 runs torch's reference GEMM there (oneDNN refuses a bf16 matmul without AVX-512), fp32 oneDNN's.
+    "avx2": Measurement(
+        "an AMD EPYC Zen 1 KVM guest",
+        0.900,
+        0.836,
+        0.969,
+        "python -m bench.dtype --repetitions 3 --requests 3 --max-tokens 32, 2026-11-24",
+        prefill="x0.16 [0.15, 0.16]",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -28,7 +61,10 @@ class DtypeChoice:
     warning: str | None = None
 
 
-def choose_dtype(isa: Isa, backend: str, requested: str, declared: str | None) -> DtypeChoice:
+def choose_dtype(
+    isa: Isa, backend: str, requested: str, declared: str | None, fp32_blocked: str | None = None
+) -> DtypeChoice:
+    """`fp32_blocked`: why this model cannot run in fp32 here (its kernels, the memory limit), if it cannot."""
     if requested == "float16" and backend == "zen":
         warning = "float16 requested, but zentorch computes only bf16/fp32 on Zen: running bfloat16 instead"
         return DtypeChoice("bfloat16", warning, "policy", warning)
@@ -37,12 +73,28 @@ def choose_dtype(isa: Isa, backend: str, requested: str, declared: str | None) -
         if requested == "bfloat16" and not isa.native_bf16:
             user_warning = "bfloat16 requested on a CPU without native bf16 (no AVX-512 BF16 / AMX): emulated"
         return DtypeChoice(requested, "set by the user", "user", user_warning)
+    declares = f"; the model declares {declared}" if declared else ""
     if isa.native_bf16:
         unit = "AMX" if isa.amx_bf16 else "AVX-512 BF16"
-        return DtypeChoice("bfloat16", f"the CPU computes bf16 natively ({unit})", "policy")
+        return DtypeChoice("bfloat16", f"the CPU computes bf16 natively ({unit}){declares}", "policy")
+    cls = isa_class(isa)
+    measured = MEASUREMENTS.get(cls)
+    if measured is None:
+        return DtypeChoice(
+            "bfloat16",
+            f"no native bf16 on this CPU ({cls}), and no CPU of that class measured yet (bench/dtype.py): bf16 "
+            f"halves the bytes a bandwidth-bound decode reads{declares}",
+            "policy",
+        )
+    if measured.high < 1:
+        if fp32_blocked is None:
+            return DtypeChoice("float32", f"no native bf16 on this CPU ({cls}): {measured}{declares}", "policy")
+        return DtypeChoice(
+            "bfloat16",
+            f"no native bf16 on this CPU ({cls}): fp32 decodes faster ({measured}), but {fp32_blocked}{declares}",
+            "policy",
+        )
+    verdict = "faster" if measured.low > 1 else "not resolved from fp32, and half the bytes"
     return DtypeChoice(
-        MEASURED_WITHOUT_NATIVE_BF16,
-        f"no native bf16 on this CPU; {MEASURED_WITHOUT_NATIVE_BF16}: {MEASUREMENT}"
-        + (f"; the model declares {declared}" if declared else ""),
-        "policy",
+        "bfloat16", f"no native bf16 on this CPU ({cls}): bf16 {verdict} ({measured}){declares}", "policy"
     )

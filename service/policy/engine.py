@@ -7,7 +7,7 @@ change. Every decision carries (setting, value, reason, source).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from service.facts.hardware import HardwareFacts
@@ -19,7 +19,7 @@ from service.policy.chat import chat_decisions, unknown_parser_errors
 from service.policy.compile_cache import plan_compile_cache
 from service.policy.decision import Decision, Source
 from service.policy.dtype import BYTES, choose_dtype
-from service.policy.kernels import check_kernels
+from service.policy.kernels import check_kernels, dtype_limit
 from service.policy.memory import plan_memory
 from service.policy.platform import choose_platform
 from service.policy.preload import choose_preload
@@ -169,7 +169,10 @@ def _model_decisions(
     tp_size: int,
 ) -> None:
     isa = hardware.cpu.isa
-    dtype = choose_dtype(isa, backend or "", settings.dtype, model.declared_dtype)
+    fp32_blocked = dtype_limit(model, backend or "", "float32") or (
+        None if _fits(hardware, _in_dtype(model, "float32"), settings) else "the model's fp32 weights do not fit"
+    )
+    dtype = choose_dtype(isa, backend or "", settings.dtype, model.declared_dtype, fp32_blocked)
     b.engine("dtype", dtype.value, dtype.reason, dtype.source)
     if dtype.warning:
         b.warnings.append(dtype.warning)
@@ -185,12 +188,35 @@ def _model_decisions(
     b.engine("max_model_len", max_len, len_reason, len_source)
 
     _cache_decisions(b, model, backend, settings, user, environ)
-    _kv_decision(b, hardware, model, dtype.value, max_len, tp_size, settings, environ)
+    _kv_decision(b, hardware, _in_dtype(model, dtype.value), dtype.value, max_len, tp_size, settings, environ)
     b.errors.extend(unknown_parser_errors(settings))
     for chat in chat_decisions(model, settings):  # tool-call and reasoning parsers
         b.engine(chat.setting.removeprefix("engine."), chat.value, chat.reason, chat.source)
     if model.quantization == "fp8":
         b.warnings.append("fp8 checkpoints have no CPU kernels in vLLM 0.32 on most CPUs; expect a load error")
+
+
+def _in_dtype(model: ModelFacts, dtype: str) -> ModelFacts:
+    """The model as the engine holds it: unquantized weights are cast to the engine dtype at load."""
+    stored = BYTES.get(model.declared_dtype or "")
+    if model.quant is not None or model.quantization or stored is None or stored == BYTES[dtype]:
+        return model
+    return replace(model, weight_bytes=model.weight_bytes * BYTES[dtype] // stored)
+
+
+def _fits(hardware: HardwareFacts, model: ModelFacts, settings: Settings) -> bool:
+    """Weights, headroom and one request of the model's own context fit the memory limit (or it is unknown)."""
+    plan = plan_memory(
+        hardware.limits,
+        model,
+        dtype_bytes=BYTES["float32"],
+        max_model_len=settings.max_model_len or model.max_context or FALLBACK_MAX_MODEL_LEN,
+        tp_size=1,
+        max_num_seqs=settings.max_num_seqs,
+        kv_cache_gib=None,
+        headroom_gib=settings.memory_headroom_gib,
+    )
+    return plan.error is None
 
 
 def _cache_decisions(

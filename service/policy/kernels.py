@@ -39,6 +39,18 @@ def check_kernels(model: ModelFacts, backend: str, dtype: str, isa: Isa) -> Kern
     return KernelCheck(Decision(SETTING, "pass", "; ".join(checked), "policy"), ())
 
 
+def dtype_limit(model: ModelFacts, backend: str, dtype: str) -> str | None:
+    """Why vLLM's CPU kernels cannot run this model in `dtype` on this backend, if they cannot."""
+    k = KERNELS.get(backend)
+    if k is None:
+        return None
+    if dtype not in k.dtypes:
+        return f"the {backend} backend's kernels compute {'/'.join(sorted(k.dtypes))} only ({k.dtype_source})"
+    if model.has_linear_attention and dtype not in k.gdn.dtypes:
+        return f"vLLM's CPU Gated-DeltaNet prefill kernel runs {'/'.join(sorted(k.gdn.dtypes))} only"
+    return None
+
+
 def _sorted(values: frozenset[int]) -> str:
     return ", ".join(str(v) for v in sorted(values))
 

@@ -28,6 +28,8 @@ X86 = {
     "xeon_6980p_graniterapids": ("GenuineIntel", 6, 173, "graniterapids", FROM_BOTH, AMX, 16),
     # this build VM (KVM guest, AMX and waitpkg hidden): archspec says icelake
     "xeon_emeraldrapids_kvm_noamx": ("GenuineIntel", 6, 207, "emeraldrapids", FROM_BOTH, AVX512_BF16, 2),
+    # verbatim: a KVM guest of a first-generation EPYC (Naples), AVX2 only
+    "epyc_zen1_kvm_avx2": ("AuthenticAMD", 23, 1, "zen", FROM_ARCHSPEC, NO_AVX512, 2),
     "core_i7_12700k_alderlake": ("GenuineIntel", 6, 151, "alderlake", FROM_ARCHSPEC, NO_AVX512, 20),
     # a guest whose model number (167, Rocket Lake) contradicts its flags (AMX): the flags win
     "build_machine": ("GenuineIntel", 6, 167, "icelake", FROM_ARCHSPEC, AMX, 2),

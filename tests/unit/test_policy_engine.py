@@ -8,6 +8,7 @@ import pytest
 
 from service.facts.hardware import read_hardware
 from service.facts.model import inspect_model
+from service.policy.dtype import MEASUREMENTS, Measurement
 from service.policy.engine import build_plan
 from service.settings import Settings
 from tests.unit.conftest import CPUINFO, MODELS, SYSFS, software
@@ -120,9 +121,39 @@ def test_bf16_where_native(cpu, expected):
     assert d.value == "bfloat16" and expected in d.reason
 
 
-def test_dtype_without_native_bf16_cites_the_measurement():
+def test_dtype_on_a_class_without_a_measurement_says_so():
     d = decision(plan(hw("xeon_8380_icelake.txt")), "engine.dtype")
-    assert d.source == "policy" and "bandwidth" in d.reason and "none without it yet" in d.reason
+    assert (d.value, d.source) == ("bfloat16", "policy")
+    assert "avx512" in d.reason and "measured yet" in d.reason and "bench/dtype.py" in d.reason
+
+
+@pytest.mark.parametrize("cpu", ["epyc_zen1_kvm_avx2.txt", "epyc_7763_zen3.txt", "core_i7_12700k_alderlake.txt"])
+def test_dtype_on_avx2_follows_the_measurement_of_its_class(cpu):
+    measured = MEASUREMENTS["avx2"]
+    d = decision(plan(hw(cpu, memory=128 * GiB), max_model_len=8192), "engine.dtype")
+    assert d.value == ("float32" if measured.high < 1 else "bfloat16") and d.source == "policy"
+    assert str(measured) in d.reason
+
+
+def test_fp32_measured_faster_but_too_big_keeps_bf16_and_says_why(monkeypatch):
+    monkeypatch.setitem(MEASUREMENTS, "avx2", Measurement("a test CPU", 0.5, 0.4, 0.6, "a test"))
+    avx2 = hw("epyc_zen1_kvm_avx2.txt", memory=24 * GiB)  # the 8B model: 15 GiB in bf16, 30 GiB in fp32
+    d = decision(plan(avx2, max_model_len=8192), "engine.dtype")
+    assert d.value == "bfloat16" and "fp32 weights do not fit" in d.reason and "x0.50 [0.40, 0.60]" in d.reason
+    roomy = decision(plan(hw("epyc_zen1_kvm_avx2.txt", memory=64 * GiB), max_model_len=8192), "engine.dtype")
+    assert roomy.value == "float32"
+
+
+def test_a_gdn_model_stays_bf16_on_avx2_since_its_prefill_kernel_runs_nothing_else():
+    p = plan(hw("epyc_zen1_kvm_avx2.txt", memory=1024 * GiB), "qwen3-next-80b-a3b-instruct", max_model_len=8192)
+    d = decision(p, "engine.dtype")
+    assert d.value == "bfloat16" and "Gated-DeltaNet" in d.reason and not p.errors
+
+
+def test_the_kv_cache_is_planned_for_the_weights_in_the_engine_dtype():
+    bf16 = decision(plan(hw(memory=64 * GiB), max_model_len=8192, dtype="bfloat16"), "engine.kv_cache_memory_bytes")
+    fp32 = decision(plan(hw(memory=64 * GiB), max_model_len=8192, dtype="float32"), "engine.kv_cache_memory_bytes")
+    assert "weights 14.96 GiB" in bf16.reason and "weights 29.92 GiB" in fp32.reason
 
 
 def test_user_dtype_wins():
