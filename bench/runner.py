@@ -383,7 +383,7 @@ def decode(ctx: Context, results: dict[str, Any]) -> list[DecodeResult]:
     big = str(ensure_bench_model(cache_dir()))
     out: list[DecodeResult] = []
     results["decode"] = {"model": big, "parameters": parameters(), "runs": []}
-    for dtype in opts.dtypes:
+    for dtype in _decode_dtypes(opts.dtypes):
         server = start(
             srv.ours(
                 big,
@@ -413,6 +413,21 @@ def decode(ctx: Context, results: dict[str, Any]) -> list[DecodeResult]:
         log(decode_line(d))
     results["decode"]["faster"] = faster_dtype(out)
     return out
+
+
+def _decode_dtypes(dtypes: tuple[str, ...]) -> list[str]:
+    """The dtypes whose decode ceiling is worth a compiled start here: not bf16 where the dtype policy's measurement
+    for this CPU class says fp32 (bf16's compiled warm-up alone took over 10 minutes on AVX2; bench/dtype.py
+    compares the two eager)."""
+    from service.facts.hardware import read_hardware
+    from service.policy.dtype import MEASUREMENTS, isa_class
+
+    cls = isa_class(read_hardware().cpu.isa)
+    measured = MEASUREMENTS.get(cls)
+    if measured is None or measured.high >= 1 or "bfloat16" not in dtypes:
+        return list(dtypes)
+    log(f"decode: bf16 left out on this {cls} CPU, where the service runs fp32 ({measured})")
+    return [d for d in dtypes if d != "bfloat16"]
 
 
 def native_preload(ctx: Context) -> dict[str, Any]:
