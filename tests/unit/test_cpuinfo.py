@@ -20,6 +20,8 @@ X86 = {
     "epyc_9755_zen5": ("AuthenticAMD", 26, 2, "zen5", FROM_ARCHSPEC, AVX512_BF16, 16),
     # KVM guest: archspec says x86_64_v4 (pku, flush_l1d, tsc_adjust, movdiri hidden)
     "epyc_zen5_kvm": ("AuthenticAMD", 26, 2, "zen5", FROM_TABLE, AVX512_BF16, 2),
+    # verbatim: a KVM guest of a Zen 4 EPYC (Genoa); archspec says x86_64_v4
+    "epyc_zen4_kvm": ("AuthenticAMD", 25, 17, "zen4", FROM_TABLE, AVX512_BF16, 2),
     "xeon_8280_cascadelake": ("GenuineIntel", 6, 85, "cascadelake", FROM_ARCHSPEC, AVX512_VNNI, 16),
     "xeon_8380_icelake": ("GenuineIntel", 6, 106, "icelake", FROM_ARCHSPEC, AVX512_VNNI, 32),
     "xeon_8480_sapphirerapids": ("GenuineIntel", 6, 143, "sapphirerapids", FROM_ARCHSPEC, AMX, 16),
