@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from service.server.response_models import drop_request_validator
+
 log = logging.getLogger("service.engine")
 
 
@@ -68,6 +70,8 @@ async def start_engine(args: Namespace, state: Any, stack: contextlib.AsyncExitS
 
         ToolParserManager.import_tool_parser(args.tool_parser_plugin)
     engine = await asyncio.to_thread(construct)
+    dropped = drop_request_validator()
+    log.info("response models built without vLLM's request-side validator: %s", ", ".join(dropped) or "none had it")
     stack.callback(engine.shutdown)
     supported = await engine.get_supported_tasks()
     vllm_app = build_app(args, supported, engine.model_config)
