@@ -22,6 +22,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--frontend", action=flag, default=None, help="ours vs vLLM's own server")
     p.add_argument("--policy", action=flag, default=None, help="policy vs vLLM defaults")
     p.add_argument("--decode", action=flag, default=None, help="batch-1 decode vs the bandwidth ceiling")
+    p.add_argument("--decode-rounds", type=int, help="decode rounds, each between two bandwidth probes (default 6)")
     p.add_argument(
         "--profile", action=flag, default=None, help="py-spy on both API processes and on the decode engine process"
     )
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         "frontend": args.frontend,
         "policy": args.policy,
         "decode": args.decode,
+        "decode_rounds": args.decode_rounds,
         "profile": args.profile,
         "preload": args.preload,
         "preload_repetitions": args.preload_repetitions,

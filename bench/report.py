@@ -77,6 +77,7 @@ def decode_table(decode: Sequence[DecodeResult]) -> str:
         "ceiling tok/s",
         "measured tok/s",
         "fraction of ceiling",
+        "verdict",
         "effective GB/s",
     ]
     lines = [_row(head), _row(["---"] * len(head))]
@@ -89,7 +90,8 @@ def decode_table(decode: Sequence[DecodeResult]) -> str:
                     f"{d.bandwidth_gbs:.1f} GB/s",
                     f"{d.ceiling_tokens_per_s:.2f}",
                     f"{d.tokens_per_s:.2f}",
-                    f"**{d.fraction:.0%}**",
+                    f"**{d.fraction_text()}**",
+                    d.verdict if d.fractions else "",
                     f"{d.effective_gbs:.1f}",
                 ]
             )
@@ -169,7 +171,8 @@ def markdown(results: dict[str, Any], comparisons: Sequence[Comparison], decode:
         model = results.get("decode", {}).get("model") or results.get("peer", {}).get("model", "")
         parts += [
             f"Batch-1 decode, `{Path(model).name}` (random weights), against read bandwidth / weight bytes per token "
-            f"(target >= {MIN_DECODE_FRACTION:.0%}):",
+            f"(target >= {MIN_DECODE_FRACTION:.0%}; the service's rows: the mean of its rounds, each against the "
+            "bandwidth probed just before and after it, with a 95% interval over rounds of one start):",
             "",
             decode_table(rows),
             "",
@@ -401,7 +404,9 @@ def render(results_dir: Path) -> list[Comparison]:
     results = json.loads((results_dir / "results.json").read_text())
     comparisons = comparisons_of(results)
     decode = [
-        DecodeResult(r["dtype"], r["tpot_p50_ms"], r["bandwidth_gbs"], r["bytes_per_token"])
+        DecodeResult(
+            r["dtype"], r["tpot_p50_ms"], r["bandwidth_gbs"], r["bytes_per_token"], tuple(r.get("fractions", ()))
+        )
         for r in results.get("decode", {}).get("runs", [])
     ]
     (results_dir / "table.md").write_text(markdown(results, comparisons, decode))

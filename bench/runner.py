@@ -9,6 +9,7 @@ import datetime as dt
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -77,7 +78,10 @@ class BenchOptions:
     dtypes: tuple[str, ...] = ("bfloat16", "float32")
     decode_input_len: int = 32
     decode_output_len: int = 64
-    decode_prompts: int = 3
+    decode_prompts: int = 3  # per round
+    # Rounds of decode, each between two read-bandwidth probes: the host's bandwidth moved by x1.7 within minutes on
+    # a shared guest (Zen 5, 2026-11-23), so a fraction is taken against the probes around its own round.
+    decode_rounds: int = 6
     results_dir: Path = RESULTS
 
     @classmethod
@@ -395,20 +399,36 @@ def decode(ctx: Context, results: dict[str, Any]) -> list[DecodeResult]:
             ctx,
         )
         profiled: dict[str, Any] | None = None
+        nbytes = bytes_per_token(BYTES[dtype])
         try:
             engine_cpus = srv.Reported.fetch(server.url).engine_cpus
             ctx.load(Workload(1, 1, opts.decode_input_len, 8, seed=7), server, big, "bench-llama")
-            w = Workload(1, opts.decode_prompts, opts.decode_input_len, opts.decode_output_len, seed=11)
-            metrics, client = ctx.load(w, server, big, "bench-llama")
+            # The engine is idle while its CPUs are probed (an idle worker does not spin).
+            probes = [read_bandwidth(engine_cpus)]
+            rounds: list[dict[str, Any]] = []
+            for i in range(opts.decode_rounds):
+                w = Workload(1, opts.decode_prompts, opts.decode_input_len, opts.decode_output_len, seed=11 + i)
+                metrics, client = ctx.load(w, server, big, "bench-llama")
+                probes.append(read_bandwidth(engine_cpus))
+                gbs = (probes[-2]["gbs"] + probes[-1]["gbs"]) / 2
+                fraction = DecodeResult(dtype, metrics["tpot_p50_ms"], gbs, nbytes).fraction
+                rounds.append({"metrics": metrics, "client": client, "bandwidth_gbs": gbs, "fraction": fraction})
+                log(
+                    f"decode {dtype} round {i + 1}: TPOT p50 {metrics['tpot_p50_ms']:.2f} ms, {gbs:.1f} GB/s: {fraction:.1%}"
+                )
             if opts.profile:
                 profiled = _profile_decode(server, w, ctx, big, dtype)
         finally:
             server.close()
-        bw = read_bandwidth(engine_cpus)
-        log(f"read bandwidth on CPU(s) {engine_cpus}: {bw['gbs']:.1f} GB/s {bw['by_op_gbs']}")
-        d = DecodeResult(dtype, metrics["tpot_p50_ms"], bw["gbs"], bytes_per_token(BYTES[dtype]))
+        d = DecodeResult(
+            dtype,
+            statistics.median(r["metrics"]["tpot_p50_ms"] for r in rounds),
+            statistics.median(p["gbs"] for p in probes),
+            nbytes,
+            tuple(r["fraction"] for r in rounds),
+        )
         out.append(d)
-        run = {**d.as_dict(), "metrics": metrics, "client": client, "bandwidth": bw}
+        run = {**d.as_dict(), "rounds": rounds, "bandwidth_probes": probes}
         results["decode"]["runs"].append(run | ({"profile": profiled} if profiled else {}))
         log(decode_line(d))
     results["decode"]["faster"] = faster_dtype(out)

@@ -98,7 +98,9 @@ def test_table_shows_medians_estimates_intervals_and_verdicts(comparisons):
 
 def test_decode_table_and_markdown(comparisons):
     d = DecodeResult("bfloat16", 100.0, 10.0, 1_000_000_000)
-    assert "| bfloat16 | 1.00 GB | 10.0 GB/s | 10.00 | 10.00 | **100%** | 10.0 |" in decode_table([d])
+    assert "| bfloat16 | 1.00 GB | 10.0 GB/s | 10.00 | 10.00 | **100%** |  | 10.0 |" in decode_table([d])
+    rounds = DecodeResult("bfloat16", 100.0, 10.0, 1_000_000_000, (0.82, 0.84, 0.83))
+    assert "| **83.0% [80.5%, 85.5%]** | met | 10.0 |" in decode_table([rounds])
     results = {
         "command": "python -m bench --quick",
         "started": "s",

@@ -185,7 +185,8 @@ def test_decode_fraction_of_the_bandwidth_ceiling():
     assert d.ceiling_tokens_per_s == pytest.approx(10.0)
     assert d.fraction == pytest.approx(0.5)
     assert d.effective_gbs == pytest.approx(5.0)
-    assert "= 50%" in decode_line(d) and "BELOW TARGET" in decode_line(d)
+    assert "= 50%: unresolved (target >= 80%)" in decode_line(d)  # one probe: no interval, nothing decided
+    assert d.as_dict()["fraction_interval"] is None
     fp32 = DecodeResult("float32", tpot_p50_ms=350.0, bandwidth_gbs=10.0, bytes_per_token=2_000_000_000)
     assert faster_dtype([d, fp32]) == "bfloat16"
 
@@ -216,3 +217,17 @@ def test_asked_output_lengths_recompute_throughput_and_tpot_from_the_chunk_times
     assert round(fixed["tpot_p50_ms"], 6) == 150.0  # requests at 100 and 200 ms per token
     assert round(fixed["tpot_p99_ms"], 6) == 199.0
     assert fixed["ttft_p50_ms"] == 100.0 and fixed["itl_p50_ms"] == 10.0
+
+
+def test_decode_fraction_is_decided_by_the_interval_over_rounds():
+    """Each round is its own rate over the ceiling of the probes around it; the target is met or missed only when the
+    whole 95% interval over rounds is on one side of 80%."""
+    met = DecodeResult("bfloat16", 100.0, 10.0, 1_000_000_000, (0.81, 0.82, 0.83, 0.82))
+    assert met.verdict == "met" and met.fraction_estimate is not None
+    assert met.fraction_estimate.low is not None and met.fraction_estimate.low > 0.80
+    assert "over 4 rounds: met (target >= 80%)" in decode_line(met)
+    assert met.as_dict()["fraction_interval"][0] == pytest.approx(met.fraction_estimate.low)
+    missed = DecodeResult("bfloat16", 100.0, 10.0, 1_000_000_000, (0.74, 0.75, 0.73))
+    assert missed.verdict == "missed"
+    straddles = DecodeResult("bfloat16", 100.0, 10.0, 1_000_000_000, (0.76, 0.84, 0.79, 0.82))
+    assert straddles.verdict == "unresolved"
