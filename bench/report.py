@@ -91,7 +91,7 @@ def decode_table(decode: Sequence[DecodeResult]) -> str:
                     f"{d.ceiling_tokens_per_s:.2f}",
                     f"{d.tokens_per_s:.2f}",
                     f"**{d.fraction_text()}**",
-                    d.verdict if d.fractions else "",
+                    d.target_verdict if d.fractions else "",
                     f"{d.effective_gbs:.1f}",
                 ]
             )

@@ -336,7 +336,7 @@ class DecodeResult:
         return estimate("fraction of the ceiling", "ratio", self.fractions) if self.fractions else None
 
     @property
-    def verdict(self) -> str:
+    def target_verdict(self) -> str:
         """Against DECODE_TARGET by the rounds' interval; "unresolved" without one (a single probe)."""
         e = self.fraction_estimate
         return verdict(e, DECODE_TARGET) if e else "unresolved"
@@ -368,7 +368,7 @@ class DecodeResult:
         e = self.fraction_estimate
         out.update(
             fraction_interval=[e.low, e.high] if e else None,
-            verdict=self.verdict,
+            verdict=self.target_verdict,
             tokens_per_s=self.tokens_per_s,
             ceiling_tokens_per_s=self.ceiling_tokens_per_s,
             fraction=self.fraction,
@@ -382,7 +382,7 @@ def decode_line(d: DecodeResult) -> str:
     return (
         f"decode {d.dtype} batch 1: {d.tokens_per_s:.2f} tok/s of a {d.ceiling_tokens_per_s:.2f} tok/s ceiling "
         f"({d.bandwidth_gbs:.1f} GB/s / {d.bytes_per_token / 1e9:.2f} GB per token) = {d.fraction_text()}{rounds}: "
-        f"{d.verdict} (target >= {MIN_DECODE_FRACTION:.0%})"
+        f"{d.target_verdict} (target >= {MIN_DECODE_FRACTION:.0%})"
     )
 
 

@@ -223,11 +223,11 @@ def test_decode_fraction_is_decided_by_the_interval_over_rounds():
     """Each round is its own rate over the ceiling of the probes around it; the target is met or missed only when the
     whole 95% interval over rounds is on one side of 80%."""
     met = DecodeResult("bfloat16", 100.0, 10.0, 1_000_000_000, (0.81, 0.82, 0.83, 0.82))
-    assert met.verdict == "met" and met.fraction_estimate is not None
+    assert met.target_verdict == "met" and met.fraction_estimate is not None
     assert met.fraction_estimate.low is not None and met.fraction_estimate.low > 0.80
     assert "over 4 rounds: met (target >= 80%)" in decode_line(met)
     assert met.as_dict()["fraction_interval"][0] == pytest.approx(met.fraction_estimate.low)
     missed = DecodeResult("bfloat16", 100.0, 10.0, 1_000_000_000, (0.74, 0.75, 0.73))
-    assert missed.verdict == "missed"
+    assert missed.target_verdict == "missed"
     straddles = DecodeResult("bfloat16", 100.0, 10.0, 1_000_000_000, (0.76, 0.84, 0.79, 0.82))
-    assert straddles.verdict == "unresolved"
+    assert straddles.target_verdict == "unresolved"
