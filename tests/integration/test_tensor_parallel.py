@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from service.cpulist import parse_cpulist
-from tests.support.decode_rate import per_stream_rate, tokens_for
+from tests.support.decode_rate import stream_timing
 from tests.support.server import REPO, ServerProcess, service_env
 
 pytestmark = pytest.mark.engine
@@ -172,7 +172,7 @@ def test_probe_paths_of_the_kubernetes_manifests_are_in_the_openapi(tp_server):
 
 def test_sigterm_drains_a_request_in_flight_on_two_ranks(tp_server):
     """Last test on this server: SIGTERM with a stream running, the stream completes, both workers go, exit 0."""
-    tokens = tokens_for(DRAIN_ANSWER_SECONDS, per_stream_rate(tp_server.url, SERVED, 1), MAX_MODEL_LEN - 16)
+    tokens = stream_timing(tp_server.url, SERVED, 1, MAX_MODEL_LEN).tokens_for(DRAIN_ANSWER_SECONDS, MAX_MODEL_LEN - 16)
     result: dict = {}
     streaming = threading.Event()
 

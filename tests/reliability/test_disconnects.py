@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.reliability.conftest import MAX_NUM_SEQS, MAX_QUEUED, SERVED, start_server
-from tests.support.decode_rate import per_stream_rate, tokens_for
+from tests.support.decode_rate import stream_timing
 
 pytestmark = pytest.mark.engine
 
@@ -41,9 +41,9 @@ def long_server(reliability_logs, api_key):
 
 
 def answer_tokens(server) -> int:
-    """Tokens a full answer gets: ANSWER_SECONDS at the decode rate of MAX_NUM_SEQS concurrent streams."""
-    rate = per_stream_rate(server.url, SERVED, MAX_NUM_SEQS, server.headers())
-    return tokens_for(ANSWER_SECONDS, rate, MAX_MODEL_LEN - 16)
+    """Tokens a full answer gets: ANSWER_SECONDS of decoding as one of MAX_NUM_SEQS concurrent streams."""
+    timing = stream_timing(server.url, SERVED, MAX_NUM_SEQS, MAX_MODEL_LEN, server.headers())
+    return timing.tokens_for(ANSWER_SECONDS, MAX_MODEL_LEN - 16)
 
 
 def stream_and_hang_up(server, max_tokens: int) -> int:

@@ -16,14 +16,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.server.lifecycle import Lifecycle, Phase
 from service.server.run import DrainingServer
 from tests.reliability.conftest import SERVED, start_server
-from tests.support.decode_rate import per_stream_rate, tokens_for
+from tests.support.decode_rate import stream_timing
 
 pytestmark = pytest.mark.engine
 
 GRACE_S = 60
 # Seconds of decoding per answer at the rate measured on the server: long enough that the answers still run
 # when the probes get through (the test process can be descheduled for seconds on a busy 2-core box), short
-# enough that they end well inside the grace (a fixed 4000 tokens took the whole 60 s on a loaded CI run).
+# enough that they end well inside the grace (a fixed 4000 tokens took the whole 60 s on a loaded CI run, and
+# 8037 tokens sized from the rate near the start of an answer alone ran 58 s on a Zen 5 guest).
 ANSWER_SECONDS = 15
 # The demo model declares 2048 positions; its random-weight rotary layers run fine past them, which vLLM
 # allows when told to.
@@ -115,7 +116,7 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(reliability_logs):
 def _drain_scenario(server) -> None:
     results: list[dict] = [{}, {}, {}]
     errors: list[BaseException] = []
-    tokens = tokens_for(ANSWER_SECONDS, per_stream_rate(server.url, SERVED, len(results)), CONTEXT - 64)
+    tokens = stream_timing(server.url, SERVED, len(results), CONTEXT).tokens_for(ANSWER_SECONDS, CONTEXT - 64)
 
     def consume() -> None:
         try:
