@@ -186,6 +186,12 @@ def _model_decisions(
         max_len, len_source = FALLBACK_MAX_MODEL_LEN, "policy"
         len_reason = f"the model's config declares no max context: {FALLBACK_MAX_MODEL_LEN} tokens"
     b.engine("max_model_len", max_len, len_reason, len_source)
+    if model.max_context and max_len > model.max_context:
+        b.warnings.append(
+            f"max_model_len {max_len} is past the model's max_position_embeddings ({model.max_context}): vLLM starts "
+            "only with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and a request past that position is outside the model's "
+            "rotary table (with torch.compile the worker aborted there: 'index out of bounds', engine dead)"
+        )
 
     _cache_decisions(b, model, backend, settings, user, environ)
     _kv_decision(b, hardware, _in_dtype(model, dtype.value), dtype.value, max_len, tp_size, settings, environ)

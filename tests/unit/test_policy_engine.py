@@ -224,3 +224,13 @@ def test_no_model_still_decides_threads():
 
 def test_trust_remote_code_off_by_default():
     assert plan().engine_args["trust_remote_code"] is False
+
+
+def test_a_context_past_the_models_positions_is_warned_about_before_start():
+    p = plan(model_name="llama-3.1-8b-instruct", max_model_len=10**6)
+    assert decision(p, "engine.max_model_len").value == 10**6
+    assert any(
+        "past the model's max_position_embeddings" in w and "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in w for w in p.warnings
+    )
+    within = plan(model_name="llama-3.1-8b-instruct", max_model_len=4096)
+    assert not any("max_position_embeddings" in w for w in within.warnings)
