@@ -9,8 +9,8 @@ from typing import Any
 
 from bench.stats import (
     CPU,
+    DECODE_TARGET,
     FRONTEND_TARGETS,
-    MIN_DECODE_FRACTION,
     PEER_ESTIMATES,
     POLICY_TARGETS,
     Comparison,
@@ -171,7 +171,7 @@ def markdown(results: dict[str, Any], comparisons: Sequence[Comparison], decode:
         model = results.get("decode", {}).get("model") or results.get("peer", {}).get("model", "")
         parts += [
             f"Batch-1 decode, `{Path(model).name}` (random weights), against read bandwidth / weight bytes per token "
-            f"(target >= {MIN_DECODE_FRACTION:.0%}; the service's rows: the mean of its rounds, each against the "
+            f"(target >= {DECODE_TARGET.bound:.0%}; the service's rows: the mean of its rounds, each against the "
             "bandwidth probed just before and after it, with a 95% interval over rounds of one start):",
             "",
             decode_table(rows),
