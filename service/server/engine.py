@@ -52,7 +52,11 @@ async def start_engine(args: Namespace, state: Any, stack: contextlib.AsyncExitS
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from service.server.stat_logger import prometheus_stat_logger
+
     engine_args = AsyncEngineArgs.from_cli_args(args)
+    # A custom stat logger turns stats on even where they were turned off, so it is given only where they are on.
+    stat_loggers = None if engine_args.disable_log_stats else [prometheus_stat_logger()]
 
     def construct() -> AsyncLLM:
         config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
@@ -61,6 +65,7 @@ async def start_engine(args: Namespace, state: Any, stack: contextlib.AsyncExitS
             usage_context=UsageContext.OPENAI_API_SERVER,
             enable_log_requests=engine_args.enable_log_requests,
             disable_log_stats=engine_args.disable_log_stats,
+            stat_loggers=stat_loggers,
         )
 
     # [agents, issue 12] vLLM's own server imports --tool-parser-plugin at start (launcher.setup_server);
@@ -93,6 +98,16 @@ async def serving_lifespan(app: Any) -> AsyncIterator[int]:
 
     async with lifespan(app):
         yield gc.get_freeze_count()
+
+
+def cache_vllm_environment() -> None:
+    """From here on vLLM reads its environment variables from a cache, as its engine-core and worker processes do
+    once started: uncached, every read parses os.environ again, and the API process reads one (whether to count NaNs
+    in logits) for every token and every engine step (docs/performance.md). The service sets its
+    environment before the engine starts and never after."""
+    from vllm import envs
+
+    envs.enable_envs_cache()
 
 
 async def warm_up(app: Any, served_name: str, embedding: bool, headers: dict[str, str]) -> None:

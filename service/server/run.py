@@ -118,7 +118,7 @@ async def _serve(settings: Settings, report: StartupReport, model: str, served: 
     from vllm.v1.metrics.prometheus import get_prometheus_registry
 
     from service.server.app import create_app
-    from service.server.engine import serving_lifespan, start_engine, vllm_args, warm_up
+    from service.server.engine import cache_vllm_environment, serving_lifespan, start_engine, vllm_args, warm_up
     from service.server.metrics import ServiceMetrics
 
     lifecycle = Lifecycle(started_at=started)
@@ -151,6 +151,7 @@ async def _serve(settings: Settings, report: StartupReport, model: str, served: 
             if settings.warmup:
                 await warm_up(shell.app, served, embedding, {"Authorization": f"Bearer {key}"} if key else {})
             frozen = await stack.enter_async_context(serving_lifespan(shell.app))
+            cache_vllm_environment()
             log.info("froze %d start-up objects out of the garbage collector (as vLLM's own server does)", frozen)
         except Exception as exc:
             log.exception("engine failed to start")
