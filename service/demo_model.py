@@ -1,7 +1,7 @@
 """The built-in demo: a tiny random-weight Llama chat model, created deterministically on first use.
 
-It lets `make serve` answer offline on a fresh machine. Its output is gibberish by design; it is named
-and announced as a demo everywhere (log, /v1/models).
+The smallest engine there is, for the tests that need one: `SERVICE_MODEL=demo-tiny-llama`. Its output is gibberish
+by design; it is named and announced as a demo everywhere (log, /v1/models). The default model is a real one.
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-
-from service.settings import Settings
 
 DEMO_NAME = "demo-tiny-llama"
 DEMO_VERSION = "v1"  # bump when the recipe changes, so caches rebuild
@@ -108,11 +106,3 @@ def build_model(directory: Path, build_weights=_build_llama) -> Path:
 
 def ensure_demo_model(cache_dir: Path) -> Path:
     return build_model(demo_dir(cache_dir))
-
-
-def configured_or_existing_demo(settings: Settings) -> str | None:
-    """The configured model, else the demo model if it was already created (detect never builds it)."""
-    if settings.model:
-        return settings.model
-    path = demo_dir(settings.cache_dir)
-    return str(path) if (path / "config.json").is_file() else None

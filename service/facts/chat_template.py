@@ -8,10 +8,8 @@ tokenizer.json `added_tokens`.
 
 from __future__ import annotations
 
-import ast
-import functools
-import importlib.util
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,43 +81,16 @@ def read_chat_template(directory: Path) -> ChatTemplateFacts:
     tokenizer_config = _read_json(directory / "tokenizer_config.json")
     source, template = _template(directory, tokenizer_config)
     tokens = _added_tokens(directory, tokenizer_config)
-    added = {str(t.get("content", "")) for t in tokens}
-    special = {str(t.get("content", "")) for t in tokens if t.get("special")}
+    added = [(str(t.get("content", "")), bool(t.get("special"))) for t in tokens]
+    return chat_template_facts(source, template, added)
+
+
+def chat_template_facts(
+    source: str | None, template: str, added_tokens: Iterable[tuple[str, bool]]
+) -> ChatTemplateFacts:
+    """From a template's text and the (content, special) of the added tokens, wherever they were read."""
+    tokens = list(added_tokens)
+    added = {content for content, _ in tokens}
+    special = {content for content, is_special in tokens if is_special}
     markers = sorted(m for m in MARKERS if m in template or m in added)
     return ChatTemplateFacts(source, len(template), tuple(markers), tuple(m for m in markers if m in special))
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The parser names the installed vLLM registers (read from its source: importing vLLM takes seconds)
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ParserRegistry:
-    tool: frozenset[str]  # --tool-call-parser names
-    reasoning: frozenset[str]  # --reasoning-parser names
-
-
-def _registered_names(source: Path, table: str) -> frozenset[str]:
-    tree = ast.parse(source.read_text())
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Assign)
-            and any(getattr(t, "id", None) == table for t in node.targets)
-            and isinstance(node.value, ast.Dict)
-        ):
-            return frozenset(str(k.value) for k in node.value.keys if isinstance(k, ast.Constant))
-    return frozenset()
-
-
-@functools.cache
-def read_parser_registry() -> ParserRegistry:
-    """The built-in tool-call and reasoning parser names of the installed vLLM (empty if it is absent)."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return ParserRegistry(frozenset(), frozenset())
-    root = Path(next(iter(spec.submodule_search_locations)))
-    return ParserRegistry(
-        tool=_registered_names(root / "tool_parsers" / "__init__.py", "_TOOL_PARSERS_TO_REGISTER"),
-        reasoning=_registered_names(root / "reasoning" / "__init__.py", "_REASONING_PARSERS_TO_REGISTER"),
-    )

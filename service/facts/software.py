@@ -1,4 +1,4 @@
-"""Installed software that decides what can run: torch, vLLM and zentorch versions."""
+"""Installed software that decides what can run: torch, vLLM, zentorch, and the GGUF readers' versions."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ class SoftwareFacts:
     zentorch_usable: bool  # importable against the installed torch
     zentorch_reason: str  # why (not) usable, for the backend reason
     zentorch_built_for_torch: str | None = None  # torch version zentorch was compiled against, if recorded
+    transformers: str | None = None  # reads GGUF metadata and tokenizers (the GGUF converter)
+    gguf: str | None = None  # gguf-py: reads GGUF files and dequantizes their blocks
 
 
 SERVICE_DISTRIBUTION = "cpu-llm-service"
@@ -99,4 +101,6 @@ def read_software() -> SoftwareFacts:
         zentorch_usable=usable,
         zentorch_reason=reason,
         zentorch_built_for_torch=built_for,
+        transformers=installed_version("transformers"),
+        gguf=installed_version("gguf"),
     )

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.facts.chat_template import ChatTemplateFacts, read_parser_registry
+from service.facts.chat_template import ChatTemplateFacts
 from service.facts.model import ModelFacts
+from service.facts.vllm_source import read_vllm_names
 from service.policy.decision import Decision, Source
 from service.settings import Settings
 
@@ -64,8 +65,8 @@ def unknown_parser_errors(settings: Settings) -> list[str]:
     named = {f: v for f, v in named.items() if v not in ("auto", "none")}
     if not named:
         return []
-    registry = read_parser_registry()
-    known = {"tool_call_parser": registry.tool | {FORCED_ONLY}, "reasoning_parser": registry.reasoning}
+    names = read_vllm_names()
+    known = {"tool_call_parser": names.tool_parsers | {FORCED_ONLY}, "reasoning_parser": names.reasoning_parsers}
     return [
         f"{field}={value!r} is not a parser vLLM knows; one of auto, none, {', '.join(sorted(known[field]))}"
         for field, value in named.items()

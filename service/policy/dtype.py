@@ -53,6 +53,17 @@ MEASUREMENTS: dict[str, Measurement] = {
 }
 
 
+# The packaged default model (SmolLM2-135M-Instruct, a Q4_1 GGUF) is there to answer right out of the box. In fp32
+# its dequantized weights are exact and it answers; in bf16 the rounding decides near-ties of its first token.
+DEFAULT_MODEL_FP32 = (
+    "the default model is served in fp32 for its answers: its dequantized Q4_1 weights are exact in fp32, and its "
+    "top two first tokens for 'What is the capital of France?' are 0.10 nat apart in transformers' fp32 forward, "
+    'inside bf16\'s rounding (bf16 answered "L\'Étoile...", fp32 "The capital of France is Paris." on an AMD '
+    "EPYC Zen 4 guest, zentorch); bf16 decoded it 1.7x faster there (45.6 vs 27.3 tok/s, 6 alternating runs): "
+    "set dtype bfloat16 for speed"
+)
+
+
 @dataclass(frozen=True)
 class DtypeChoice:
     value: str
@@ -62,9 +73,15 @@ class DtypeChoice:
 
 
 def choose_dtype(
-    isa: Isa, backend: str, requested: str, declared: str | None, fp32_blocked: str | None = None
+    isa: Isa,
+    backend: str,
+    requested: str,
+    declared: str | None,
+    fp32_blocked: str | None = None,
+    default_model: bool = False,
 ) -> DtypeChoice:
-    """`fp32_blocked`: why this model cannot run in fp32 here (its kernels, the memory limit), if it cannot."""
+    """`fp32_blocked`: why this model cannot run in fp32 here (its kernels, the memory limit), if it cannot;
+    `default_model`: the packaged default model (fp32 for its answers, DEFAULT_MODEL_FP32)."""
     if requested == "float16" and backend == "zen":
         warning = "float16 requested, but zentorch computes only bf16/fp32 on Zen: running bfloat16 instead"
         return DtypeChoice("bfloat16", warning, "policy", warning)
@@ -74,6 +91,8 @@ def choose_dtype(
             user_warning = "bfloat16 requested on a CPU without native bf16 (no AVX-512 BF16 / AMX): emulated"
         return DtypeChoice(requested, "set by the user", "user", user_warning)
     declares = f"; the model declares {declared}" if declared else ""
+    if default_model and fp32_blocked is None:
+        return DtypeChoice("float32", DEFAULT_MODEL_FP32, "policy")
     if isa.native_bf16:
         unit = "AMX" if isa.amx_bf16 else "AVX-512 BF16"
         return DtypeChoice("bfloat16", f"the CPU computes bf16 natively ({unit}){declares}", "policy")

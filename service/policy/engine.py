@@ -14,6 +14,7 @@ from service.facts.hardware import HardwareFacts
 from service.facts.libraries import LibraryFacts
 from service.facts.model import ModelFacts
 from service.facts.software import SoftwareFacts
+from service.facts.vllm_source import VllmNames
 from service.policy.backend import BackendChoice, choose_backend
 from service.policy.chat import chat_decisions, unknown_parser_errors
 from service.policy.compile_cache import plan_compile_cache
@@ -21,6 +22,7 @@ from service.policy.decision import Decision, Source
 from service.policy.dtype import BYTES, choose_dtype
 from service.policy.kernels import check_kernels, dtype_limit
 from service.policy.memory import plan_memory
+from service.policy.model_source import ModelSourcePlan, plan_model_source
 from service.policy.platform import choose_platform
 from service.policy.preload import choose_preload
 from service.policy.quant import plan_quant
@@ -46,6 +48,7 @@ class EnginePlan:
     errors: tuple[str, ...]
     engine_args: dict[str, Any] = field(default_factory=dict)  # kwargs for vLLM's AsyncEngineArgs
     env: dict[str, str] = field(default_factory=dict)  # set in this process before vLLM starts
+    model: ModelSourcePlan | None = None  # what the engine loads, under which name (None: no model)
 
 
 class _Builder:
@@ -77,6 +80,9 @@ def build_plan(
     settings: Settings,
     environ: Mapping[str, str],
     libraries: LibraryFacts | None = None,  # None: not read, no preload decision
+    vllm_names: VllmNames | None = None,  # None: not read, architectures and quantization methods not checked
+    known_as: str | None = None,  # the name the model was asked for by (the demo's, a hub id), if not a path
+    default_model: bool = False,  # the packaged default model (no model configured)
 ) -> EnginePlan:
     b = _Builder()
     user = settings.explicitly_set()
@@ -104,12 +110,25 @@ def build_plan(
     # The workers' OpenMP variables follow the runtime that will be preloaded, not this process's.
     _thread_decisions(b, threads, {**environ, **b.env})
     _zen_decisions(b, backend.name, settings, user)
+    source: ModelSourcePlan | None = None
     if model is not None:
-        _model_decisions(b, hardware, model, backend.name, settings, user, environ, threads.tp_size)
+        _model_decisions(b, hardware, model, backend.name, settings, user, environ, threads.tp_size, default_model)
+        source = plan_model_source(
+            model,
+            b.engine_args["dtype"],
+            settings.cache_dir,
+            software,
+            vllm_names.text_generation_architectures if vllm_names else frozenset(),
+            settings.served_model_name,
+            known_as,
+        )
+        b.decisions.extend(source.decisions)
+        b.errors.extend(source.errors)
         kernels = check_kernels(model, backend.name or "", b.engine_args["dtype"], hardware.cpu.isa)
         b.decisions.extend([kernels.decision] if kernels.decision else [])
         b.errors.extend(kernels.errors)
-        quant = plan_quant(model.quant, backend.name, b.engine_args.get("dtype"), settings, environ)
+        known_methods = vllm_names.quantization_methods if vllm_names else None
+        quant = plan_quant(model.quant, backend.name, b.engine_args.get("dtype"), settings, environ, known_methods)
         b.decisions.extend(quant.decisions)
         b.env.update(quant.env)
         b.warnings.extend(quant.warnings)
@@ -118,7 +137,9 @@ def build_plan(
     compile_cache = plan_compile_cache(settings.cache_dir, software.vllm, environ)
     b.decisions.extend(compile_cache.decisions)
     b.env.update(compile_cache.env)
-    return EnginePlan(backend, threads, tuple(b.decisions), tuple(b.warnings), tuple(b.errors), b.engine_args, b.env)
+    return EnginePlan(
+        backend, threads, tuple(b.decisions), tuple(b.warnings), tuple(b.errors), b.engine_args, b.env, source
+    )
 
 
 def _thread_decisions(b: _Builder, threads: ThreadPlan, environ: Mapping[str, str]) -> None:
@@ -167,12 +188,13 @@ def _model_decisions(
     user: frozenset[str],
     environ: Mapping[str, str],
     tp_size: int,
+    default_model: bool,
 ) -> None:
     isa = hardware.cpu.isa
     fp32_blocked = dtype_limit(model, backend or "", "float32") or (
         None if _fits(hardware, _in_dtype(model, "float32"), settings) else "the model's fp32 weights do not fit"
     )
-    dtype = choose_dtype(isa, backend or "", settings.dtype, model.declared_dtype, fp32_blocked)
+    dtype = choose_dtype(isa, backend or "", settings.dtype, model.declared_dtype, fp32_blocked, default_model)
     b.engine("dtype", dtype.value, dtype.reason, dtype.source)
     if dtype.warning:
         b.warnings.append(dtype.warning)

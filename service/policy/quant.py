@@ -312,15 +312,30 @@ def _w8a8_knob(
     return True, None, favour
 
 
+def unknown_method_error(method: str, known: frozenset[str]) -> str:
+    hint = (
+        "; a GGUF model is served from its .gguf file (SERVICE_MODEL=/path/model.gguf), which the service converts"
+        if method == "gguf"
+        else ""
+    )
+    return (
+        f"the model's quantization_config names quant_method {method!r}, which vLLM's CPU build does not have "
+        f"(it knows {', '.join(sorted(known))}){hint}"
+    )
+
+
 def plan_quant(
     facts: QuantFacts | None,
     backend: str | None,
     dtype: str | None,
     settings: Settings,
     environ: Mapping[str, str],
+    known_methods: frozenset[str] | None = None,  # the installed vLLM's quantization methods (None: not checked)
 ) -> QuantPlan:
     if facts is None or backend is None:
         return QuantPlan()
+    if known_methods and facts.method not in known_methods:
+        return QuantPlan(errors=(unknown_method_error(facts.method, known_methods),))
     user = settings.explicitly_set()
     decisions = [Decision("quant.format", facts.key, describe(facts), "default")]
     for refused, message in REFUSALS:

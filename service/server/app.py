@@ -130,6 +130,21 @@ async def _not_served(request: Request) -> None:
     raise HTTPException(404)
 
 
+def _model_source(report: StartupReport) -> dict[str, Any] | None:
+    """Where the served weights come from, when the engine loads a converted copy (a GGUF file)."""
+    gguf = report.model.gguf if report.model else None
+    if gguf is None:
+        return None
+    return {
+        "format": "gguf",
+        "file": gguf.path,
+        "sha256": gguf.sha256,
+        "architecture": gguf.architecture,
+        "tensor_types": dict(gguf.tensor_types),
+        "served_dtype": report.plan.engine_args.get("dtype"),
+    }
+
+
 def _service_handlers(
     app: FastAPI, report: StartupReport, lifecycle: Lifecycle, metrics: ServiceMetrics, demo: bool
 ) -> dict[str, Callable[..., Any]]:
@@ -169,12 +184,16 @@ def _service_handlers(
         metrics.in_flight.set(lifecycle.in_flight)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    source = _model_source(report)
+
     async def v1_models(request: Request) -> Response:
         listing = await request.app.state.openai_serving_models.show_available_models()
         body = listing.model_dump()
-        if demo:
-            for card in body["data"]:
+        for card in body["data"]:
+            if demo:
                 card.update(demo=True, description=_DEMO_DESCRIPTION)
+            if source:
+                card.update(source=source)
         return JSONResponse(body)
 
     async def openapi() -> Response:

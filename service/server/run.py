@@ -17,12 +17,11 @@ import uvicorn
 import uvloop
 from rich.console import Console
 
-from service.demo_model import DEMO_NAME, ensure_demo_model
 from service.report import StartupReport
 from service.self_preload import mapped_files, missing_from, reexec_argv, reexec_environ, restore_user_preload
 from service.server.lifecycle import Lifecycle, Phase
 from service.settings import Settings
-from service.startup import apply, build_report
+from service.startup import apply, build_report, choose_model, prepare_model
 
 log = logging.getLogger("service")
 EXIT_STARTUP_REFUSED = 2
@@ -91,27 +90,31 @@ def run(settings: Settings) -> int:
     reexecuted = restore_user_preload(os.environ)
     user_preload = os.environ.get("LD_PRELOAD")
     started = time.monotonic()
-    demo = not settings.model
-    model = str(ensure_demo_model(settings.cache_dir)) if demo else settings.model
-    report = build_report(settings, model=model)
+    choice = choose_model(settings, build_demo=True)
+    report = build_report(settings, model=choice)
     if report.ok:
         _preload_self(report.plan.env.get("LD_PRELOAD"), user_preload, reexecuted)
-    if demo:
+    if choice.demo:
         log.warning(
-            "DEMO MODEL: no model configured, serving the built-in tiny random-weight model %r from %s. "
-            "It answers gibberish. Set SERVICE_MODEL (e.g. Qwen/Qwen3-0.6B or a local path) for a real model.",
-            DEMO_NAME,
-            model,
+            "DEMO MODEL: serving the built-in tiny random-weight model %r from %s. It answers gibberish; leave "
+            "SERVICE_MODEL unset for the default model (SmolLM2-135M-Instruct) or set it to a real one.",
+            choice.name,
+            choice.location,
         )
     _log_report(report)
     if not report.ok:
         log.error("refusing to start: %s", "; ".join(report.errors))
         return EXIT_STARTUP_REFUSED
     apply(report)
-    served = settings.served_model_name or (DEMO_NAME if demo else Path(model).name if Path(model).is_dir() else model)
+    try:
+        model = prepare_model(report)
+    except Exception as exc:  # a conversion that failed leaves nothing in the cache (service/gguf_convert.py)
+        log.error("refusing to start: %s", exc)
+        return EXIT_STARTUP_REFUSED
+    served = report.plan.model.served_name
     # uvloop, as vLLM's own server uses: the stdlib loop's socket writes cost ~20% more API CPU per request
     # (measured by `make bench`, see README).
-    return uvloop.run(_serve(settings, report, model, served, demo, started))
+    return uvloop.run(_serve(settings, report, model, served, choice.demo, started))
 
 
 async def _serve(settings: Settings, report: StartupReport, model: str, served: str, demo: bool, started: float) -> int:

@@ -56,7 +56,6 @@ def stack(images, prometheus_image, tmp_path):
 services:
   api:
     environment:
-      SERVICE_MODEL: ""
       HF_HUB_OFFLINE: "1"
   prometheus:
     image: {prometheus_image}
@@ -132,7 +131,9 @@ def test_compose_stack_prometheus_scrapes_api(stack, host_report):
     # The API itself answers on its published port, with the key from the secret file.
     req = urllib.request.Request(f"{stack['api']}/v1/models", headers={"Authorization": "Bearer compose-test-key"})
     with urllib.request.urlopen(req, timeout=10) as r:
-        assert json.loads(r.read())["data"]
+        models = json.loads(r.read())["data"]
+    # With no model in .env, the default model the image ships: SmolLM2-135M-Instruct from its GGUF file.
+    assert [m["id"] for m in models] == ["SmolLM2-135M-Instruct"], models
     # The memory limit from compose reached the service's startup decisions.
     req = urllib.request.Request(f"{stack['api']}/v1/hardware", headers={"Authorization": "Bearer compose-test-key"})
     with urllib.request.urlopen(req, timeout=10) as r:

@@ -1,11 +1,12 @@
 """Real builds and runs of every Dockerfile.cpu target with buildah/podman: no Docker daemon,
 no registry (the Debian base image is built from Debian's archive first).
 
-Each image is started with the offline demo model, must turn /ready, answer a chat completion,
-and report on /v1/hardware and /metrics the backend the host's own detection expects. The compose
-default image (zentorch included) must pick the live CPU's backend by itself (zen on an AMD EPYC)
-and preload that backend's libraries into its engine processes; the Zen image on a non-AMD host
-must say why Zen acceleration is unavailable, and refuse cleanly when `backend: zen` is forced.
+Each image is started offline, must turn /ready, answer a chat completion, and report on /v1/hardware and
+/metrics the backend the host's own detection expects. The compose default image (zentorch included) runs with no
+model configured: it must serve the default model it ships (SmolLM2-135M-Instruct) and answer a question right,
+pick the live CPU's backend by itself (zen on an AMD EPYC) and preload that backend's libraries into its engine
+processes. The other images run the tiny demo model (what they test is the image, not the model); the Zen image on a
+non-AMD host must say why Zen acceleration is unavailable, and refuse cleanly when `backend: zen` is forced.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import uuid
 from contextlib import contextmanager
 
 import pytest
+
+from service.demo_model import DEMO_NAME
 
 from .conftest import DEFAULT_TARGET, IMAGE, REPO, TARGETS, ZENTORCH_TARGETS, build, free_port, podman
 from .test_static import METRIC_NAMES, dashboard_metric_names
@@ -48,8 +51,9 @@ def http(method: str, url: str, body: dict | None = None, timeout: float = 30, k
 
 
 @contextmanager
-def running(image: str, volume: str, env: dict[str, str] | None = None):
-    """podman run -d with the demo model on a loopback port; always stopped and removed."""
+def running(image: str, volume: str, env: dict[str, str] | None = None, model: str = DEMO_NAME):
+    """podman run -d on a loopback port, offline, with `model` ("": none configured, the image's default);
+    always stopped and removed."""
     name = f"cpu-llm-service-test-{uuid.uuid4().hex[:8]}"
     port = free_port()
     args = [
@@ -68,7 +72,7 @@ def running(image: str, volume: str, env: dict[str, str] | None = None):
         "-v",
         f"{volume}:/home/app/.cache",
         "-e",
-        "SERVICE_MODEL=",
+        f"SERVICE_MODEL={model}",
         "-e",
         "HF_HUB_OFFLINE=1",
         "-e",
@@ -223,12 +227,24 @@ def preload_check(name: str, hw: dict) -> list[str]:
 
 
 def test_default_image_chooses_the_live_cpus_backend_and_preload(images, cache_volume, host_report):
-    """`docker compose up` with no choice: the image picks what the host's own detection picks (zen on an
-    AMD EPYC with AVX-512), and preloads tcmalloc and that backend's OpenMP runtime into the engine."""
-    with running(f"{IMAGE}:{DEFAULT_TARGET}", cache_volume) as (name, base):
+    """`docker compose up` with no choice: the image serves the default model it ships and answers right, picks
+    what the host's own detection picks (zen on an AMD EPYC with AVX-512), and preloads tcmalloc and that
+    backend's OpenMP runtime into the engine."""
+    with running(f"{IMAGE}:{DEFAULT_TARGET}", cache_volume, model="") as (name, base):
         hw = check_serving(name, base)
         libraries = preload_check(name, hw)
+        status, body = http("GET", f"{base}/v1/models")
+        card = json.loads(body)["data"][0]
+        status, body = http(
+            "POST",
+            f"{base}/v1/chat/completions",
+            {"model": card["id"], "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+            | {"max_tokens": 16, "temperature": 0},
+            timeout=120,
+        )
         log = logs(name)
+    assert card["id"] == "SmolLM2-135M-Instruct" and card["source"]["format"] == "gguf", card
+    assert status == 200 and "Paris" in json.loads(body)["choices"][0]["message"]["content"], body
     assert hw["backend"]["name"] == host_report["backend"]["name"], (hw["backend"], host_report["backend"])
     assert hw["hardware"]["vendor"] == host_report["hardware"]["vendor"]
     openmp = "libgomp" if hw["backend"]["name"] == "zen" else "libiomp5"
@@ -241,7 +257,7 @@ def test_default_image_restarts_warm_from_the_cache_volume(images, cache_volume)
     """torch.compile's cache lives in the cache volume (VLLM_CACHE_ROOT under the service's cache dir): a restart
     loads the compiled model instead of compiling it again."""
     for _ in range(2):  # the first start may compile; the second must load what was saved
-        with running(f"{IMAGE}:{DEFAULT_TARGET}", cache_volume) as (name, base):
+        with running(f"{IMAGE}:{DEFAULT_TARGET}", cache_volume, model="") as (name, base):
             wait_ready(name, base)
             log = podman("logs", name, check=False)
             log = log.stdout + log.stderr
@@ -300,7 +316,7 @@ def test_zen_image_forced_zen_refuses_cleanly(images, cache_volume, host_report)
             "-v",
             f"{cache_volume}:/home/app/.cache",
             "-e",
-            "SERVICE_MODEL=",
+            f"SERVICE_MODEL={DEMO_NAME}",
             "-e",
             "HF_HUB_OFFLINE=1",
             "-e",

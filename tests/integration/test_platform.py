@@ -138,15 +138,16 @@ FORCED_ENGINE = textwrap.dedent(
     """
     import os
 
-    from service.demo_model import ensure_demo_model
+    from service.demo_model import DEMO_NAME
     from service.patches import PATCH_ENV
     from service.settings import load_settings
-    from service.startup import apply, build_report
+    from service.startup import apply, build_report, choose_model
 
     if __name__ == "__main__":  # vLLM spawns its engine core and workers
-        settings = load_settings()
-        model = str(ensure_demo_model(settings.cache_dir))
-        report = build_report(settings, model=model)
+        settings = load_settings(model=DEMO_NAME)
+        choice = choose_model(settings, build_demo=True)
+        model = choice.location
+        report = build_report(settings, model=choice)
         apply(report)
         os.environ[PATCH_ENV] = "1"  # force the version gate: the decision startup makes on torch 2.10
         from vllm import LLM, EngineArgs

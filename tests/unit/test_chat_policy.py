@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from service.facts.chat_template import read_chat_template, read_parser_registry
+from service.facts.chat_template import read_chat_template
 from service.facts.model import inspect_model
+from service.facts.vllm_source import read_vllm_names
 from service.policy.chat import (
     FORCED_ONLY,
     FORCED_ONLY_PLUGIN,
@@ -138,10 +139,10 @@ def test_the_policy_refuses_names_vllm_does_not_register(field, value):
 
 
 def test_every_policy_parser_is_registered_in_the_installed_vllm():
-    registry = read_parser_registry()
-    assert {f.parser for f in TOOL_FORMATS} <= registry.tool
-    assert {f.parser for f in REASONING_FORMATS} <= registry.reasoning
-    assert FORCED_ONLY not in registry.tool  # the service's own, registered by its plugin module
+    names = read_vllm_names()
+    assert {f.parser for f in TOOL_FORMATS} <= names.tool_parsers
+    assert {f.parser for f in REASONING_FORMATS} <= names.reasoning_parsers
+    assert FORCED_ONLY not in names.tool_parsers  # the service's own, registered by its plugin module
 
 
 def test_model_facts_carry_vocab_and_multimodality():

@@ -1,0 +1,177 @@
+"""A GGUF file -> what it holds, without reading its tensor data: the architecture, the Hugging Face config that
+transformers' GGUF mapping derives from its metadata, the tokenizer kind and chat template, the tensor types, and
+the bytes a decode step reads.
+
+gguf-py (llama.cpp's own reader) reads the tensor table; transformers' `load_gguf_checkpoint` maps the metadata to a
+Hugging Face config, the mapping its own `from_pretrained(gguf_file=...)` uses. A file that is not GGUF, is cut
+short, or carries an architecture that mapping lacks raises `GgufError` naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MAGIC = b"GGUF"
+# GGUF token types (llama.cpp's llama_token_type): control tokens are special, user-defined ones are added tokens.
+_CONTROL, _USER_DEFINED = 3, 4
+# The tensors a decode step does not read whole: an untied token embedding is a row lookup.
+_EMBEDDING, _OUTPUT = "token_embd.weight", "output.weight"
+# llama.cpp's file names end in the quantization ("Qwen3-0.6B-Q8_0.gguf", "model.Q4_K_M.gguf").
+_QUANT_SUFFIX = re.compile(r"[.-](?:I?Q\d[\w]*|[BF]F?16|F32)$", re.IGNORECASE)
+
+
+class GgufError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class GgufFacts:
+    path: str
+    size_bytes: int
+    sha256: str  # of the whole file: the converted copy is keyed by content
+    architecture: str  # general.architecture, e.g. "llama"
+    name: str | None  # general.name
+    model_type: str  # the Hugging Face model_type transformers maps it to
+    hf_architecture: str | None  # the causal-LM class transformers has for that model_type, e.g. "LlamaForCausalLM"
+    config: dict[str, Any]  # the Hugging Face config transformers derives from the metadata
+    tokenizer: str | None  # tokenizer.ggml.model: "gpt2", "llama", ...
+    tokenizer_error: str | None  # why transformers cannot build a tokenizer from the metadata, if it cannot
+    chat_template: str | None
+    added_tokens: tuple[tuple[str, bool], ...]  # (content, special) of control and user-defined tokens
+    tensor_types: tuple[tuple[str, int], ...]  # (ggml type name, tensor count), most frequent first
+    undecodable_types: tuple[str, ...]  # types gguf-py cannot dequantize
+    parameters: int
+    read_per_token_bytes: int  # bytes of the tensors a decode step reads, as stored in the file
+    read_per_token_elements: int  # elements of those tensors
+
+    @property
+    def served_name(self) -> str:
+        """The file's name without the quantization llama.cpp's naming appends."""
+        stem = Path(self.path).stem
+        return _QUANT_SUFFIX.sub("", stem) or stem
+
+    def describe_types(self) -> str:
+        return ", ".join(f"{name} x{count}" for name, count in self.tensor_types)
+
+
+def find_gguf(path: Path) -> Path | None:
+    """`path` itself if it is a file (a Hugging Face model is a directory); the one .gguf file of a directory
+    without a config.json; else None."""
+    if path.is_file():
+        return path
+    if not path.is_dir() or (path / "config.json").is_file():
+        return None
+    found = sorted(p for p in path.glob("*.gguf") if p.is_file())
+    if len(found) > 1:
+        raise GgufError(f"{path} holds {len(found)} GGUF files ({', '.join(p.name for p in found)}): name one")
+    return found[0] if found else None
+
+
+def _has_magic(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(4) == MAGIC
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def read_gguf(path: Path) -> GgufFacts:
+    size = path.stat().st_size
+    if not _has_magic(path):
+        raise GgufError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, IndexError, OSError) as exc:  # gguf-py reads past the end of a cut-off header
+        raise GgufError(f"{path} is not a readable GGUF file (truncated or corrupt header: {exc})") from exc
+    # The tensor data of a complete file ends within it; a cut-off download does not.
+    for tensor in reader.tensors:
+        end = int(tensor.data_offset) + int(tensor.n_bytes)
+        if end > size:
+            raise GgufError(f"{path} is truncated: tensor {tensor.name} ends at byte {end}, the file has {size} bytes")
+    return _facts(path, size, reader)
+
+
+def _facts(path: Path, size: int, reader: Any) -> GgufFacts:
+    config, tokenizer, tokenizer_config = _hf_mapping(path)
+    names = {t.name for t in reader.tensors}
+    decode_reads = [t for t in reader.tensors if t.name != _EMBEDDING or _OUTPUT not in names]
+    tokens = tokenizer.get("tokens") or []
+    types = tokenizer.get("token_type") or []
+    added = tuple((str(tok), kind == _CONTROL) for tok, kind in zip(tokens, types) if kind in (_CONTROL, _USER_DEFINED))
+    model_type = str(config.get("model_type") or "")
+    return GgufFacts(
+        path=str(path),
+        size_bytes=size,
+        sha256=_sha256(path),
+        architecture=str(_field(reader, "general.architecture") or ""),
+        name=_field(reader, "general.name"),
+        model_type=model_type,
+        hf_architecture=_causal_lm_class(model_type),
+        config=config,
+        tokenizer=tokenizer.get("tokenizer_type"),
+        tokenizer_error=_tokenizer_error(str(_field(reader, "general.architecture") or ""), tokenizer),
+        chat_template=tokenizer_config.get("chat_template"),
+        added_tokens=added,
+        tensor_types=tuple(Counter(t.tensor_type.name for t in reader.tensors).most_common()),
+        undecodable_types=tuple(sorted({t.tensor_type.name for t in reader.tensors if not _decodable(t.tensor_type)})),
+        parameters=sum(int(t.n_elements) for t in reader.tensors),
+        read_per_token_bytes=sum(int(t.n_bytes) for t in decode_reads),
+        read_per_token_elements=sum(int(t.n_elements) for t in decode_reads),
+    )
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()
+
+
+def _hf_mapping(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """transformers' GGUF -> Hugging Face mapping of the metadata: (config, tokenizer, tokenizer_config)."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    try:
+        parsed = load_gguf_checkpoint(str(path), return_tensors=False)  # type: ignore[no-untyped-call]
+    except ValueError as exc:  # "GGUF model with architecture X is not supported yet."
+        raise GgufError(f"{path}: transformers' GGUF mapping cannot read it: {exc}") from exc
+    config = {k: v for k, v in parsed["config"].items() if not k.startswith("_")}
+    return config, parsed.get("tokenizer") or {}, parsed.get("tokenizer_config") or {}
+
+
+def _tokenizer_error(architecture: str, tokenizer: dict[str, Any]) -> str | None:
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import select_tokenizer_builder
+
+    try:
+        select_tokenizer_builder(architecture, tokenizer.get("tokenizer_type"))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _decodable(qtype: Any) -> bool:
+    """Whether gguf-py dequantizes this type (tried on one zero block: its public API has no list)."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES
+    from gguf.quants import dequantize
+
+    block_bytes = GGML_QUANT_SIZES[qtype][1]
+    try:
+        dequantize(np.zeros(block_bytes, dtype=np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _causal_lm_class(model_type: str) -> str | None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    return name if isinstance(name, str) else None

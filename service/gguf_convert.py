@@ -1,0 +1,187 @@
+"""Carries out the policy's GGUF conversion (service/policy/model_source.py): the file's tensors dequantized one at a
+time into safetensors shards in the engine dtype, its metadata written as a Hugging Face config and tokenizer.
+
+transformers does the mapping (`load_gguf_checkpoint` for the config, its per-architecture tensor processors and
+gguf-py's name map for the tensors, its GGUF tokenizer builders), gguf-py the dequantization. Memory stays near one
+shard. The copy is built in a staging directory beside the target and renamed into place when complete: a start
+that is interrupted leaves no directory a later start would load, and the next conversion clears its leftovers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from service.policy.model_source import GgufConversion
+
+log = logging.getLogger("service.gguf")
+
+SHARD_BYTES = 2 * 1024**3
+PROGRESS_EVERY_S = 5.0
+PROVENANCE = "conversion.json"
+_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+
+
+class ConversionError(RuntimeError):
+    pass
+
+
+def ensure_converted(conversion: GgufConversion) -> Path:
+    """The converted model directory, converting first when it is not in the cache yet."""
+    target = Path(conversion.target)
+    if (target / PROVENANCE).is_file():
+        log.info("GGUF %s: using the converted copy at %s", conversion.source, target)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _clear_leftovers(target)
+    staging = target.parent / f".{target.name}.{os.getpid()}.partial"
+    started = time.monotonic()
+    log.info(
+        "GGUF %s: converting to %s at %s (once; later starts reuse it)", conversion.source, conversion.dtype, target
+    )
+    try:
+        _convert(conversion, staging)
+        try:
+            os.rename(staging, target)
+        except OSError:  # another process finished the same conversion first
+            if not (target / PROVENANCE).is_file():
+                raise
+    except Exception as exc:
+        raise ConversionError(f"converting {conversion.source} failed: {exc}") from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("GGUF %s: converted in %.1f s", conversion.source, time.monotonic() - started)
+    return target
+
+
+def _clear_leftovers(target: Path) -> None:
+    """Staging directories of conversions whose process is gone (killed mid-way)."""
+    for leftover in target.parent.glob(f".{target.name}.*.partial"):
+        pid = leftover.name.removeprefix(f".{target.name}.").removesuffix(".partial")
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            log.info("removing %s, left by an interrupted conversion", leftover)
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _convert(conversion: GgufConversion, out: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    source = Path(conversion.source)
+    out.mkdir(parents=True)
+    # Tokenizer first: the cheap part, and the one most likely to refuse a file.
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    tokenizer.save_pretrained(out)
+    config = AutoConfig.from_pretrained(source.parent, gguf_file=source.name)
+    config.dtype = _DTYPES[conversion.dtype]
+    written = _write_weights(source, config, out, conversion.dtype)
+    config.save_pretrained(out)
+    provenance = {
+        "source": conversion.source,
+        "sha256": conversion.sha256,
+        "dtype": conversion.dtype,
+        "converter": conversion.converter,
+        "tensors": written,
+    }
+    (out / PROVENANCE).write_text(json.dumps(provenance, indent=2))
+
+
+def _write_weights(source: Path, config: Any, out: Path, dtype_name: str) -> int:
+    import numpy as np
+    import torch
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+        load_gguf_checkpoint,
+    )
+
+    dtype = getattr(torch, dtype_name)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    config.architectures = [type(skeleton).__name__]
+    expected = set(skeleton.state_dict())
+    if getattr(config, "tie_word_embeddings", False):
+        expected -= {"lm_head.weight"}
+    reader = GGUFReader(source)
+    architecture = str(reader.fields["general.architecture"].contents())
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(
+        config=load_gguf_checkpoint(str(source), return_tensors=False)["config"]
+    )
+    names = get_gguf_hf_weights_map(skeleton, processor)
+    stash: dict[str, Any] = {"tensors": {}}  # where transformers' MoE processors assemble expert tensors
+    shards = _ShardWriter(out, save_file)
+    total = sum(int(t.n_bytes) for t in reader.tensors)
+    done, last_log, skipped = 0, time.monotonic(), []
+    for tensor in reader.tensors:
+        values = dequantize(tensor.data, tensor.tensor_type)
+        result = processor.process(weights=values, name=tensor.name, tensor_key_mapping=names, parsed_parameters=stash)
+        if result.name is not None and result.name in names:
+            shards.add(
+                names[result.name], torch.from_numpy(np.require(result.weights, requirements=("C", "W"))).to(dtype)
+            )
+        elif result.name is not None:
+            skipped.append(tensor.name)
+        done += int(tensor.n_bytes)
+        if time.monotonic() - last_log > PROGRESS_EVERY_S:
+            log.info("GGUF %s: converted %.0f%% (%s)", source.name, 100 * done / total, tensor.name)
+            last_log = time.monotonic()
+    for name, value in stash["tensors"].items():
+        shards.add(name, value.to(dtype))
+    shards.close()
+    if skipped:
+        log.info("GGUF %s: tensors the model does not use, left out: %s", source.name, ", ".join(skipped))
+    missing = expected - shards.names
+    if missing:
+        raise ConversionError(f"the file lacks tensors the model needs: {', '.join(sorted(missing)[:8])}")
+    return len(shards.names)
+
+
+class _ShardWriter:
+    """safetensors shards of up to SHARD_BYTES, and the index transformers and vLLM read when there are several."""
+
+    def __init__(self, out: Path, save_file: Any) -> None:
+        self.out, self.save_file = out, save_file
+        self.pending: dict[str, Any] = {}
+        self.pending_bytes = 0
+        self.files: list[tuple[str, list[str]]] = []
+        self.names: set[str] = set()
+        self.total_bytes = 0
+
+    def add(self, name: str, tensor: Any) -> None:
+        size = tensor.numel() * tensor.element_size()
+        if self.pending and self.pending_bytes + size > SHARD_BYTES:
+            self._flush()
+        self.pending[name] = tensor.contiguous()
+        self.pending_bytes += size
+        self.total_bytes += size
+        self.names.add(name)
+
+    def _flush(self) -> None:
+        file = f"model-{len(self.files) + 1:05d}.safetensors"
+        self.save_file(self.pending, self.out / file, metadata={"format": "pt"})
+        self.files.append((file, list(self.pending)))
+        self.pending, self.pending_bytes = {}, 0
+
+    def close(self) -> None:
+        if self.pending:
+            self._flush()
+        if len(self.files) == 1:
+            os.rename(self.out / self.files[0][0], self.out / "model.safetensors")
+            return
+        count = len(self.files)
+        weight_map = {}
+        for index, (file, names) in enumerate(self.files, start=1):
+            final = f"model-{index:05d}-of-{count:05d}.safetensors"
+            os.rename(self.out / file, self.out / final)
+            weight_map.update(dict.fromkeys(names, final))
+        index_json = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
+        (self.out / "model.safetensors.index.json").write_text(json.dumps(index_json, indent=2))
