@@ -76,9 +76,10 @@ def _convert(conversion: GgufConversion, out: Path) -> None:
     # Tokenizer first: the cheap part, and the one most likely to refuse a file.
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     tokenizer.save_pretrained(out)
-    config = AutoConfig.from_pretrained(source.parent, gguf_file=source.name)
+    settings = {k: v for k, v in conversion.config.items() if k != "model_type"}
+    config = AutoConfig.for_model(conversion.config["model_type"], **settings)
     config.dtype = _DTYPES[conversion.dtype]
-    written = _write_weights(source, config, out, conversion.dtype)
+    written = _write_weights(conversion, config, out)
     config.save_pretrained(out)
     provenance = {
         "source": conversion.source,
@@ -90,32 +91,24 @@ def _convert(conversion: GgufConversion, out: Path) -> None:
     (out / PROVENANCE).write_text(json.dumps(provenance, indent=2))
 
 
-def _write_weights(source: Path, config: Any, out: Path, dtype_name: str) -> int:
+def _write_weights(conversion: GgufConversion, config: Any, out: Path) -> int:
     import numpy as np
     import torch
     from gguf import GGUFReader
     from gguf.quants import dequantize
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import (
-        TENSOR_PROCESSORS,
-        TensorProcessor,
-        get_gguf_hf_weights_map,
-        load_gguf_checkpoint,
-    )
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
-    dtype = getattr(torch, dtype_name)
+    source = Path(conversion.source)
+    dtype = getattr(torch, conversion.dtype)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
     config.architectures = [type(skeleton).__name__]
-    expected = set(skeleton.state_dict())
-    if getattr(config, "tie_word_embeddings", False):
-        expected -= {"lm_head.weight"}
+    shapes = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
+    expected = set(shapes) - ({"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set())
     reader = GGUFReader(source)
-    architecture = str(reader.fields["general.architecture"].contents())
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(
-        config=load_gguf_checkpoint(str(source), return_tensors=False)["config"]
-    )
+    processor = TENSOR_PROCESSORS.get(conversion.architecture, TensorProcessor)(config=conversion.config)
     names = get_gguf_hf_weights_map(skeleton, processor)
     stash: dict[str, Any] = {"tensors": {}}  # where transformers' MoE processors assemble expert tensors
     shards = _ShardWriter(out, save_file)
@@ -135,6 +128,7 @@ def _write_weights(source: Path, config: Any, out: Path, dtype_name: str) -> int
             log.info("GGUF %s: converted %.0f%% (%s)", source.name, 100 * done / total, tensor.name)
             last_log = time.monotonic()
     for name, value in stash["tensors"].items():
+        _check_shape(name, tuple(value.shape), shapes[name])
         shards.add(name, value.to(dtype))
     shards.close()
     if skipped:
@@ -143,6 +137,14 @@ def _write_weights(source: Path, config: Any, out: Path, dtype_name: str) -> int
     if missing:
         raise ConversionError(f"the file lacks tensors the model needs: {', '.join(sorted(missing)[:8])}")
     return len(shards.names)
+
+
+def _check_shape(name: str, found: tuple[int, ...], expected: tuple[int, ...]) -> None:
+    """A config that does not describe the file's tensors would only fail later, in vLLM's loader."""
+    if tuple(found) != tuple(expected):
+        raise ConversionError(
+            f"{name} is {list(found)} in the file, but the config mapped from its metadata makes it {list(expected)}"
+        )
 
 
 class _ShardWriter:

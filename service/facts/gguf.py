@@ -102,6 +102,12 @@ def read_gguf(path: Path) -> GgufFacts:
 
 def _facts(path: Path, size: int, reader: Any) -> GgufFacts:
     config, tokenizer, tokenizer_config = _hf_mapping(path)
+    architecture = str(_field(reader, "general.architecture") or "")
+    # The head size as the file states it: transformers maps none for some architectures (qwen2, qwen3) and the
+    # config class's default then need not match the tensors.
+    head_dim = _field(reader, f"{architecture}.attention.key_length")
+    if head_dim is not None:
+        config["head_dim"] = int(head_dim)
     names = {t.name for t in reader.tensors}
     decode_reads = [t for t in reader.tensors if t.name != _EMBEDDING or _OUTPUT not in names]
     tokens = tokenizer.get("tokens") or []
@@ -112,13 +118,13 @@ def _facts(path: Path, size: int, reader: Any) -> GgufFacts:
         path=str(path),
         size_bytes=size,
         sha256=_sha256(path),
-        architecture=str(_field(reader, "general.architecture") or ""),
+        architecture=architecture,
         name=_field(reader, "general.name"),
         model_type=model_type,
         hf_architecture=_causal_lm_class(model_type),
         config=config,
         tokenizer=tokenizer.get("tokenizer_type"),
-        tokenizer_error=_tokenizer_error(str(_field(reader, "general.architecture") or ""), tokenizer),
+        tokenizer_error=_tokenizer_error(architecture, tokenizer),
         chat_template=tokenizer_config.get("chat_template"),
         added_tokens=added,
         tensor_types=tuple(Counter(t.tensor_type.name for t in reader.tensors).most_common()),

@@ -319,7 +319,7 @@ def _weight_bytes(directory: Path) -> int:
 def inspect_model(model: str, hf_cache: Path | None = None) -> ModelFacts:
     gguf = find_gguf(Path(model).expanduser())
     if gguf is not None:
-        return _gguf_model(read_gguf(gguf.resolve()))
+        return _gguf_model(read_gguf(gguf.absolute()))
     directory = resolve_model_path(model, hf_cache)
     config_file = directory / "config.json"
     if not config_file.is_file():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from service.facts.gguf import GgufFacts
 from service.facts.model import ModelFacts
@@ -31,6 +32,8 @@ class GgufConversion:
     dtype: str
     target: str
     converter: str  # the versions the copy is keyed on
+    architecture: str  # general.architecture: which of transformers' tensor processors applies
+    config: dict[str, Any]  # the Hugging Face config, as the facts mapped it
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,8 @@ def plan_model_source(
     errors = gguf_errors(gguf, architectures, software)
     converter = converter_key(software)
     key = hashlib.sha256(converter.encode()).hexdigest()[:8]
-    target = cache_dir / "models" / "gguf" / f"{gguf.served_name}-{gguf.sha256[:12]}-{dtype}-{key}"
+    # Named by content alone: the same file under another name or path is the same copy.
+    target = cache_dir / "models" / "gguf" / f"{gguf.sha256[:16]}-{dtype}-{key}"
     before, after = gguf.read_per_token_bytes, gguf.read_per_token_elements * BYTES[dtype]
     reason = (
         f"GGUF file {gguf.path} ({gguf.architecture}, {gguf.parameters / 1e6:,.1f} M parameters, "
@@ -105,5 +109,7 @@ def plan_model_source(
         f"A decode step reads {_mb(before)} as the file stores it, {_mb(after)} as converted (x{after / before:.2f})"
     )
     decisions.append(Decision("model.source", str(target), reason, "policy"))
-    conversion = GgufConversion(gguf.path, gguf.sha256, dtype, str(target), converter)
+    conversion = GgufConversion(
+        gguf.path, gguf.sha256, dtype, str(target), converter, gguf.architecture, dict(gguf.config)
+    )
     return ModelSourcePlan(str(target), name, tuple(decisions), conversion, tuple(errors))

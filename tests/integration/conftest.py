@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from service.facts.model import packaged_embedding_model_path
-from tests.support.server import REPO, ServerProcess, service_env
+from tests.support.server import DEFAULT_MODEL, REPO, ServerProcess, service_env
 from tests.support.tiny_models import tiny_qwen3_next
 
 API_KEY = "test-key-7f3a9c"
@@ -60,6 +60,14 @@ def chat_server(server_logs):
     yield server
     server.process.stop()
     server.process.kill_group()
+
+
+@pytest.fixture(scope="session")
+def default_server(server_logs):
+    """No model configured, as `make serve` runs: the default model, SmolLM2-135M-Instruct."""
+    server = _start("default", server_logs, "SmolLM2-135M-Instruct", model=DEFAULT_MODEL, kv_cache_gib="0.5")
+    yield server
+    server.process.close()
 
 
 @pytest.fixture(scope="session")

@@ -50,6 +50,8 @@ SCHEMES = {
     "w8a8": Scheme("w8a8", 8, None, "dynamic"),
     "w8a8-static": Scheme("w8a8-static", 8, None, "static"),
     "w4a16": Scheme("w4a16", 4, 128, None),
+    # Groups of 64: every projection of SmolLM2-135M (hidden 576, not a multiple of 128) is quantized.
+    "w4a16-g64": Scheme("w4a16-g64", 4, 64, None),
 }
 
 
@@ -202,6 +204,29 @@ def quantized_bench(cache_dir: Path, scheme: str, corrupt_scale: float | None = 
     from bench.models import ensure_bench_model
 
     return ensure_quantized(ensure_bench_model(cache_dir), scheme, corrupt_scale)
+
+
+def quantized_layers(directory: Path) -> frozenset[str]:
+    """The projections of a quantized copy that hold quantized weights (module names)."""
+    from safetensors import safe_open
+
+    with safe_open(str(directory / "model.safetensors"), "pt") as f:
+        return frozenset(k[: -len(".weight_scale")] for k in f.keys() if k.endswith(".weight_scale"))
+
+
+def dynamic_int8_inputs(model, layers: frozenset[str]) -> None:
+    """What a W8A8 kernel does to each quantized projection's input: symmetric int8 per token (scale amax / 127),
+    as forward pre-hooks on `model` (transformers), so a reference computes with the values the kernel sees."""
+    import torch
+
+    def fake_quant(_module, args):
+        x = args[0]
+        scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127
+        return (torch.clamp(torch.round(x / scale), -128, 127) * scale,)
+
+    for name, module in model.named_modules():
+        if name in layers:
+            module.register_forward_pre_hook(fake_quant)
 
 
 def dequantized_state(directory: Path) -> dict:

