@@ -34,6 +34,9 @@ def measure(
     support runs torch's reference GEMM on AVX2 (cpublas bf16_dot_with_fp32_arith: oneDNN refuses the bf16 matmul
     there), which kept the bench model's bf16 start busy for over 10 minutes (AMD EPYC Zen 1 guest, 2026-11-24)."""
     from service.facts.hardware import read_hardware
+    from service.facts.software import read_software
+    from service.policy.backend import choose_backend
+    from service.policy.backends import BACKENDS
     from service.policy.dtype import isa_class
 
     cpu = read_hardware().cpu
@@ -45,7 +48,7 @@ def measure(
         "estimate": estimate("decode bf16/fp32", "ratio", result["ratios"]).fmt(),
         "prefill_estimate": estimate("prefill bf16/fp32", "ratio", result["prefill_ratios"]).fmt(),
         "cpu": f"{cpu.vendor} {cpu.model_name} ({cpu.microarchitecture})",
-        "isa_class": isa_class(cpu.isa),
+        "isa_class": isa_class(cpu.isa, BACKENDS[choose_backend(cpu, read_software()).name or "avx2"]),
     }
 
 

@@ -81,16 +81,16 @@ def model_dir(cache: Path, fmt: str) -> Path:
 def predicted_kernel(backend_name: str, directory: Path, env: dict[str, str]) -> str:
     """What the service policy says this candidate runs (the live machine, this candidate's environment)."""
     from service.facts.model import inspect_model
+    from service.policy.backends import BACKENDS
     from service.policy.quant import plan_quant
     from service.settings import Settings
 
     facts = inspect_model(str(directory)).quant
     if facts is None:
         return "bf16"
-    plan = plan_quant(facts, backend_name, "bfloat16", Settings(), env)
-    return next(
-        (d.value for d in plan.decisions if d.setting == "quant.linear_kernel"), "refused: " + "; ".join(plan.errors)
-    )
+    plan = plan_quant(facts, BACKENDS[backend_name], "bfloat16", Settings(), env)
+    decided = plan.find("quant.linear_kernel")
+    return decided.value if decided else "refused: " + "; ".join(plan.errors)
 
 
 def bytes_per_token(directory: Path) -> int:
@@ -196,7 +196,7 @@ def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software
     from service.policy.backend import choose_backend
-    from service.policy.quant import KERNELS
+    from service.policy.quant_kernels import KERNELS
     from tests.support.quant_quality import prompt_ids, score
     from tests.support.quantized_models import dequantized_state
 

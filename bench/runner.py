@@ -440,9 +440,13 @@ def _decode_dtypes(dtypes: tuple[str, ...]) -> list[str]:
     for this CPU class says fp32 (bf16's compiled warm-up alone took over 10 minutes on AVX2; bench/dtype.py
     compares the two eager)."""
     from service.facts.hardware import read_hardware
+    from service.facts.software import read_software
+    from service.policy.backend import choose_backend
+    from service.policy.backends import BACKENDS
     from service.policy.dtype import MEASUREMENTS, isa_class
 
-    cls = isa_class(read_hardware().cpu.isa)
+    cpu = read_hardware().cpu
+    cls = isa_class(cpu.isa, BACKENDS[choose_backend(cpu, read_software()).name or "avx2"])
     measured = MEASUREMENTS.get(cls)
     if measured is None or measured.high >= 1 or "bfloat16" not in dtypes:
         return list(dtypes)

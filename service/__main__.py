@@ -8,6 +8,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from service.policy.backends import ORDER
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="CPU LLM inference service")
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Settings YAML (default configs/default.yaml)")]
@@ -15,7 +17,7 @@ ModelOpt = Annotated[
     str | None,
     typer.Option("--model", help="Model directory, GGUF file, Hugging Face id in the local cache, or demo-tiny-llama"),
 ]
-BackendOpt = Annotated[str | None, typer.Option("--backend", help="auto | zen | amx | avx512 | avx2")]
+BackendOpt = Annotated[str | None, typer.Option("--backend", help="auto | " + " | ".join(ORDER))]
 DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="auto | bfloat16 | float16 | float32")]
 MaxLenOpt = Annotated[int | None, typer.Option("--max-model-len")]
 TpOpt = Annotated[int | None, typer.Option("--tensor-parallel-size")]

@@ -4,7 +4,7 @@ torch 2.10's `FxGraphCachePickler.dumps` lets a `ValueError` escape (e.g. from t
 prepacked layouts), which fails the whole torch.compile instead of skipping the cache. Later torch releases
 turn it into `BypassFxGraphCache` themselves (pytorch/pytorch#176557). vLLM ships the same backport in
 `vllm/env_override.py`; ours runs in every vLLM process (service/vllm_plugin.py), before or after vLLM's, so
-the two must agree on one wrapper. Whether it is needed is decided once at startup (service/startup.py) and
+the two must agree on one wrapper. Whether it is needed is decided once at startup (service/policy/patches.py) and
 carried to vLLM's processes in PATCH_ENV: a process applies the decision, it does not decide again.
 """
 
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import enum
 import functools
-import re
 from dataclasses import dataclass
 from typing import Any
+
+from service.policy.patches import PATCH_ENV, needs_fxgraph_pickle_patch
 
 # Our own marks, on the class and on the wrapper.
 _OUR_CLASS_MARK = "_cpu_llm_service_fxgraph_dumps_patched"
@@ -22,10 +23,7 @@ _OUR_CLASS_MARK = "_cpu_llm_service_fxgraph_dumps_patched"
 _VLLM_CLASS_MARK = "_vllm_fxgraph_dumps_patched"
 _VLLM_FUNC_MARK = "_vllm_patched"
 
-_AFFECTED_MINOR = (2, 10)
-
-# The startup decision as every vLLM process reads it: "1" apply, "0" leave torch alone.
-PATCH_ENV = "SERVICE_TORCH_FXGRAPH_PATCH"
+__all__ = ["PATCH_ENV", "PatchResult", "PatchStatus", "apply_fxgraph_pickle_patch", "needs_fxgraph_pickle_patch"]
 
 
 class PatchStatus(str, enum.Enum):
@@ -48,11 +46,6 @@ class PatchResult:
 
 
 NAME = "torch 2.10 FxGraphCache pickle fix"
-
-
-def needs_fxgraph_pickle_patch(torch_version: str) -> bool:
-    match = re.match(r"^(\d+)\.(\d+)", torch_version)
-    return match is not None and (int(match[1]), int(match[2])) == _AFFECTED_MINOR
 
 
 def _wrap_dumps(original: Any, bypass_cls: type[Exception]) -> Any:

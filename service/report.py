@@ -1,7 +1,8 @@
 """StartupReport: the facts, the backend, every decision with its reason, warnings and errors; JSON and table.
 
 The JSON is a contract for scripts and monitoring: keep `hardware.{vendor,microarchitecture,isa,allowed_cpus}`,
-`backend.{name,reason}`, `decisions[].{setting,value,reason,source}`, `warnings`, `errors`.
+`backend.{name,reason}`, `decisions[].{setting,value,reason,source}`, `engine_args` and `env` (what the service
+hands to vLLM), `warnings`, `errors`.
 """
 
 from __future__ import annotations
@@ -28,16 +29,14 @@ class StartupReport:
     software: SoftwareFacts
     model: ModelFacts | None
     plan: EnginePlan
-    extra_decisions: tuple[Decision, ...] = ()  # made outside the engine policy (torch patch ...)
-    extra_warnings: tuple[str, ...] = ()
 
     @property
     def decisions(self) -> tuple[Decision, ...]:
-        return self.plan.decisions + self.extra_decisions
+        return self.plan.decisions
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        return self.plan.warnings + self.extra_warnings
+        return self.plan.warnings
 
     @property
     def errors(self) -> tuple[str, ...]:
@@ -60,6 +59,8 @@ class StartupReport:
             },
             "threads": _threads_dict(self.plan),
             "decisions": [d.as_dict() for d in self.decisions],
+            "engine_args": self.plan.engine_args,
+            "env": self.plan.env,
             "warnings": list(self.warnings),
             "errors": list(self.errors),
         }
@@ -107,7 +108,7 @@ def _hardware_dict(hw: HardwareFacts) -> dict[str, Any]:
 
 
 def _model_dict(model: ModelFacts | None) -> dict[str, Any] | None:
-    return None if model is None else dataclasses.asdict(model)
+    return None if model is None else dataclasses.asdict(model) | {"quantization": model.quantization}
 
 
 def _threads_dict(plan: EnginePlan) -> dict[str, Any] | None:

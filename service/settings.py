@@ -16,6 +16,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+# The backends of service/policy/backends.py (the registry, which sits above settings): settings reject any other
+# name as they load; tests/unit/test_backends.py fails when the two lists differ.
 BackendName = Literal["auto", "zen", "amx", "avx512", "avx2"]
 DtypeName = Literal["auto", "bfloat16", "float16", "float32"]
 

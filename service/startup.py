@@ -23,8 +23,7 @@ from service.facts.model import (
 )
 from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
-from service.patches import PATCH_ENV, needs_fxgraph_pickle_patch
-from service.policy.decision import Decision
+from service.policy.decision import PolicyResult
 from service.policy.engine import build_plan
 from service.report import StartupReport
 from service.settings import Settings
@@ -106,28 +105,8 @@ def build_report(
         model is not None and model.kind == "default",
     )
     if model_error:
-        plan = dataclasses.replace(plan, errors=plan.errors + (model_error,))
-    return StartupReport(
-        hardware=hardware,
-        software=software,
-        model=model_facts,
-        plan=plan,
-        extra_decisions=(fxgraph_patch_decision(software.torch),),
-    )
-
-
-PATCH_SETTING = "patch.torch_fxgraph_pickle"
-
-
-def fxgraph_patch_decision(torch_version: str | None) -> Decision:
-    needed = torch_version is not None and needs_fxgraph_pickle_patch(torch_version)
-    reason = (
-        f"torch {torch_version}: FxGraphCachePickler.dumps turns a ValueError into BypassFxGraphCache"
-        if needed
-        else f"not needed on torch {torch_version}: only 2.10.x lacks the fix"
-    )
-    carried = f"; carried to every vLLM process in {PATCH_ENV}, applied there by the service's vLLM plugin"
-    return Decision(PATCH_SETTING, needed, reason + carried, "policy")
+        plan = dataclasses.replace(plan, result=plan.result + PolicyResult(errors=(model_error,)))
+    return StartupReport(hardware=hardware, software=software, model=model_facts, plan=plan)
 
 
 def apply(report: StartupReport, environ: MutableMapping[str, str] = os.environ) -> None:
@@ -137,8 +116,6 @@ def apply(report: StartupReport, environ: MutableMapping[str, str] = os.environ)
     if not report.ok:
         raise RuntimeError("refusing to start: " + "; ".join(report.errors))
     environ.update(report.plan.env)
-    patch = next(d for d in report.decisions if d.setting == PATCH_SETTING)
-    environ[PATCH_ENV] = "1" if patch.value else "0"
     backend = report.plan.backend
     log.info("vLLM platform %s for backend %s: %s", backend.platform, backend.name, backend.reason)
 

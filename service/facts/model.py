@@ -27,7 +27,6 @@ class ModelFacts:
     linear_attention_layers: int
     full_attention_layers: int
     uses_mla: bool  # multi-head latent attention (DeepSeek V2/V3, Kimi K2 ...)
-    quantization: str | None  # e.g. "gptq-w4a16", "compressed-tensors-w8a8", "awq-w4a16", "fp8", None
     declared_dtype: str | None  # torch_dtype / dtype from config, e.g. "bfloat16"
     max_context: int | None  # max_position_embeddings (or equivalent)
     weight_bytes: int  # sum of safetensors (or .bin) file sizes on disk; 0 if unknown
@@ -47,6 +46,12 @@ class ModelFacts:
     is_multimodal: bool = False  # takes image/audio/video parts (a vision or audio tower in the config)
     chat_template: ChatTemplateFacts | None = None  # read from the model directory (or the GGUF metadata)
     gguf: GgufFacts | None = None  # a GGUF file: what it holds; the engine loads a converted copy
+
+    @property
+    def quantization(self) -> str | None:
+        """The checkpoint's quantization scheme, e.g. "gptq-w4a16", "compressed-tensors-w8a8", "fp8"; None when the
+        weights are not quantized (service.facts.quantization reads it)."""
+        return self.quant.scheme if self.quant else None
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV-cache bytes one token occupies across all attention layers (linear-attention layers keep a
@@ -224,37 +229,6 @@ def _layer_types(lm: Config) -> list[str]:
     return rebuild(lm) if rebuild else [FULL] * _num_layers(lm)
 
 
-def _bits_or_16(scheme: Config | None) -> int:
-    # Activations without a quantization scheme stay in 16-bit.
-    return int(scheme["num_bits"]) if scheme and scheme.get("num_bits") else 16
-
-
-def _compressed_tensors(q: Config) -> str:
-    group: Config = next(iter((q.get("config_groups") or {}).values()), {})
-    weights = group.get("weights") or {}
-    if weights.get("type") == "float":
-        return f"compressed-tensors-fp{_bits_or_16(weights)}"
-    return f"compressed-tensors-w{_bits_or_16(weights)}a{_bits_or_16(group.get('input_activations'))}"
-
-
-# quant_method -> the scheme name the policy keys on; unknown methods are reported by their own name.
-_QUANT_SCHEMES: dict[str, Callable[[Config], str]] = {
-    "gptq": lambda q: f"gptq-w{q.get('bits', 4)}a16",
-    "awq": lambda q: f"awq-w{q.get('bits') or q.get('w_bit') or 4}a16",
-    "compressed-tensors": _compressed_tensors,
-    "fp8": lambda q: "fp8",
-}
-
-
-def _quantization(lm: Config) -> str | None:
-    q = lm.get("quantization_config") or lm.get("compression_config")
-    if not isinstance(q, Mapping) or not q.get("quant_method"):
-        return None
-    method = str(q["quant_method"]).lower()
-    scheme = _QUANT_SCHEMES.get(method)
-    return scheme(q) if scheme else method
-
-
 def _head_dim(lm: Config, uses_mla: bool) -> int | None:
     if uses_mla and lm.get("qk_nope_head_dim") is not None:
         # MLA queries/keys are nope + rope parts; hidden/heads would be meaningless here.
@@ -360,7 +334,6 @@ def _facts_from_config(cfg: Config, directory: Path | None) -> ModelFacts:
         linear_attention_layers=linear,
         full_attention_layers=len(layer_types) - linear,
         uses_mla=uses_mla,
-        quantization=_quantization(lm),
         declared_dtype=_first(lm, _DTYPE_KEYS),
         max_context=_max_context(directory, lm),
         weight_bytes=_weight_bytes(directory) if directory else 0,

@@ -37,6 +37,18 @@ class QuantFacts:
     linear_shapes: tuple[LinearShape, ...]  # quantized decoder linear layers (dense Llama-style models)
 
     @property
+    def scheme(self) -> str:
+        """The scheme as checkpoints name it: the method with bits ("gptq-w4a16", "compressed-tensors-w8a8"), "fp8",
+        or the method alone where its bits are not known."""
+        if self.method == "fp8" or self.weight_bits is None:
+            return self.method
+        if self.weight_type == "float":
+            return f"{self.method}-fp{self.weight_bits}"
+        if self.method in ("gptq", "awq"):
+            return self.key
+        return f"{self.method}-{self.key}"
+
+    @property
     def key(self) -> str:
         """The family the kernel table is keyed on."""
         if self.weight_type == "float":

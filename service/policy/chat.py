@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from service.facts.chat_template import ChatTemplateFacts
 from service.facts.model import ModelFacts
 from service.facts.vllm_source import read_vllm_names
-from service.policy.decision import Decision, Source
+from service.policy.decision import Decision, PolicyResult, Source, engine
 from service.settings import Settings
 
 FORCED_ONLY = "forced_only"
@@ -74,28 +74,26 @@ def unknown_parser_errors(settings: Settings) -> list[str]:
     ]
 
 
-def chat_decisions(model: ModelFacts, settings: Settings) -> list[Decision]:
-    """engine.* decisions for tool calling and reasoning; none for pooling models."""
+def chat_decisions(model: ModelFacts, settings: Settings) -> PolicyResult:
+    """Engine arguments for tool calling and reasoning (none for pooling models), and parsers vLLM lacks."""
+    errors = unknown_parser_errors(settings)
     template = model.chat_template
     if model.is_embedding or template is None:
-        return []
-    return [
+        return PolicyResult(errors=tuple(errors))
+    decisions = [
         *_tool_decisions(template, settings.tool_call_parser),
         _reasoning_decision(template, settings.reasoning_parser),
     ]
+    return PolicyResult.of(*decisions, errors=errors)
 
 
 def _tool_decisions(template: ChatTemplateFacts, setting: str) -> list[Decision]:
     if setting == "none":
-        return [
-            Decision(
-                "engine.tool_call_parser", None, "turned off by the user: every tool_choice but none is a 400", "user"
-            )
-        ]
+        return [engine("tool_call_parser", None, "turned off by the user: every tool_choice but none is a 400", "user")]
     if not template.has_template:
         return [
-            Decision(
-                "engine.tool_call_parser",
+            engine(
+                "tool_call_parser",
                 None,
                 "the model has no chat template: /v1/chat/completions cannot serve it",
                 "policy",
@@ -113,9 +111,9 @@ def _tool_decisions(template: ChatTemplateFacts, setting: str) -> list[Decision]
             "(grammar-forced JSON arguments); with tool_choice auto the model answers in text"
         )
     decisions = [
-        Decision("engine.tool_call_parser", parser, reason, source),
-        Decision(
-            "engine.enable_auto_tool_choice",
+        engine("tool_call_parser", parser, reason, source),
+        engine(
+            "enable_auto_tool_choice",
             True,
             "vLLM sets up a tool parser only with auto tool choice on; without one, every tool_choice but none is a 400",
             source,
@@ -123,20 +121,20 @@ def _tool_decisions(template: ChatTemplateFacts, setting: str) -> list[Decision]
     ]
     if parser == FORCED_ONLY:
         decisions.append(
-            Decision("engine.tool_parser_plugin", FORCED_ONLY_PLUGIN, "registers the forced_only tool parser", source)
+            engine("tool_parser_plugin", FORCED_ONLY_PLUGIN, "registers the forced_only tool parser", source)
         )
     return decisions
 
 
 def _reasoning_decision(template: ChatTemplateFacts, setting: str) -> Decision:
     if setting == "none":
-        return Decision("engine.reasoning_parser", None, "turned off by the user: thinking stays in content", "user")
+        return engine("reasoning_parser", None, "turned off by the user: thinking stays in content", "user")
     if setting != "auto":
-        return Decision("engine.reasoning_parser", setting, "set by the user", "user")
+        return engine("reasoning_parser", setting, "set by the user", "user")
     fmt = _match(REASONING_FORMATS, template)
     if fmt is None:
-        return Decision(
-            "engine.reasoning_parser", None, "no reasoning markers in the chat template: not a thinking model", "policy"
+        return engine(
+            "reasoning_parser", None, "no reasoning markers in the chat template: not a thinking model", "policy"
         )
     reason = _found(fmt) + "; the thinking goes to message.reasoning, the answer to message.content"
-    return Decision("engine.reasoning_parser", fmt.parser, reason, "policy")
+    return engine("reasoning_parser", fmt.parser, reason, "policy")

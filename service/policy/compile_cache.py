@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.policy.decision import Decision
+from service.policy.decision import PolicyResult, env, record
 
 ROOT_VAR = "VLLM_CACHE_ROOT"
-PATCH_SETTING = "patch.vllm_aot_compile_cache"
+PATCH_NAME = "vllm_aot_compile_cache"
 _AFFECTED_MINOR = (0, 32)  # the release whose loader calls finalize_loading (service/compile_cache_patch.py)
 
 
@@ -34,24 +33,17 @@ def reason(vllm_version: str | None) -> str:
     return f"not applied on vLLM {vllm_version}: the patch targets the 0.32 loader only"
 
 
-@dataclass(frozen=True)
-class CompileCachePlan:
-    decisions: tuple[Decision, ...]
-    env: dict[str, str] = field(default_factory=dict)
-
-
-def plan_compile_cache(cache_dir: Path, vllm_version: str | None, environ: Mapping[str, str]) -> CompileCachePlan:
-    env: dict[str, str] = {}
+def plan_compile_cache(cache_dir: Path, vllm_version: str | None, environ: Mapping[str, str]) -> PolicyResult:
     if environ.get(ROOT_VAR):
-        root = Decision(f"env.{ROOT_VAR}", environ[ROOT_VAR], "set in the environment by the user", "user")
+        root = record("env", ROOT_VAR, environ[ROOT_VAR], "set in the environment by the user", "user")
     else:
-        env[ROOT_VAR] = str(cache_dir / "vllm")
-        root = Decision(
-            f"env.{ROOT_VAR}",
-            env[ROOT_VAR],
+        root = env(
+            ROOT_VAR,
+            str(cache_dir / "vllm"),
             "torch.compile artifacts under the service's cache_dir (the container's cache volume), reused by "
             "the next start with the same model and settings",
             "policy",
         )
-    patch = Decision(PATCH_SETTING, needs_patch(vllm_version), reason(vllm_version), "policy")
-    return CompileCachePlan((root, patch), env)
+    # Applied by service/compile_cache_patch.py in every vLLM process, which checks the version itself.
+    patch = record("patch", PATCH_NAME, needs_patch(vllm_version), reason(vllm_version), "policy")
+    return PolicyResult.of(root, patch)

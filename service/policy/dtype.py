@@ -6,17 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.facts.cpu import Isa
-from service.policy.decision import Source
+from service.policy.backends import Backend
+from service.policy.decision import PolicyResult, engine
 
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
-def isa_class(isa: Isa) -> str:
-    """How the CPU computes bf16, which is what the dtype choice keys on (and vLLM's kernel build: _C, _C_AVX512
-    or _C_AVX2)."""
-    if isa.native_bf16:
-        return "native-bf16"
-    return "avx512" if isa.avx512 else "avx2"
+def isa_class(isa: Isa, backend: Backend) -> str:
+    """How the CPU computes bf16, which is what the dtype choice keys on: natively, or as the backend's kernel
+    build does without it (the registry's dtype class: _C_AVX512 or _C_AVX2)."""
+    return "native-bf16" if isa.native_bf16 else backend.dtype_class
 
 
 @dataclass(frozen=True)
@@ -38,8 +37,8 @@ class Measurement:
         )
 
 
-# One entry per class, from `python -m bench.dtype` (or `python -m bench --dtype`); "avx512" (AVX-512 without its
-# bf16 extension: vLLM's _C_AVX512 build) has none yet.
+# One entry per dtype class of the backend registry, from `python -m bench.dtype` (or `python -m bench --dtype`);
+# "avx512" (AVX-512 without its bf16 extension: vLLM's _C_AVX512 build) has none yet.
 MEASUREMENTS: dict[str, Measurement] = {
     # bf16 runs torch's reference GEMM there (oneDNN refuses a bf16 matmul without AVX-512), fp32 oneDNN's.
     "avx2": Measurement(
@@ -64,56 +63,50 @@ DEFAULT_MODEL_FP32 = (
 )
 
 
-@dataclass(frozen=True)
-class DtypeChoice:
-    value: str
-    reason: str
-    source: Source
-    warning: str | None = None
-
-
 def choose_dtype(
     isa: Isa,
-    backend: str,
+    backend: Backend,
     requested: str,
     declared: str | None,
     fp32_blocked: str | None = None,
     default_model: bool = False,
-) -> DtypeChoice:
-    """`fp32_blocked`: why this model cannot run in fp32 here (its kernels, the memory limit), if it cannot;
-    `default_model`: the packaged default model (fp32 for its answers, DEFAULT_MODEL_FP32)."""
-    if requested == "float16" and backend == "zen":
-        warning = "float16 requested, but zentorch computes only bf16/fp32 on Zen: running bfloat16 instead"
-        return DtypeChoice("bfloat16", warning, "policy", warning)
+) -> PolicyResult:
+    """The `dtype` engine argument. `fp32_blocked`: why this model cannot run in fp32 here (its kernels, the memory
+    limit), if it cannot; `default_model`: the packaged default model (fp32 for its answers, DEFAULT_MODEL_FP32)."""
+    kernels = backend.kernels
+    if requested != "auto" and requested not in kernels.dtypes:
+        warning = f"{requested} requested, but the {backend.name} backend's kernels compute {'/'.join(sorted(kernels.dtypes))} only ({kernels.dtype_source}): running bfloat16 instead"
+        return PolicyResult.of(engine("dtype", "bfloat16", warning, "policy"), warnings=[warning])
     if requested != "auto":
-        user_warning = None
-        if requested == "bfloat16" and not isa.native_bf16:
-            user_warning = "bfloat16 requested on a CPU without native bf16 (no AVX-512 BF16 / AMX): emulated"
-        return DtypeChoice(requested, "set by the user", "user", user_warning)
+        emulated = requested == "bfloat16" and not isa.native_bf16
+        warning = "bfloat16 requested on a CPU without native bf16 (no AVX-512 BF16 / AMX): emulated"
+        return PolicyResult.of(
+            engine("dtype", requested, "set by the user", "user"), warnings=[warning] if emulated else []
+        )
     declares = f"; the model declares {declared}" if declared else ""
     if default_model and fp32_blocked is None:
-        return DtypeChoice("float32", DEFAULT_MODEL_FP32, "policy")
+        return _policy("float32", DEFAULT_MODEL_FP32)
     if isa.native_bf16:
         unit = "AMX" if isa.amx_bf16 else "AVX-512 BF16"
-        return DtypeChoice("bfloat16", f"the CPU computes bf16 natively ({unit}){declares}", "policy")
-    cls = isa_class(isa)
+        return _policy("bfloat16", f"the CPU computes bf16 natively ({unit}){declares}")
+    cls = isa_class(isa, backend)
     measured = MEASUREMENTS.get(cls)
     if measured is None:
-        return DtypeChoice(
+        return _policy(
             "bfloat16",
             f"no native bf16 on this CPU ({cls}), and no CPU of that class measured yet (bench/dtype.py): bf16 "
             f"halves the bytes a bandwidth-bound decode reads{declares}",
-            "policy",
         )
     if measured.high < 1:
         if fp32_blocked is None:
-            return DtypeChoice("float32", f"no native bf16 on this CPU ({cls}): {measured}{declares}", "policy")
-        return DtypeChoice(
+            return _policy("float32", f"no native bf16 on this CPU ({cls}): {measured}{declares}")
+        return _policy(
             "bfloat16",
             f"no native bf16 on this CPU ({cls}): fp32 decodes faster ({measured}), but {fp32_blocked}{declares}",
-            "policy",
         )
     verdict = "faster" if measured.low > 1 else "not resolved from fp32, and half the bytes"
-    return DtypeChoice(
-        "bfloat16", f"no native bf16 on this CPU ({cls}): bf16 {verdict} ({measured}){declares}", "policy"
-    )
+    return _policy("bfloat16", f"no native bf16 on this CPU ({cls}): bf16 {verdict} ({measured}){declares}")
+
+
+def _policy(dtype: str, reason: str) -> PolicyResult:
+    return PolicyResult.of(engine("dtype", dtype, reason, "policy"))

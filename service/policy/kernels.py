@@ -8,44 +8,30 @@ and the model's values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from service.facts.cpu import Isa
-from service.facts.kernels import KERNELS, BackendKernels
+from service.facts.kernels import BackendKernels
 from service.facts.model import ModelFacts
-from service.policy.decision import Decision
-
-SETTING = "preflight.kernels"
-
-
-@dataclass(frozen=True)
-class KernelCheck:
-    decision: Decision | None  # what was checked, when everything passed
-    errors: tuple[str, ...]
+from service.policy.backends import Backend
+from service.policy.decision import PolicyResult, record
 
 
-def check_kernels(model: ModelFacts, backend: str, dtype: str, isa: Isa) -> KernelCheck:
-    kernels = KERNELS.get(backend)
-    if kernels is None:
-        return KernelCheck(None, ())
+def check_kernels(model: ModelFacts, backend: Backend, dtype: str, isa: Isa) -> PolicyResult:
     checked: list[str] = []
     errors: list[str] = []
     for check in (_dtype, _attention, _gdn):
-        ok, problems = check(model, backend, dtype, isa, kernels)
+        ok, problems = check(model, backend.name, dtype, isa, backend.kernels)
         checked.extend(ok)
         errors.extend(problems)
     if errors:
-        return KernelCheck(None, tuple(errors))
-    return KernelCheck(Decision(SETTING, "pass", "; ".join(checked), "policy"), ())
+        return PolicyResult(errors=tuple(errors))
+    return PolicyResult.of(record("preflight", "kernels", "pass", "; ".join(checked), "policy"))
 
 
-def dtype_limit(model: ModelFacts, backend: str, dtype: str) -> str | None:
+def dtype_limit(model: ModelFacts, backend: Backend, dtype: str) -> str | None:
     """Why vLLM's CPU kernels cannot run this model in `dtype` on this backend, if they cannot."""
-    k = KERNELS.get(backend)
-    if k is None:
-        return None
+    k = backend.kernels
     if dtype not in k.dtypes:
-        return f"the {backend} backend's kernels compute {'/'.join(sorted(k.dtypes))} only ({k.dtype_source})"
+        return f"the {backend.name} backend's kernels compute {'/'.join(sorted(k.dtypes))} only ({k.dtype_source})"
     if model.has_linear_attention and dtype not in k.gdn.dtypes:
         return f"vLLM's CPU Gated-DeltaNet prefill kernel runs {'/'.join(sorted(k.gdn.dtypes))} only"
     return None

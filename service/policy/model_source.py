@@ -16,7 +16,7 @@ from typing import Any
 from service.facts.gguf import GgufFacts
 from service.facts.model import ModelFacts
 from service.facts.software import SoftwareFacts
-from service.policy.decision import Decision
+from service.policy.decision import PolicyResult, record
 from service.policy.dtype import BYTES
 
 # Bump when the conversion's output changes for the same inputs (layout, files written).
@@ -40,9 +40,8 @@ class GgufConversion:
 class ModelSourcePlan:
     engine_model: str  # what vLLM loads: a directory (or a hub id in the local cache)
     served_name: str
-    decisions: tuple[Decision, ...]
+    result: PolicyResult
     conversion: GgufConversion | None = None
-    errors: tuple[str, ...] = ()
 
 
 def converter_key(software: SoftwareFacts) -> str:
@@ -89,12 +88,12 @@ def plan_model_source(
     if gguf is None:
         name = served_name or known_as or Path(model.path).name
         why = "set by the user" if served_name else "the name it was asked for by" if known_as else "its directory"
-        decision = Decision("model.served_name", name, why, "user" if served_name else "default")
-        return ModelSourcePlan(model.path, name, (decision,))
+        decision = record("model", "served_name", name, why, "user" if served_name else "default")
+        return ModelSourcePlan(model.path, name, PolicyResult.of(decision))
 
     name = served_name or gguf.served_name
     why_name = "set by the user" if served_name else "the GGUF file's name without its quantization suffix"
-    decisions = [Decision("model.served_name", name, why_name, "user" if served_name else "default")]
+    named = record("model", "served_name", name, why_name, "user" if served_name else "default")
     errors = gguf_errors(gguf, architectures, software)
     converter = converter_key(software)
     key = hashlib.sha256(converter.encode()).hexdigest()[:8]
@@ -108,8 +107,8 @@ def plan_model_source(
         f"transformers' GGUF mapping; keyed by the file's sha256 {gguf.sha256[:12]} and the converter ({converter}). "
         f"A decode step reads {_mb(before)} as the file stores it, {_mb(after)} as converted (x{after / before:.2f})"
     )
-    decisions.append(Decision("model.source", str(target), reason, "policy"))
+    source = record("model", "source", str(target), reason, "policy")
     conversion = GgufConversion(
         gguf.path, gguf.sha256, dtype, str(target), converter, gguf.architecture, dict(gguf.config)
     )
-    return ModelSourcePlan(str(target), name, tuple(decisions), conversion, tuple(errors))
+    return ModelSourcePlan(str(target), name, PolicyResult.of(named, source, errors=errors), conversion)

@@ -8,10 +8,9 @@ startup hook sets before vLLM spawns anything, so every process inherits the one
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from service.policy.backend import BackendChoice
-from service.policy.decision import Decision, Source
+from service.policy.decision import PolicyResult, Source, env
 
 PLATFORM_ENV = "SERVICE_VLLM_PLATFORM"
 PLUGIN_NAME = "cpu_llm_service"  # the entry-point name in pyproject.toml, as VLLM_PLUGINS would list it
@@ -22,38 +21,28 @@ TARGET_DEVICE_REASON = (
 )
 
 
-@dataclass(frozen=True)
-class PlatformChoice:
-    decisions: tuple[Decision, ...]
-    env: dict[str, str] = field(default_factory=dict)  # set in the API server before vLLM spawns
-    warnings: tuple[str, ...] = ()
-
-
-def choose_platform(backend: BackendChoice, environ: Mapping[str, str]) -> PlatformChoice:
-    qualname = backend.platform
-    if qualname is None:  # no backend: the plan is refused before this
-        return PlatformChoice(())
-    short = qualname.rsplit(".", 1)[-1]
-    what = "zentorch's kernels" if backend.name == "zen" else "the kernel build vLLM picks from the CPU"
+def choose_platform(backend: BackendChoice, environ: Mapping[str, str]) -> PolicyResult:
+    entry = backend.entry
+    if entry is None:  # no backend: the plan is refused before this
+        return PolicyResult()
+    short = entry.platform.rsplit(".", 1)[-1]
     source: Source = "policy" if backend.requested == "auto" else "user"
     decisions = [
-        Decision(
-            f"env.{PLATFORM_ENV}",
-            qualname,
-            f"backend {backend.name} runs on vLLM's {short} ({what}); the service's vLLM platform plugin returns "
-            "it in every vLLM process",
+        env(
+            PLATFORM_ENV,
+            entry.platform,
+            f"backend {entry.name} runs on vLLM's {short} ({entry.computes_with}); the service's vLLM platform plugin "
+            "returns it in every vLLM process",
             source,
         )
     ]
-    env = {PLATFORM_ENV: qualname}
     if environ.get("VLLM_TARGET_DEVICE", "").lower() == "cpu":
-        decisions.append(Decision("env.VLLM_TARGET_DEVICE", "", TARGET_DEVICE_REASON, "policy"))
-        env["VLLM_TARGET_DEVICE"] = ""
-    warnings: tuple[str, ...] = ()
+        decisions.append(env("VLLM_TARGET_DEVICE", "", TARGET_DEVICE_REASON, "policy"))
+    warnings = []
     allowed = environ.get("VLLM_PLUGINS")
     if allowed is not None and PLUGIN_NAME not in allowed.split(","):
-        warnings = (
+        warnings.append(
             f"VLLM_PLUGINS={allowed!r} leaves out the service's plugin {PLUGIN_NAME!r}: vLLM picks its platform "
-            f"itself instead of {short}, and the torch patch is not applied in its processes",
+            f"itself instead of {short}, and the torch patch is not applied in its processes"
         )
-    return PlatformChoice(tuple(decisions), env, warnings)
+    return PolicyResult.of(*decisions, warnings=warnings)

@@ -9,18 +9,18 @@ with it (service/self_preload.py).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from service.facts.libraries import LibraryFacts
-from service.policy.decision import Decision
+from service.policy.backends import Backend
+from service.policy.decision import PolicyResult, env, record
 
-SETTING = "env.LD_PRELOAD"
+VARIABLE = "LD_PRELOAD"
 TCMALLOC_WHY = "tcmalloc (vLLM's CPU guide: cheaper allocation of the many short-lived tensors of each step)"
 IOMP_WHY = (
     "Intel OpenMP libiomp5 from the intel-openmp wheel vLLM installs (vLLM's CPU guide for x86; vLLM then "
     "binds each worker's threads with KMP_AFFINITY)"
 )
-ZEN_GOMP_WHY = (
+GOMP_WHY = (
     "torch's bundled GNU OpenMP, the runtime torch and zentorch are built against (AMD's ZenDNN guidance; the "
     "Zen image preloaded it)"
 )
@@ -32,18 +32,11 @@ HOW_TO_INSTALL = {
 }
 
 
-@dataclass(frozen=True)
-class PreloadChoice:
-    decision: Decision
-    env: dict[str, str] = field(default_factory=dict)  # what to set in the service's environment before vLLM spawns
-    warnings: tuple[str, ...] = ()
-
-
-def choose_preload(backend: str | None, libraries: LibraryFacts, environ: Mapping[str, str]) -> PreloadChoice:
-    user_value = environ.get("LD_PRELOAD")
+def choose_preload(backend: Backend, libraries: LibraryFacts, environ: Mapping[str, str]) -> PolicyResult:
+    user_value = environ.get(VARIABLE)
     if user_value:
         why = "set in the environment by the user; left as is (vLLM adds torch's GNU OpenMP if it names no OpenMP)"
-        return PreloadChoice(Decision(SETTING, user_value, why, "user"))
+        return PolicyResult.of(record("env", VARIABLE, user_value, why, "user"))
 
     parts: list[tuple[str, str]] = []  # (path, why)
     missing: list[str] = []
@@ -52,9 +45,9 @@ def choose_preload(backend: str | None, libraries: LibraryFacts, environ: Mappin
     else:
         missing.append("tcmalloc")
 
-    if backend == "zen":
+    if backend.openmp == "gnu":
         if libraries.torch_gomp:
-            parts.append((str(libraries.torch_gomp), ZEN_GOMP_WHY))
+            parts.append((str(libraries.torch_gomp), GOMP_WHY))
         else:
             missing.append("torch's GNU OpenMP")
     elif libraries.iomp5:
@@ -72,5 +65,5 @@ def choose_preload(backend: str | None, libraries: LibraryFacts, environ: Mappin
     if missing:
         reason = f"fallback, missing {' and '.join(missing)}: {reason}"
     value = ":".join(path for path, _ in parts)
-    env = {"LD_PRELOAD": value} if value else {}
-    return PreloadChoice(Decision(SETTING, value or None, reason, "policy"), env, warnings)
+    decision = env(VARIABLE, value, reason, "policy") if value else record("env", VARIABLE, None, reason, "policy")
+    return PolicyResult.of(decision, warnings=warnings)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from service.cpulist import format_cpulist
 from service.facts.limits import Limits
 from service.facts.topology import Topology
-from service.policy.decision import Decision, Source
+from service.policy.decision import Decision, PolicyResult, Source, engine, env, record
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def _simulated_nodes(by_node: dict[int, list[int]], count: int) -> tuple[dict[in
         f"({' | '.join(format_cpulist(c) for c in nodes.values())}); memory is not split, every rank "
         "allocates from the real node(s)"
     )
-    return nodes, Decision("topology.numa_nodes", count, reason, "user")
+    return nodes, record("topology", "numa_nodes", count, reason, "user")
 
 
 def _split(cpus: list[int], parts: int) -> list[list[int]]:
@@ -199,3 +200,35 @@ def worker_omp_env(plan: ThreadPlan, ld_preload: str) -> dict[str, list[str]]:
     if "libgomp" in ld_preload:
         return {"GOMP_CPU_AFFINITY": [" ".join(c) for c in lists]}
     return {"OMP_PLACES": ["{" + ",".join(c) + "}" for c in lists], "OMP_PROC_BIND": ["true" for _ in lists]}
+
+
+def thread_decisions(threads: ThreadPlan, environ: Mapping[str, str]) -> PolicyResult:
+    """The plan as vLLM gets it: tensor-parallel size, bind lists, reserved CPUs; per rank, the OpenMP variables
+    vLLM sets in each worker (after the runtime in `environ`'s LD_PRELOAD, the one the workers will load)."""
+    if threads.error:
+        return PolicyResult(warnings=threads.warnings, errors=(threads.error,))
+    errors = [SIM_MULTI_NUMA_ERROR] if environ.get(VLLM_SIM_MULTI_NUMA, "0") != "0" else []
+    decisions = [
+        threads.simulated_nodes,
+        engine("tensor_parallel_size", threads.tp_size, threads.tp_reason, threads.tp_source),
+        env("VLLM_CPU_OMP_THREADS_BIND", threads.bind, threads.reason, "policy"),
+        env(
+            "VLLM_CPU_NUM_OF_RESERVED_CPU",
+            str(len(threads.reserved)),
+            "CPUs left out of the bind lists for the API server and engine core",
+            "policy",
+        ),
+    ]
+    for name, per_rank in worker_omp_env(threads, environ.get("LD_PRELOAD", "")).items():
+        decisions.append(
+            record(
+                "worker_env",
+                name,
+                per_rank,
+                "per rank, set by vLLM in each worker at spawn from VLLM_CPU_OMP_THREADS_BIND, before OpenMP starts "
+                "(avoids the >16-thread affinity hang); not set in the API server process, where OpenMP would pin "
+                "the server and every process it spawns to one compute core",
+                "policy",
+            )
+        )
+    return PolicyResult.of(*decisions, warnings=threads.warnings, errors=errors)

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.facts.software import read_software
 from service.patches import PatchStatus, needs_fxgraph_pickle_patch
-from service.policy.backend import GENERIC_PLATFORM, ZEN_PLATFORM
+from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
 from service.policy.platform import PLATFORM_ENV
 from service.vllm_plugin import STATE_PREFIX
 from tests.integration.conftest import _start

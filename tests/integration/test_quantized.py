@@ -16,7 +16,9 @@ import pytest
 
 from service.demo_model import ensure_demo_model
 from service.facts.model import inspect_model
-from service.policy.quant import KERNELS, plan_quant
+from service.policy.backends import BACKENDS
+from service.policy.quant import plan_quant
+from service.policy.quant_kernels import KERNELS
 from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from tests.integration.conftest import _start
@@ -129,8 +131,8 @@ def test_the_engine_runs_the_kernel_the_policy_names_for_the_live_backend(quanti
     report, decided = _decisions(quantized_server)
     backend = report["backend"]["name"]
     facts = inspect_model(str(quantized_server.model)).quant
-    expected = plan_quant(facts, backend, decided["engine.dtype"]["value"], Settings(), {})
-    kernel = next(d.value for d in expected.decisions if d.setting == "quant.linear_kernel")
+    expected = plan_quant(facts, BACKENDS[backend], decided["engine.dtype"]["value"], Settings(), {})
+    kernel = expected.find("quant.linear_kernel").value
     assert decided["quant.linear_kernel"]["value"] == kernel
     assert decided["quant.format"]["value"] == quantized_server.scheme
 

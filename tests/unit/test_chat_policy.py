@@ -39,7 +39,7 @@ def model_dir(tmp_path: Path, template: str | list | None, special=(), added=(),
 
 def decided(tmp_path, template, special=(), added=(), **settings) -> dict[str, object]:
     model = inspect_model(str(model_dir(tmp_path, template, special, added)))
-    return {d.setting: d.value for d in chat_decisions(model, Settings(**settings))}
+    return {d.setting: d.value for d in chat_decisions(model, Settings(**settings)).decisions}
 
 
 def test_qwen3_template_gets_hermes_tools_and_qwen3_reasoning(tmp_path):
@@ -84,7 +84,7 @@ def test_other_families(tmp_path, template, special, tool, reasoning):
 
 def test_unknown_format_gets_named_and_required_only_with_the_reason(tmp_path):
     model = inspect_model(str(model_dir(tmp_path, CHATML, ["<|im_start|>", "<|im_end|>"])))
-    decisions = {d.setting: d for d in chat_decisions(model, Settings())}
+    decisions = {d.setting: d for d in chat_decisions(model, Settings()).decisions}
     tool = decisions["engine.tool_call_parser"]
     assert tool.value == FORCED_ONLY and tool.source == "policy"
     assert "named and required tool_choice only" in tool.reason and "auto" in tool.reason
@@ -112,7 +112,7 @@ def test_template_file_wins_and_added_tokens_come_from_tokenizer_json(tmp_path):
 
 def test_no_chat_template_sets_no_parser_and_says_why(tmp_path):
     model = inspect_model(str(model_dir(tmp_path, None)))
-    tool = chat_decisions(model, Settings())[0]
+    tool = chat_decisions(model, Settings()).decisions[0]
     assert tool.value is None and "no chat template" in tool.reason
 
 
@@ -122,13 +122,13 @@ def test_user_settings_win(tmp_path):
     )
     assert got["engine.tool_call_parser"] == "qwen3_xml" and got["engine.reasoning_parser"] is None
     model = inspect_model(str(model_dir(tmp_path, QWEN3_TEMPLATE, QWEN3_SPECIAL, QWEN3_ADDED)))
-    sources = {d.setting: d.source for d in chat_decisions(model, Settings(tool_call_parser="none"))}
+    sources = {d.setting: d.source for d in chat_decisions(model, Settings(tool_call_parser="none")).decisions}
     assert sources["engine.tool_call_parser"] == "user" and "engine.enable_auto_tool_choice" not in sources
 
 
 def test_pooling_models_get_no_chat_decisions():
     model = inspect_model(str(FIXTURES / "bge-small-en-v1.5"))
-    assert chat_decisions(model, Settings()) == []
+    assert chat_decisions(model, Settings()).decisions == ()
 
 
 @pytest.mark.parametrize("field,value", [("tool_call_parser", "hermes2"), ("reasoning_parser", "hermes")])

@@ -33,7 +33,7 @@ IDS = torch.tensor([[1, 17, 300, 42, 999, 5, 1500, 77]])
 
 def _converted(gguf: Path, cache: Path, dtype: str = "float32") -> Path:
     plan = plan_model_source(inspect_model(str(gguf)), dtype, cache, SOFTWARE, ARCHITECTURES)
-    assert not plan.errors, plan.errors
+    assert not plan.result.errors, plan.result.errors
     return ensure_converted(plan.conversion)
 
 

@@ -9,6 +9,7 @@ import pytest
 from service.demo_model import DEMO_NAME, ensure_demo_model
 from service.facts.cpu import parse_cpuinfo
 from service.facts.model import packaged_default_model_path
+from service.policy.backends import BACKENDS
 from service.policy.dtype import DEFAULT_MODEL_FP32, choose_dtype
 from service.settings import Settings
 from service.startup import NO_DEFAULT_MODEL, build_report, choose_model
@@ -45,11 +46,15 @@ def test_without_the_default_models_wheel_the_report_says_how_to_get_it(tmp_path
 @pytest.mark.parametrize("cpu", ["epyc_9755_zen5.txt", "xeon_8480_sapphirerapids.txt", "epyc_zen1_kvm_avx2.txt"])
 def test_the_default_model_runs_fp32_on_every_cpu_unless_the_user_asks_otherwise(cpu):
     isa = parse_cpuinfo((CPUINFO / cpu).read_text()).isa
-    assert choose_dtype(isa, "avx512", "auto", "float32", None, default_model=True).value == "float32"
-    assert choose_dtype(isa, "avx512", "bfloat16", "float32", None, default_model=True).value == "bfloat16"
+    backend = BACKENDS["avx512" if isa.avx512 else "avx2"]
+
+    def dtype(*args, **kwargs) -> str:
+        return choose_dtype(isa, backend, *args, **kwargs).engine_args["dtype"]
+
+    assert dtype("auto", "float32", None, default_model=True) == "float32"
+    assert dtype("bfloat16", "float32", None, default_model=True) == "bfloat16"
     # Where fp32 cannot run (its kernels, its memory), the speed policy's choice stands.
-    blocked = choose_dtype(isa, "avx512", "auto", "float32", "fp32 does not fit", default_model=True)
-    assert blocked.value == choose_dtype(isa, "avx512", "auto", "float32", "fp32 does not fit").value
+    assert dtype("auto", "float32", "fp32 does not fit", default_model=True) == dtype("auto", "float32", "x")
 
 
 def test_the_demo_is_asked_for_by_name_and_served_under_it(tmp_path):

@@ -18,7 +18,7 @@ import torch
 from torch._inductor.codecache import BypassFxGraphCache, FxGraphCachePickler
 
 from service.patches import PATCH_ENV, PatchStatus, apply_fxgraph_pickle_patch, needs_fxgraph_pickle_patch
-from service.startup import fxgraph_patch_decision
+from service.policy.patches import fxgraph_patch
 
 _CLASS_ATTRS = ("dumps", "_cpu_llm_service_fxgraph_dumps_patched", "_vllm_fxgraph_dumps_patched")
 
@@ -123,10 +123,11 @@ def test_not_needed_leaves_torch_alone(torch_2_10_pickler):
 
 def test_the_startup_decision_carries_the_version_gate():
     """The gate is decided once, from the installed torch, and carried to vLLM's processes in PATCH_ENV."""
-    assert fxgraph_patch_decision("2.10.1+cpu").value is True
-    installed = fxgraph_patch_decision(torch.__version__)
-    assert installed.value is needs_fxgraph_pickle_patch(torch.__version__)
-    assert torch.__version__ in installed.reason and PATCH_ENV in installed.reason
+    (decision,) = fxgraph_patch("2.10.1+cpu").decisions
+    assert (decision.setting, decision.value, decision.passed) == (f"env.{PATCH_ENV}", "1", True)
+    (installed,) = fxgraph_patch(torch.__version__).decisions
+    assert installed.value == ("1" if needs_fxgraph_pickle_patch(torch.__version__) else "0")
+    assert torch.__version__ in installed.reason
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from service.facts.hardware import read_hardware
-from service.policy.backend import GENERIC_PLATFORM, ZEN_PLATFORM, choose_backend
+from service.policy.backend import choose_backend
+from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
 from service.policy.engine import build_plan
 from service.policy.platform import PLATFORM_ENV
 from service.settings import Settings

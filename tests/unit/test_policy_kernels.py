@@ -10,11 +10,13 @@ from typer.testing import CliRunner
 
 from service.__main__ import app
 from service.facts.cpu import Isa
-from service.facts.kernels import GDN, KERNELS
+from service.facts.kernels import GDN
 from service.facts.model import inspect_model
-from service.policy.kernels import SETTING, check_kernels
+from service.policy.backends import BACKENDS
+from service.policy.kernels import check_kernels
 from tests.unit.conftest import CPUINFO, MODELS
 
+SETTING = "preflight.kernels"
 MISMATCHED = MODELS / "tiny-qwen3-next-gdn-k64-v128"  # config of tests/support/tiny_models.py's unequal-heads model
 QWEN3_NEXT = MODELS / "qwen3-next-80b-a3b-instruct"
 runner = CliRunner()
@@ -33,18 +35,19 @@ def detect(*args: str) -> tuple[int, dict]:
 
 
 def test_unequal_gdn_key_and_value_head_dims_are_refused_with_the_models_values():
-    check = check_kernels(inspect_model(str(MISMATCHED)), "avx512", "bfloat16", BF16)
-    assert check.decision is None and len(check.errors) == 1
+    check = check_kernels(inspect_model(str(MISMATCHED)), BACKENDS["avx512"], "bfloat16", BF16)
+    assert check.find(SETTING) is None and len(check.errors) == 1
     assert "expect head_dim to be equal to head_dim_v" in check.errors[0]
     assert "linear_key_head_dim 64, linear_value_head_dim 128" in check.errors[0]
 
 
-@pytest.mark.parametrize("backend", sorted(KERNELS))
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_the_real_qwen3_next_fits_every_backends_kernels(backend):
-    check = check_kernels(inspect_model(str(QWEN3_NEXT)), backend, "bfloat16", ISA[backend])
+    check = check_kernels(inspect_model(str(QWEN3_NEXT)), BACKENDS[backend], "bfloat16", ISA[backend])
     assert check.errors == ()
-    assert check.decision.setting == SETTING and check.decision.value == "pass"
-    assert "16x128 key / 32x128 value" in check.decision.reason and "head_dim 256" in check.decision.reason
+    decision = check.find(SETTING)
+    assert decision.value == "pass"
+    assert "16x128 key / 32x128 value" in decision.reason and "head_dim 256" in decision.reason
 
 
 @pytest.mark.parametrize(
@@ -58,31 +61,31 @@ def test_the_real_qwen3_next_fits_every_backends_kernels(backend):
 )
 def test_each_gdn_and_attention_limit(change, expected):
     model = dataclasses.replace(inspect_model(str(QWEN3_NEXT)), **change)
-    errors = check_kernels(model, "amx", "bfloat16", ISA["amx"]).errors
+    errors = check_kernels(model, BACKENDS["amx"], "bfloat16", ISA["amx"]).errors
     assert len(errors) == 1 and expected in errors[0]
 
 
 @pytest.mark.parametrize(("isa", "refused"), [(BF16, True), (ISA["avx512"], False), (ISA["avx2"], False)])
 def test_gdn_conv_width_other_than_4_only_where_vllm_runs_the_cpp_conv(isa, refused):
     model = dataclasses.replace(inspect_model(str(QWEN3_NEXT)), linear_conv_kernel_dim=3)
-    errors = check_kernels(model, "avx512", "bfloat16", isa).errors
+    errors = check_kernels(model, BACKENDS["avx512"], "bfloat16", isa).errors
     assert (errors != ()) == refused
     assert not refused or "linear_conv_kernel_dim 4 only" in errors[0] and "this model has 3" in errors[0]
 
 
 def test_gdn_runs_bf16_only_and_zen_has_no_fp16():
     qwen3_next = inspect_model(str(QWEN3_NEXT))
-    (error,) = check_kernels(qwen3_next, "amx", "float32", ISA["amx"]).errors
+    (error,) = check_kernels(qwen3_next, BACKENDS["amx"], "float32", ISA["amx"]).errors
     assert "bfloat16 only, not float32" in error
     llama = inspect_model(str(MODELS / "llama-3.1-8b-instruct"))
-    assert check_kernels(llama, "amx", "float32", ISA["amx"]).errors == ()  # dense models run fp32
-    (error,) = check_kernels(llama, "zen", "float16", BF16).errors
+    assert check_kernels(llama, BACKENDS["amx"], "float32", ISA["amx"]).errors == ()  # dense models run fp32
+    (error,) = check_kernels(llama, BACKENDS["zen"], "float16", BF16).errors
     assert "bfloat16/float32, not float16" in error and "zen_cpu.py" in error
 
 
 def test_mla_and_models_without_gdn_keys_skip_those_checks():
     deepseek = inspect_model(str(MODELS / "deepseek-v3"))
-    assert deepseek.uses_mla and check_kernels(deepseek, "avx512", "bfloat16", BF16).errors == ()
+    assert deepseek.uses_mla and check_kernels(deepseek, BACKENDS["avx512"], "bfloat16", BF16).errors == ()
     assert GDN.head_dims == frozenset({64, 128}) and GDN.equal_key_value_head_dims
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from service.facts.hardware import read_hardware
 from service.facts.libraries import LibraryFacts, read_libraries
+from service.policy.backends import BACKENDS
 from service.policy.engine import build_plan
 from service.policy.preload import choose_preload
 from service.settings import Settings
@@ -17,6 +19,13 @@ TC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 IOMP = Path("/opt/venv/lib/libiomp5.so")
 GOMP = Path("/opt/venv/lib/python3.11/site-packages/torch/lib/libgomp.so.1")
 ALL = LibraryFacts(tcmalloc=TC, iomp5=IOMP, torch_gomp=GOMP)
+
+
+def choose(backend: str, libraries: LibraryFacts, environ: dict[str, str]) -> SimpleNamespace:
+    """The preload policy's result for one backend of the registry: its environment, its one decision, warnings."""
+    result = choose_preload(BACKENDS[backend], libraries, environ)
+    (decision,) = result.decisions
+    return SimpleNamespace(env=result.env, decision=decision, warnings=result.warnings)
 
 
 def touch(path: Path) -> Path:
@@ -51,7 +60,7 @@ def test_read_libraries_takes_vllms_bundled_tcmalloc_when_the_system_has_none(tm
 
 @pytest.mark.parametrize("backend", ["amx", "avx512", "avx2"])
 def test_intel_and_generic_backends_preload_tcmalloc_and_intel_openmp(backend):
-    choice = choose_preload(backend, ALL, {})
+    choice = choose(backend, ALL, {})
     assert choice.env == {"LD_PRELOAD": f"{TC}:{IOMP}"}
     assert (choice.decision.setting, choice.decision.source) == ("env.LD_PRELOAD", "policy")
     assert "tcmalloc" in choice.decision.reason and "Intel OpenMP" in choice.decision.reason
@@ -59,33 +68,33 @@ def test_intel_and_generic_backends_preload_tcmalloc_and_intel_openmp(backend):
 
 
 def test_zen_preloads_tcmalloc_and_torchs_gnu_openmp():
-    choice = choose_preload("zen", ALL, {})
+    choice = choose("zen", ALL, {})
     assert choice.env == {"LD_PRELOAD": f"{TC}:{GOMP}"}
     assert "zentorch" in choice.decision.reason and not choice.warnings
 
 
 def test_user_ld_preload_wins():
-    choice = choose_preload("avx512", ALL, {"LD_PRELOAD": "/my/libjemalloc.so"})
+    choice = choose("avx512", ALL, {"LD_PRELOAD": "/my/libjemalloc.so"})
     assert choice.env == {}
     assert (choice.decision.value, choice.decision.source) == ("/my/libjemalloc.so", "user")
 
 
 def test_missing_tcmalloc_is_a_named_fallback():
-    choice = choose_preload("avx512", LibraryFacts(None, IOMP, GOMP), {})
+    choice = choose("avx512", LibraryFacts(None, IOMP, GOMP), {})
     assert choice.env == {"LD_PRELOAD": str(IOMP)}
     assert choice.decision.reason.startswith("fallback, missing tcmalloc")
     assert len(choice.warnings) == 1 and "libtcmalloc-minimal4" in choice.warnings[0]
 
 
 def test_missing_intel_openmp_falls_back_to_torchs_gnu_openmp():
-    choice = choose_preload("amx", LibraryFacts(TC, None, GOMP), {})
+    choice = choose("amx", LibraryFacts(TC, None, GOMP), {})
     assert choice.env == {"LD_PRELOAD": f"{TC}:{GOMP}"}
     assert "missing Intel OpenMP" in choice.decision.reason and "GNU OpenMP instead" in choice.decision.reason
     assert any("Intel OpenMP" in w for w in choice.warnings)
 
 
 def test_nothing_found_sets_nothing_and_says_so():
-    choice = choose_preload("zen", LibraryFacts(None, None, None), {})
+    choice = choose("zen", LibraryFacts(None, None, None), {})
     assert choice.env == {} and choice.decision.value is None
     assert "tcmalloc and torch's GNU OpenMP" in choice.decision.reason
     assert len(choice.warnings) == 2

@@ -11,10 +11,11 @@ import pytest
 from service import vllm_plugin
 from service.facts.hardware import read_hardware
 from service.patches import PATCH_ENV
-from service.policy.backend import GENERIC_PLATFORM, ZEN_PLATFORM, choose_backend
+from service.policy.backend import choose_backend
+from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
 from service.policy.platform import PLATFORM_ENV, PLUGIN_NAME, choose_platform
 from service.settings import Settings
-from service.startup import PATCH_SETTING, apply, build_report
+from service.startup import apply, build_report
 from tests.unit.conftest import CPUINFO, software
 
 
@@ -48,9 +49,9 @@ def test_apply_puts_both_decisions_in_the_environment(requested):
         Settings(backend=requested), model=None, cpuinfo=CPUINFO / "epyc_9755_zen5.txt", environ=environ
     )
     apply(report, environ)
-    patch = next(d for d in report.decisions if d.setting == PATCH_SETTING)
+    patch = report.plan.result.find(f"env.{PATCH_ENV}")
     assert environ[PLATFORM_ENV] == report.plan.backend.platform == report.to_dict()["backend"]["platform"]
-    assert environ[PATCH_ENV] == ("1" if patch.value else "0")
+    assert environ[PATCH_ENV] == patch.value and report.to_dict()["env"][PATCH_ENV] == patch.value
     assert environ["VLLM_TARGET_DEVICE"] == ""
 
 

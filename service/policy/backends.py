@@ -1,0 +1,213 @@
+"""The CPU backends, best first: one entry per family, and every policy reads its part from the entry.
+
+An entry holds whether the machine can run it (its check), the vLLM platform class it runs on and the kernel build
+that computes, what those kernels can run (service/facts/kernels.py), its quantized linear kernels per format family
+(service/policy/quant_kernels.py) or why it has none, the defaults of the knobs that steer them, its OpenMP runtime,
+how it computes bf16 where the CPU has no native bf16 (the dtype policy's measurement key), the backends the user may
+ask for instead on a CPU where it is best, and the decisions only it makes. Adding a family is one entry here (plus
+its facts, if the CPU readers do not know it yet); tests/unit/test_backends.py fails where an entry leaves a table
+unanswered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from service.facts.cpu import CpuInfo
+from service.facts.kernels import AMX, X86, ZEN, BackendKernels
+from service.facts.software import SoftwareFacts
+from service.policy.decision import PolicyResult, Source, env
+from service.policy.quant_kernels import (
+    FP8_AMX,
+    FP8_TORCH,
+    W4A16_ZEN,
+    W8A8_AMX,
+    W8A8_GENERIC,
+    W8A8_ZEN,
+    WNA16_AMX,
+    WNA16_VEC,
+    ZEN_GPTQ_AWQ,
+    Rule,
+)
+from service.settings import Settings
+
+Check = Callable[[CpuInfo, SoftwareFacts], tuple[bool, str]]
+# Decisions a backend alone makes, from the settings and the names the user set.
+Decide = Callable[[Settings, frozenset[str]], PolicyResult]
+
+ZEN_PLATFORM = "vllm.platforms.zen_cpu.ZenCpuPlatform"
+GENERIC_PLATFORM = "vllm.platforms.cpu.CpuPlatform"
+
+# vLLM 0.32's AVX2 kernel build (_C_AVX2, loaded on CPUs without AVX-512) lacks the op of its only x86 int4 kernel.
+_NO_INT4_IN_AVX2 = (
+    "vLLM 0.32's only x86 int4 kernel (CPUWNA16LinearKernel, op cpu_gemm_wna16) is not in its AVX2 kernel build "
+    "(_C_AVX2, loaded on CPUs without AVX-512): the engine would die at the first forward pass; serve the "
+    "unquantized model or a W8A8 copy (oneDNN int8 runs on AVX2)"
+)
+
+
+@dataclass(frozen=True)
+class Int4Default:
+    """VLLM_CPU_INT4_W4A8 where the backend reads it: int8 activations for int4 weights, or weight-only."""
+
+    value: bool
+    methods: frozenset[str]  # checkpoint formats whose int4 path reads the knob
+    why: str  # where the default comes from (a measurement key: (backend, format, kernels) cited by the policy)
+    measured: tuple[str, ...]  # the kernels whose measurements the reason cites
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    check: Check
+    platform: str  # the vLLM platform class, which the service's platform plugin returns in every vLLM process
+    platform_imports: tuple[str, ...]  # modules whose import registers the platform's kernels (zentorch's ops)
+    computes_with: str  # what computes: said in the platform decision
+    kernels: BackendKernels
+    # format family (quant_kernels.FAMILIES) -> the candidates in vLLM's order, or why this backend runs none
+    quant: Mapping[str, tuple[Rule, ...] | str]
+    openmp: Literal["intel", "gnu"]  # the OpenMP runtime its kernels are built against (the preload policy)
+    dtype_class: str  # how bf16 is computed where the CPU lacks native bf16: the dtype measurements' key
+    int4_w4a8: Int4Default | None = None
+    w8a8_zentorch: bool = False  # W8A8 runs zentorch_dynamic_qlinear unless the user turns it off
+    lowers_to: tuple[str, ...] = ()  # backends the user may request instead where this one is best
+    decide: Decide | None = None
+    quant_note: str = ""  # said with every quantized model's kernel decision
+
+    @property
+    def generic(self) -> bool:
+        return self.platform == GENERIC_PLATFORM
+
+
+def _zen(cpu: CpuInfo, sw: SoftwareFacts) -> tuple[bool, str]:
+    if cpu.vendor != "AuthenticAMD":
+        return False, f"Zen acceleration (zentorch) needs an AMD CPU; this one is {cpu.vendor}"
+    if not cpu.isa.avx512:
+        return False, f"Zen acceleration needs AVX-512 (Zen 4 or later); {cpu.microarchitecture} has none"
+    if not sw.zentorch_usable:
+        return False, f"AMD {cpu.microarchitecture} with AVX-512, but {sw.zentorch_reason}"
+    return True, f"AMD {cpu.microarchitecture} with AVX-512 and {sw.zentorch_reason}: vLLM uses ZenCpuPlatform"
+
+
+def _amx(cpu: CpuInfo, sw: SoftwareFacts) -> tuple[bool, str]:
+    if cpu.isa.amx:
+        return True, f"{cpu.microarchitecture} has AMX (amx_tile + amx_bf16): vLLM's AMX/AVX-512 BF16 kernels"
+    return False, "no AMX (amx_tile and amx_bf16 not both in the CPU flags)"
+
+
+def _avx512(cpu: CpuInfo, sw: SoftwareFacts) -> tuple[bool, str]:
+    if cpu.isa.avx512:
+        bf16 = "with" if cpu.isa.avx512_bf16 else "without"
+        return True, f"{cpu.microarchitecture} has AVX-512F ({bf16} AVX-512 BF16): vLLM's AVX-512 kernels"
+    return False, "no AVX-512F in the CPU flags"
+
+
+def _avx2(cpu: CpuInfo, sw: SoftwareFacts) -> tuple[bool, str]:
+    if cpu.isa.avx2:
+        return True, f"{cpu.microarchitecture} has AVX2 but no AVX-512: vLLM's AVX2 kernels"
+    return False, "no AVX2: vLLM's CPU kernels need at least AVX2 and would die with SIGILL"
+
+
+def _zentorch_prepack(settings: Settings, user: frozenset[str]) -> PolicyResult:
+    source: Source = "user" if "zentorch_weight_prepack" in user else "default"
+    value = "1" if settings.zentorch_weight_prepack else "0"
+    why = "zentorch prepacks linear weights once at load into its blocked layout (faster GEMMs, slower load)"
+    return PolicyResult.of(
+        env("VLLM_ZENTORCH_WEIGHT_PREPACK", value, why if value == "1" else "turned off by the user", source)
+    )
+
+
+_GENERIC_QUANT: Mapping[str, tuple[Rule, ...] | str] = {
+    "w8a8": W8A8_GENERIC,
+    "w4a16": WNA16_VEC,
+    "gptq-w4a16": WNA16_VEC,
+    "awq-w4a16": WNA16_VEC,
+    "fp8": FP8_TORCH,
+}
+
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend(
+            "zen",
+            _zen,
+            ZEN_PLATFORM,
+            ("zentorch",),
+            "zentorch's kernels",
+            ZEN,
+            {
+                "w8a8": W8A8_ZEN,
+                "w4a16": W4A16_ZEN,
+                "gptq-w4a16": ZEN_GPTQ_AWQ,
+                "awq-w4a16": ZEN_GPTQ_AWQ,
+                "fp8": FP8_TORCH,
+            },
+            openmp="gnu",
+            dtype_class="avx512",
+            int4_w4a8=Int4Default(
+                False,
+                frozenset({"compressed-tensors"}),
+                "Zen int4 default: weight-only zentorch_woq_linear, not DA8W4 (vLLM's default)",
+                ("zentorch-woq", "zentorch-da8w4", "wna16-vec"),
+            ),
+            w8a8_zentorch=True,
+            lowers_to=("avx512",),
+            decide=_zentorch_prepack,
+            quant_note="VLLM_ZENTORCH_WEIGHT_PREPACK applies to the unquantized layers; quantized ones are repacked "
+            "by their kernel at load",
+        ),
+        Backend(
+            "amx",
+            _amx,
+            GENERIC_PLATFORM,
+            (),
+            "the kernel build vLLM picks from the CPU (_C: AMX and AVX-512 BF16)",
+            AMX,
+            {"w8a8": W8A8_AMX, "w4a16": WNA16_AMX, "gptq-w4a16": WNA16_AMX, "awq-w4a16": WNA16_AMX, "fp8": FP8_AMX},
+            openmp="intel",
+            dtype_class="avx512",
+            int4_w4a8=Int4Default(
+                True,
+                frozenset({"compressed-tensors", "gptq", "awq"}),
+                "vLLM's default (AMX W4A8 for bf16 activations)",
+                ("amx-w4a8", "wna16-amx"),
+            ),
+        ),
+        Backend(
+            "avx512",
+            _avx512,
+            GENERIC_PLATFORM,
+            (),
+            "the kernel build vLLM picks from the CPU (_C with AVX-512 BF16, else _C_AVX512)",
+            X86,
+            _GENERIC_QUANT,
+            openmp="intel",
+            dtype_class="avx512",
+        ),
+        Backend(
+            "avx2",
+            _avx2,
+            GENERIC_PLATFORM,
+            (),
+            "the kernel build vLLM picks from the CPU (_C_AVX2)",
+            X86,
+            {
+                **_GENERIC_QUANT,
+                "w4a16": _NO_INT4_IN_AVX2,
+                "gptq-w4a16": _NO_INT4_IN_AVX2,
+                "awq-w4a16": _NO_INT4_IN_AVX2,
+            },
+            openmp="intel",
+            dtype_class="avx2",
+        ),
+    )
+}
+
+ORDER = tuple(BACKENDS)  # best first
+
+
+def by_platform(qualname: str) -> Backend | None:
+    """The first backend that runs on this vLLM platform class (the platform plugin's view)."""
+    return next((b for b in BACKENDS.values() if b.platform == qualname), None)

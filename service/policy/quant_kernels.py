@@ -1,0 +1,170 @@
+"""The quantized linear kernels vLLM 0.32 runs on CPUs, as data: each kernel (its vLLM class, what computes, the lines
+vLLM logs when it runs), the conditions a layer must meet for one, and the candidate lists in vLLM's order that the
+backend registry (service/policy/backends.py) gives each backend per format family.
+
+Mirrors vLLM's own selection (model_executor/kernels/linear/__init__.py: _POSSIBLE_INT8_KERNELS and
+_POSSIBLE_KERNELS for PlatformEnum.CPU, tried in order; then each kernel's can_implement and its weight repack).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from service.facts.quantization import LinearShape, QuantFacts
+
+# The format families a quantized checkpoint falls in (QuantFacts.key); every backend says for each what runs it
+# or why nothing does.
+FAMILIES = ("w8a8", "w4a16", "gptq-w4a16", "awq-w4a16", "fp8")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    vllm_class: str  # the linear kernel class vLLM selects (named in its log)
+    op: str  # what computes each quantized linear layer
+    log_markers: tuple[str, ...]  # lines vLLM logs when it runs this kernel (for reading the choice back)
+
+
+KERNELS: dict[str, Kernel] = {
+    "zentorch-w8a8": Kernel(
+        "ZentorchInt8ScaledMMLinearKernel",
+        "zentorch_dynamic_qlinear: int8 x int8 GEMM, activations quantized per token at run time",
+        ("Selected ZentorchInt8ScaledMMLinearKernel", "[zen_cpu] Using zentorch_dynamic_qlinear for W8A8"),
+    ),
+    "onednn-w8a8": Kernel(
+        "CPUInt8ScaledMMLinearKernel",
+        "oneDNN int8 GEMM (onednn_scaled_mm) with vLLM's per-token activation quantization",
+        ("Selected CPUInt8ScaledMMLinearKernel",),
+    ),
+    "amx-w8a8": Kernel(
+        "CPUInt8ScaledMMLinearKernel",
+        "AMX int8 GEMM (int8_scaled_mm_with_quant, vLLM's sgl kernel; quantizes activations per token itself)",
+        ("Selected CPUInt8ScaledMMLinearKernel",),
+    ),
+    "zentorch-da8w4": Kernel(
+        "ZentorchWNA16LinearKernel",
+        "zentorch_dynamic_qlinear DA8W4: int4 weights x int8 dynamically quantized activations",
+        ("Using ZentorchWNA16LinearKernel", "[zen_cpu] Using zentorch_dynamic_qlinear for DA8W4"),
+    ),
+    "zentorch-woq": Kernel(
+        "ZentorchWNA16LinearKernel",
+        "zentorch_woq_linear: int4 weights dequantized in the GEMM, bf16 activations (weight-only)",
+        ("Using ZentorchWNA16LinearKernel", "[zen_cpu] Using zentorch_woq_linear for W4A16"),
+    ),
+    "zentorch-wna16-fallback": Kernel(
+        "ZentorchWNA16LinearKernel",
+        "cpu_gemm_wna16 (vLLM's generic int4 kernel): zentorch's int4 paths read only the compressed-tensors layout",
+        ("Using ZentorchWNA16LinearKernel", "falling back to CPUWNA16LinearKernel"),
+    ),
+    "amx-w4a8": Kernel(
+        "CPUWNA16LinearKernel",
+        "int4_scaled_mm_cpu (AMX W4A8): int4 weights repacked to the AWQ layout x int8 activations",
+        ("Using CPUWNA16LinearKernel",),
+    ),
+    "wna16-amx": Kernel(
+        "CPUWNA16LinearKernel",
+        "cpu_gemm_wna16 isa=amx: int4 weights, bf16 activations",
+        ("Using CPUWNA16LinearKernel",),
+    ),
+    "wna16-vec": Kernel(
+        "CPUWNA16LinearKernel",
+        "cpu_gemm_wna16 isa=vec (AVX-512): int4 weights, 16-bit activations",
+        ("Using CPUWNA16LinearKernel",),
+    ),
+    "amx-fp8": Kernel(
+        "CPUFP8W8A8ScaledMMLinearKernel",
+        "AMX fp8 GEMM (fp8_scaled_mm_cpu)",
+        ("CPUFP8W8A8ScaledMMLinearKernel",),
+    ),
+    "torch-fp8": Kernel(
+        "ChannelWiseTorchFP8ScaledMMLinearKernel",
+        "torch._scaled_mm on the CPU (a generic reference path, not an optimised kernel)",
+        ("TorchFP8ScaledMMLinearKernel",),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Layer:
+    """What one linear layer's kernel choice depends on."""
+
+    facts: QuantFacts
+    shape: LinearShape | None  # None when the model's layer shapes are unknown (not checked)
+    dtype: str  # activation dtype (the engine dtype)
+    int4_w4a8: bool  # VLLM_CPU_INT4_W4A8 as the engine will see it
+    zentorch_w8a8: bool  # ZentorchInt8ScaledMMLinearKernel not disabled
+
+    @property
+    def group(self) -> int | None:
+        """Input channels per scale (K for per-channel weights)."""
+        if self.facts.group_size:
+            return self.facts.group_size
+        return self.shape.in_features if self.shape else None
+
+
+def _shape(check: Callable[[Layer, LinearShape], bool]) -> Callable[[Layer], bool]:
+    return lambda c: c.shape is None or check(c, c.shape)
+
+
+# condition -> (holds?, what it needs, as said when it does not hold)
+CONDITIONS: dict[str, tuple[Callable[[Layer], bool], str]] = {
+    "zentorch_w8a8": (lambda c: c.zentorch_w8a8, "ZentorchInt8ScaledMMLinearKernel not disabled (w8a8_zentorch)"),
+    "dynamic_acts": (lambda c: c.facts.activation_scheme == "dynamic", "dynamic (per-token) activation scales"),
+    "symmetric_acts": (lambda c: c.facts.activation_symmetric is not False, "symmetric activation quantization"),
+    "channel_weights": (lambda c: c.facts.weight_strategy == "channel", "per-channel weight scales"),
+    "int4_w4a8": (lambda c: c.int4_w4a8, "VLLM_CPU_INT4_W4A8=1"),
+    "bf16_acts": (lambda c: c.dtype == "bfloat16", "bf16 activations"),
+    "symmetric_weights": (lambda c: c.facts.weight_symmetric, "symmetric int4 weights (no zero points)"),
+    "ct_layout": (lambda c: c.facts.method == "compressed-tensors", "the compressed-tensors pack layout"),
+    "zentorch_group": (
+        _shape(lambda c, s: c.facts.group_size is None or s.in_features % c.facts.group_size == 0),
+        "a group size that divides the layer's input size",
+    ),
+    "da8w4_group": (_shape(lambda c, s: (c.group or 0) % 4 == 0), "a group size that is a multiple of 4"),
+    "wna16_shape": (
+        _shape(lambda c, s: s.in_features % 32 == 0 and s.out_features % 32 == 0 and (c.group or 0) % 2 == 0),
+        "input and output sizes that are multiples of 32 and an even group size",
+    ),
+    "amx_int8_shape": (
+        _shape(lambda c, s: s.in_features % 32 == 0 and s.out_features % 16 == 0),
+        "input size a multiple of 32 and output size a multiple of 16",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    needs: tuple[str, ...]
+    kernel: str
+
+
+# Candidates in vLLM's order; the first whose conditions hold runs.
+W8A8_GENERIC = (Rule((), "onednn-w8a8"),)
+WNA16_VEC = (Rule(("wna16_shape",), "wna16-vec"),)
+WNA16_AMX = (Rule(("wna16_shape", "int4_w4a8", "bf16_acts"), "amx-w4a8"), Rule(("wna16_shape",), "wna16-amx"))
+ZEN_GPTQ_AWQ = (
+    Rule(("zentorch_group", "wna16_shape"), "zentorch-wna16-fallback"),
+    Rule(("wna16_shape",), "wna16-vec"),
+)
+W8A8_ZEN = (
+    Rule(("zentorch_w8a8", "dynamic_acts", "symmetric_acts", "channel_weights"), "zentorch-w8a8"),
+    Rule((), "onednn-w8a8"),
+)
+W8A8_AMX = (Rule(("symmetric_acts", "amx_int8_shape"), "amx-w8a8"), Rule((), "onednn-w8a8"))
+W4A16_ZEN = (
+    Rule(("zentorch_group", "int4_w4a8", "bf16_acts", "symmetric_weights", "da8w4_group"), "zentorch-da8w4"),
+    Rule(("zentorch_group",), "zentorch-woq"),
+    Rule(("wna16_shape",), "wna16-vec"),
+)
+FP8_AMX = (Rule((), "amx-fp8"),)
+FP8_TORCH = (Rule((), "torch-fp8"),)
+
+
+# Kernels that run but are a fallback the user should know about (a warning, not a refusal).
+FALLBACK_WARNINGS: dict[str, str] = {
+    "torch-fp8": "fp8 checkpoint without AMX: vLLM 0.32 has no optimised fp8 CPU kernel here and falls back to "
+    "torch._scaled_mm (unmeasured, expect it slow); an int8 (W8A8) or int4 (W4A16) copy runs on tuned kernels",
+    "zentorch-wna16-fallback": "GPTQ/AWQ layout on Zen: zentorch's int4 kernels take only compressed-tensors "
+    "checkpoints, so vLLM's generic cpu_gemm_wna16 runs; a compressed-tensors W4A16 copy of the model runs "
+    "zentorch_woq_linear",
+}
