@@ -3,8 +3,8 @@ time into safetensors shards in the engine dtype, its metadata written as a Hugg
 
 transformers does the mapping (`load_gguf_checkpoint` for the config, its per-architecture tensor processors and
 gguf-py's name map for the tensors, its GGUF tokenizer builders), gguf-py the dequantization. Memory stays near one
-shard. The copy is built in a staging directory beside the target and renamed into place when complete: a start
-that is interrupted leaves no directory a later start would load, and the next conversion clears its leftovers.
+shard. The copy is built once, atomically (service/atomic_dir.py): a start that is interrupted leaves no directory a
+later start would load, and the next conversion clears its leftovers.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from service.atomic_dir import build_once
 from service.policy.model_source import GgufConversion
 
 log = logging.getLogger("service.gguf")
@@ -37,45 +37,23 @@ def ensure_converted(conversion: GgufConversion) -> Path:
     if (target / PROVENANCE).is_file():
         log.info("GGUF %s: using the converted copy at %s", conversion.source, target)
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _clear_leftovers(target)
-    staging = target.parent / f".{target.name}.{os.getpid()}.partial"
     started = time.monotonic()
     log.info(
         "GGUF %s: converting to %s at %s (once; later starts reuse it)", conversion.source, conversion.dtype, target
     )
     try:
-        _convert(conversion, staging)
-        try:
-            os.rename(staging, target)
-        except OSError:  # another process finished the same conversion first
-            if not (target / PROVENANCE).is_file():
-                raise
+        build_once(target, lambda staging: _convert(conversion, staging), complete=PROVENANCE)
     except Exception as exc:
         raise ConversionError(f"converting {conversion.source} failed: {exc}") from exc
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     log.info("GGUF %s: converted in %.1f s", conversion.source, time.monotonic() - started)
     return target
 
 
-def _clear_leftovers(target: Path) -> None:
-    """Staging directories of conversions whose process is gone (killed mid-way)."""
-    for leftover in target.parent.glob(f".{target.name}.*.partial"):
-        pid = leftover.name.removeprefix(f".{target.name}.").removesuffix(".partial")
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            log.info("removing %s, left by an interrupted conversion", leftover)
-            shutil.rmtree(leftover, ignore_errors=True)
-
-
 def _convert(conversion: GgufConversion, out: Path) -> None:
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
-    source = Path(conversion.source)
-    out.mkdir(parents=True)
     # Tokenizer first: the cheap part, and the one most likely to refuse a file.
-    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    tokenizer.save_pretrained(out)
+    tokenizer_of(conversion).save_pretrained(out)
     settings = {k: v for k, v in conversion.config.items() if k != "model_type"}
     config = AutoConfig.for_model(conversion.config["model_type"], **settings)
     config.dtype = _DTYPES[conversion.dtype]
@@ -89,6 +67,22 @@ def _convert(conversion: GgufConversion, out: Path) -> None:
         "tensors": written,
     }
     (out / PROVENANCE).write_text(json.dumps(provenance, indent=2))
+
+
+def tokenizer_of(conversion: GgufConversion) -> Any:
+    """transformers' tokenizer from the file's metadata, splitting text as llama.cpp does where transformers has no
+    rule for the file's pre-tokenizer (service/facts/gguf.py LLAMA_CPP_SPLITS)."""
+    from tokenizers import Regex, pre_tokenizers
+    from transformers import AutoTokenizer
+
+    source = Path(conversion.source)
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    if conversion.split_rules:
+        tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(rule), behavior="isolated") for rule in conversion.split_rules]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+    return tokenizer
 
 
 def _write_weights(conversion: GgufConversion, config: Any, out: Path) -> int:

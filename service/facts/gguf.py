@@ -26,6 +26,17 @@ _EMBEDDING, _OUTPUT = "token_embd.weight", "output.weight"
 _QUANT_SUFFIX = re.compile(r"[.-](?:I?Q\d[\w]*|[BF]F?16|F32)$", re.IGNORECASE)
 
 
+# How llama.cpp splits text before BPE, per `tokenizer.ggml.pre`, for the pre-tokenizers transformers' GGUF mapping
+# has no rule for (it falls back to GPT-2's split for those): regexes applied in turn, each piece of one split by
+# the next (llama.cpp src/llama-vocab.cpp, the llama-cpp-python 0.3.36 sdist that `make bench-tools` builds).
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+LLAMA_CPP_SPLITS: dict[str, tuple[str, ...]] = {
+    pre: (r"\p{N}", _GPT2_SPLIT) for pre in ("smollm", "codeshell", "exaone", "minerva-7b", "mellum2")
+}
+# Names for GPT-2's own split, which transformers' byte-level GGUF tokenizer applies by default.
+GPT2_SPLIT_NAMES = frozenset({"default", "gpt2", "gpt-2", "mpt", "olmo", "jais", "trillion", "granite-docling"})
+
+
 class GgufError(ValueError):
     pass
 
@@ -42,6 +53,10 @@ class GgufFacts:
     config: dict[str, Any]  # the Hugging Face config transformers derives from the metadata
     tokenizer: str | None  # tokenizer.ggml.model: "gpt2", "llama", ...
     tokenizer_error: str | None  # why transformers cannot build a tokenizer from the metadata, if it cannot
+    pre_tokenizer: str | None  # tokenizer.ggml.pre: how llama.cpp splits text before BPE ("smollm", "qwen2", ...)
+    # The split rule the converted tokenizer gets: llama.cpp's regexes where transformers has none for this
+    # pre-tokenizer, () where transformers' own rule (or GPT-2's default) is llama.cpp's, None where neither is known.
+    split_rules: tuple[str, ...] | None
     chat_template: str | None
     added_tokens: tuple[tuple[str, bool], ...]  # (content, special) of control and user-defined tokens
     tensor_types: tuple[tuple[str, int], ...]  # (ggml type name, tensor count), most frequent first
@@ -132,6 +147,8 @@ def _facts(path: Path, size: int, reader: Any) -> GgufFacts:
         config=config,
         tokenizer=tokenizer.get("tokenizer_type"),
         tokenizer_error=_tokenizer_error(architecture, tokenizer),
+        pre_tokenizer=tokenizer.get("pre_tokenizer_type"),
+        split_rules=_split_rules(tokenizer),
         chat_template=tokenizer_config.get("chat_template"),
         added_tokens=added,
         tensor_types=tuple(Counter(t.tensor_type.name for t in reader.tensors).most_common()),
@@ -167,6 +184,15 @@ def _tokenizer_error(architecture: str, tokenizer: dict[str, Any]) -> str | None
     except ValueError as exc:
         return str(exc)
     return None
+
+
+def _split_rules(tokenizer: dict[str, Any]) -> tuple[str, ...] | None:
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
+
+    pre = tokenizer.get("pre_tokenizer_type")
+    if tokenizer.get("tokenizer_type") != "gpt2" or pre in GGUF_PRE_TOKENIZER_SPLITS or pre in GPT2_SPLIT_NAMES:
+        return ()  # not byte-level BPE (sentencepiece, unigram), or transformers splits as llama.cpp does
+    return LLAMA_CPP_SPLITS.get(str(pre))
 
 
 def _decodable(qtype: Any) -> bool:

@@ -19,8 +19,8 @@ from service.facts.software import SoftwareFacts
 from service.policy.decision import PolicyResult, record
 from service.policy.dtype import BYTES
 
-# Bump when the conversion's output changes for the same inputs (layout, files written).
-CONVERTER_VERSION = "1"
+# Bump when the conversion's output changes for the same inputs (layout, files written, tokenizer rules).
+CONVERTER_VERSION = "2"
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class GgufConversion:
     converter: str  # the versions the copy is keyed on
     architecture: str  # general.architecture: which of transformers' tensor processors applies
     config: dict[str, Any]  # the Hugging Face config, as the facts mapped it
+    split_rules: tuple[str, ...]  # llama.cpp's pre-tokenizer regexes, where transformers has none (else empty)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,12 @@ def gguf_errors(gguf: GgufFacts, architectures: frozenset[str], software: Softwa
     if gguf.tokenizer_error:
         errors.append(f"{where}: no tokenizer from its metadata: {gguf.tokenizer_error}")
     return errors
+
+
+def _split_note(gguf: GgufFacts) -> str:
+    if gguf.split_rules:
+        return f" (text split by llama.cpp's {gguf.pre_tokenizer!r} rules, which transformers lacks)"
+    return ""
 
 
 def _mb(n: float) -> str:
@@ -104,11 +111,26 @@ def plan_model_source(
         f"GGUF file {gguf.path} ({gguf.architecture}, {gguf.parameters / 1e6:,.1f} M parameters, "
         f"{gguf.describe_types()}; {_mb(gguf.size_bytes)}) converted once to {dtype} safetensors, the engine dtype "
         f"(vLLM 0.32 has no GGUF loader): every block dequantized, config and tokenizer from the metadata by "
-        f"transformers' GGUF mapping; keyed by the file's sha256 {gguf.sha256[:12]} and the converter ({converter}). "
+        f"transformers' GGUF mapping{_split_note(gguf)}; keyed by the file's sha256 {gguf.sha256[:12]} and the converter ({converter}). "
         f"A decode step reads {_mb(before)} as the file stores it, {_mb(after)} as converted (x{after / before:.2f})"
     )
     source = record("model", "source", str(target), reason, "policy")
     conversion = GgufConversion(
-        gguf.path, gguf.sha256, dtype, str(target), converter, gguf.architecture, dict(gguf.config)
+        gguf.path,
+        gguf.sha256,
+        dtype,
+        str(target),
+        converter,
+        gguf.architecture,
+        dict(gguf.config),
+        gguf.split_rules or (),
     )
-    return ModelSourcePlan(str(target), name, PolicyResult.of(named, source, errors=errors), conversion)
+    warnings = []
+    if gguf.split_rules is None:
+        warnings.append(
+            f"GGUF file {gguf.path}: neither transformers nor the service knows llama.cpp's pre-tokenizer "
+            f"{gguf.pre_tokenizer!r}; the converted tokenizer splits text as GPT-2 does, which may tokenize some "
+            "text differently from llama.cpp"
+        )
+    result = PolicyResult.of(named, source, warnings=warnings, errors=errors)
+    return ModelSourcePlan(str(target), name, result, conversion)

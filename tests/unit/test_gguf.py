@@ -242,3 +242,40 @@ def test_serve_refuses_a_bad_file_before_the_engine_and_converts_nothing(tmp_pat
     assert out.returncode == EXIT_STARTUP_REFUSED, out.stderr[-3000:]
     assert "refusing to start" in out.stderr and "truncated" in out.stderr, out.stderr[-3000:]
     assert not (cache / "models").exists()
+
+
+def _llama_cpp_split(text: str, rules: tuple[str, ...]) -> list[str]:
+    """llama.cpp's unicode_regex_split: each rule cuts every piece into its matches and the text between them."""
+    import regex
+
+    pieces = [text]
+    for rule in rules:
+        cut = []
+        for piece in pieces:
+            start = 0
+            for match in regex.finditer(rule, piece):
+                cut += [piece[start : match.start()], match.group()]
+                start = match.end()
+            cut.append(piece[start:])
+        pieces = [p for p in cut if p]
+    return pieces
+
+
+def test_the_default_models_tokenizer_splits_text_as_llama_cpp_does():
+    """SmolLM2's GGUF names llama.cpp's `smollm` pre-tokenizer (digits one by one, then GPT-2's split), for which
+    transformers has no rule: the converter applies llama.cpp's."""
+    from tokenizers import decoders
+
+    from service.facts.gguf import LLAMA_CPP_SPLITS
+    from service.gguf_convert import tokenizer_of
+
+    model = inspect_model(str(packaged_default_model_path()))
+    assert model.gguf.pre_tokenizer == "smollm" and model.gguf.split_rules == LLAMA_CPP_SPLITS["smollm"]
+    conversion = plan_model_source(model, "float32", MODELS, SOFTWARE, ARCHITECTURES).conversion
+    tokenizer = tokenizer_of(conversion)
+    text = "END OF TERMS\n\n   1. Definitions. In 2024, 12345 tokens cost $3.50 -- don't   stop!\n"
+    ours = [
+        decoders.ByteLevel().decode([p]) for p, _ in tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)
+    ]
+    assert ours == _llama_cpp_split(text, conversion.split_rules)
+    assert tokenizer("2024", add_special_tokens=False).input_ids == [tokenizer.convert_tokens_to_ids(d) for d in "2024"]
