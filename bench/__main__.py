@@ -1,45 +1,86 @@
 """`python -m bench [--quick] ...`: JSON, Markdown table and PNG plots under bench/results/<stamp>/; the last line is
-the front-end throughput ratio ours/vLLM with its 95% interval."""
+the front-end throughput ratio ours/vLLM with its 95% interval. Every part of bench/parts.py has `--<part>` /
+`--no-<part>`, `--only-<part>` and a `--<part>-<option>` for each of its options."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
-from dataclasses import replace
+import typing
 from pathlib import Path
+from typing import Any
 
-from bench.runner import BenchOptions, run_bench
+from bench.options import QUICK, BenchOptions
+from bench.parts import PARTS, Part
+from bench.runner import run_bench
+
+
+def _option_flags(p: argparse.ArgumentParser, part: Part) -> None:
+    if part.options is None:
+        return
+    hints = typing.get_type_hints(part.options)
+    for f in dataclasses.fields(part.options):
+        flag, kind = f"--{part.name}-{f.name.replace('_', '-')}", hints[f.name]
+        dest = f"{part.name}:{f.name}"
+        if kind in (int, float, str):
+            p.add_argument(flag, type=kind, dest=dest, metavar=f.name.upper(), help=f"default {f.default}")
+        elif typing.get_origin(kind) is tuple:
+            item = typing.get_args(kind)[0]
+            p.add_argument(
+                flag, type=item, action="append", dest=dest, metavar=f.name.upper(), help="repeat for several"
+            )
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     flag = argparse.BooleanOptionalAction
-    p.add_argument("--quick", action="store_true", help="front end at c=4 only, 2 repetitions (< 5 min)")
+    p.add_argument("--quick", action="store_true", help="the quick parts at c=4 only, 2 repetitions (< 5 min)")
     p.add_argument("--repetitions", type=int, help="server restarts per comparison (start order alternating)")
     p.add_argument("--rounds", type=int, help="A/B pairs per concurrency on each pair of server processes")
     p.add_argument("--concurrency", type=int, action="append", help="repeat for several (default 1, 4, 16)")
-    p.add_argument("--frontend", action=flag, default=None, help="ours vs vLLM's own server")
-    p.add_argument("--policy", action=flag, default=None, help="policy vs vLLM defaults")
-    p.add_argument("--decode", action=flag, default=None, help="batch-1 decode vs the bandwidth ceiling")
-    p.add_argument("--decode-rounds", type=int, help="decode rounds, each between two bandwidth probes (default 6)")
-    p.add_argument(
-        "--profile", action=flag, default=None, help="py-spy on both API processes and on the decode engine process"
-    )
-    p.add_argument("--preload", action=flag, default=None, help="native decode with and without the preload")
-    p.add_argument("--preload-repetitions", type=int)
-    p.add_argument("--dtype", action=flag, default=None, help="decode bf16 against fp32, side by side")
-    p.add_argument("--dtype-repetitions", type=int)
-    p.add_argument("--warm-start", action=flag, default=None, help="start to ready, cold and warm compile cache")
-    p.add_argument("--quant", action=flag, default=None, help="quantized linear kernels per format")
-    p.add_argument("--quant-repetitions", type=int)
-    p.add_argument("--peer", action=flag, default=None, help="llama.cpp's server (built by `make bench-tools`)")
-    p.add_argument("--only-peer", action="store_true", help="the llama.cpp peer alone")
-    p.add_argument("--peer-format", action="append", choices=("bf16", "q8_0", "q4_0"), help="repeat for several")
-    p.add_argument("--peer-repetitions", type=int)
+    p.add_argument("--profile", action=flag, default=None, help="py-spy on the API and decode engine processes")
+    for part in PARTS:
+        p.add_argument(f"--{part.name}", action=flag, default=None, dest=f"run:{part.name}", help=part.help)
+        p.add_argument(f"--only-{part.name}", action="store_true", dest=f"only:{part.name}", help=f"{part.name} alone")
+        _option_flags(p, part)
     p.add_argument("--results-dir", type=Path, help="default bench/results")
     p.add_argument("--render", type=Path, metavar="RUN_DIR", help="rewrite table.md and plots of a finished run")
     return p
+
+
+def options(args: argparse.Namespace) -> BenchOptions:
+    given = vars(args)
+    only = {part.name for part in PARTS if given[f"only:{part.name}"]}
+    if only:
+        parts = only
+    else:
+        parts = {part.name for part in PARTS if part.quick or not args.quick}
+        parts |= {part.name for part in PARTS if given[f"run:{part.name}"]}
+        parts -= {part.name for part in PARTS if given[f"run:{part.name}"] is False}
+    part_options: dict[str, Any] = {}
+    for part in PARTS:
+        chosen = part.defaults()
+        if chosen is not None:
+            overrides = {
+                f.name: tuple(v) if isinstance(v, list) else v
+                for f in dataclasses.fields(chosen)
+                if (v := given.get(f"{part.name}:{f.name}")) is not None
+            }
+            chosen = dataclasses.replace(chosen, **overrides)
+        part_options[part.name] = chosen
+    general = {
+        "repetitions": args.repetitions,
+        "rounds": args.rounds,
+        "concurrencies": tuple(args.concurrency) if args.concurrency else None,
+        "profile": args.profile,
+        "results_dir": args.results_dir,
+    }
+    base = QUICK if args.quick else {}
+    return BenchOptions(
+        frozenset(parts), part_options, **{**base, **{k: v for k, v in general.items() if v is not None}}
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,42 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         render(args.render)
         print((args.render / "table.md").read_text())
         return 0
-    opts = BenchOptions.quick_mode() if args.quick else BenchOptions()
-    if args.only_peer:
-        opts = replace(
-            opts,
-            frontend=False,
-            policy=False,
-            decode=False,
-            preload=False,
-            dtype=False,
-            warm_start=False,
-            quant=False,
-            peer=True,
-        )
-    given = {
-        "repetitions": args.repetitions,
-        "rounds": args.rounds,
-        "concurrencies": tuple(args.concurrency) if args.concurrency else None,
-        "frontend": args.frontend,
-        "policy": args.policy,
-        "decode": args.decode,
-        "decode_rounds": args.decode_rounds,
-        "profile": args.profile,
-        "preload": args.preload,
-        "preload_repetitions": args.preload_repetitions,
-        "dtype": args.dtype,
-        "dtype_repetitions": args.dtype_repetitions,
-        "warm_start": args.warm_start,
-        "quant": args.quant,
-        "quant_repetitions": args.quant_repetitions,
-        "peer": args.peer,
-        "peer_formats": tuple(args.peer_format) if args.peer_format else None,
-        "peer_repetitions": args.peer_repetitions,
-        "results_dir": args.results_dir,
-    }
-    opts = replace(opts, **{k: v for k, v in given.items() if v is not None})
-    return run_bench(opts, command=shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)]))
+    command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
+    return run_bench(options(args), command=command)
 
 
 if __name__ == "__main__":

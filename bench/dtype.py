@@ -9,26 +9,18 @@ the CPU and the ISA class the policy keys on (native bf16, AVX-512 without it, A
 
 from __future__ import annotations
 
-import argparse
-import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench import paired
-from bench.paired import REPO
+from bench.context import Context, cache_dir, log
+from bench.output import Output
 from bench.stats import estimate
 
 VARIANTS = {"bfloat16": {"SERVICE_DTYPE": "bfloat16"}, "float32": {"SERVICE_DTYPE": "float32"}}
 
 
-def measure(
-    model: Path,
-    cache_dir: Path,
-    log_dir: Path,
-    repetitions: int = 3,
-    requests: int = 4,
-    max_tokens: int = 64,
-    settings: dict[str, str] | None = None,
-) -> dict:
+def measure(run: paired.Run) -> dict:
     """bf16/fp32 per repetition in "ratios", with the CPU it ran on. Callers run it eager: with torch.compile vLLM
     warms up with a prefill of max_num_batched_tokens (2048 tokens) before it is ready, and bf16 without native
     support runs torch's reference GEMM on AVX2 (cpublas bf16_dot_with_fp32_arith: oneDNN refuses the bf16 matmul
@@ -40,9 +32,7 @@ def measure(
     from service.policy.dtype import isa_class
 
     cpu = read_hardware().cpu
-    result = paired.measure(
-        VARIANTS, model, cache_dir, log_dir, repetitions, requests, max_tokens, settings, prefill=True
-    )
+    result = paired.measure(VARIANTS, run, prefill=True)
     return {
         **result,
         "estimate": estimate("decode bf16/fp32", "ratio", result["ratios"]).fmt(),
@@ -52,27 +42,35 @@ def measure(
     }
 
 
-def main() -> None:
-    from bench.models import ensure_bench_model
-    from service.settings import default_cache_dir
+@dataclass(frozen=True)
+class DtypeOptions:
+    repetitions: int = 3
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=Path, help="default: the bench model (built on first use)")
-    ap.add_argument("--cache-dir", type=Path, default=default_cache_dir())
-    ap.add_argument("--repetitions", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--compile", action="store_true", help="torch.compile (default: eager, see measure())")
-    ap.add_argument("--out", type=Path, default=REPO / ".cache" / "bench-dtype")
-    args = ap.parse_args()
-    model = args.model or ensure_bench_model(args.cache_dir)
-    settings = {"kv_cache_gib": "1", "enforce_eager": "false" if args.compile else "true"}
-    result = measure(
-        model, args.cache_dir, args.out / "logs", args.repetitions, args.requests, args.max_tokens, settings
+
+def run(ctx: Context, options: DtypeOptions) -> Output:
+    """Batch-1 decode of the bench model in bf16 and fp32, served side by side, restarted per repetition."""
+    log("decode bf16 against fp32, side by side (bench model, restarted per repetition)")
+    eager = {"enforce_eager": "true"}  # see measure()
+    result = measure(paired.bench_run(cache_dir(), ctx.logdir / "dtype", options.repetitions, 64, eager))
+    return Output.logged(
+        result, paired.summary(result, f"decode side by side on {result['cpu']} ({result['isa_class']})")
     )
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "dtype.json").write_text(json.dumps(result, indent=2))
-    paired.print_summary(result)
+
+
+def section(results: dict, comparisons: list, decoded: list) -> list[str]:
+    d = results["dtype"]
+    return [
+        f"dtype (`bench/dtype.py`) on {d['cpu']} ({d['isa_class']}): batch-1 decode of `{Path(d['model']).name}` "
+        f"served in bf16 and in fp32 side by side, {len(d['ratios'])} repetitions restarting both (order "
+        f"alternating), {d['requests_per_start']} decode rates of {d['max_tokens']} tokens per start: bf16 "
+        f"{d['median_tok_s']['bfloat16']:.2f} tok/s, fp32 {d['median_tok_s']['float32']:.2f} tok/s; "
+        f"bf16/fp32 decode {d['estimate']}, prefill {d['prefill_estimate']}.",
+        "",
+    ]
+
+
+def main() -> None:
+    result = paired.cli(measure, __doc__ or "", "dtype", max_tokens=64, eager=True)
     print(
         f"{result['cpu']} ({result['isa_class']}): bf16/fp32 decode {result['estimate']}, "
         f"prefill {result['prefill_estimate']}"

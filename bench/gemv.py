@@ -27,7 +27,7 @@ from typing import Any
 
 from bench.stats import Estimate, estimate
 
-# vLLM's fused linear shapes of bench/models.py's Llama: (N, K) per layer.
+# vLLM's fused linear shapes of harness/models.py's Llama: (N, K) per layer.
 SHAPES = ((3072, 2048), (2048, 2048), (11264, 2048), (2048, 5632))
 LAYERS = 11
 

@@ -11,15 +11,21 @@ import random
 import struct
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench import servers as srv
+from bench.context import Context, cache_dir, log, ours_ready, start
 from bench.load import Workload
-from bench.stats import PEER_ESTIMATES, Comparison, DecodeResult, compare, decode_line
+from bench.output import Output
+from bench.stats import PEER_ESTIMATES, Comparison, DecodeResult, compare, decode_line, summary_line
+from bench.tables import PEER_COLUMNS, comparison_table, decode_table
 from harness import REPO, ServerProcess
+from harness.models import ensure_bench_model
+from harness.quantized_models import quantized_bench
 
 LLAMA_CPP_VERSION = "0.3.36"  # mk/bench.mk's LLAMA_CPP_VERSION
 TREE = REPO / ".cache" / "bench-src" / f"llama_cpp_python-{LLAMA_CPP_VERSION}" / "vendor" / "llama.cpp"
@@ -27,7 +33,7 @@ BIN = REPO / ".cache" / "llama.cpp-build" / "bin"
 SERVED = "bench-llama"
 CTX_PER_SLOT = 512  # prompt + answer of every workload here, with room
 
-# format -> (the service's model: None = the bf16 bench model, else tests/support/quantized_models.py's scheme;
+# format -> (the service's model: None = the bf16 bench model, else harness/quantized_models.py's scheme;
 #            llama.cpp's GGUF type). Q8_0: int8 blocks of 32 with an fp16 scale, vs W8A8 (int8 per channel, int8
 # dynamic activations); Q4_0: int4 blocks of 32, vs W4A16 (int4 groups of 128, bf16 activations).
 FORMATS: dict[str, tuple[str | None, str]] = {
@@ -189,35 +195,31 @@ def tokenization(ours_url: str, llama_url: str, tokenizer_dir: str, n: int = 8) 
     }
 
 
-def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class PeerOptions:
+    format: tuple[str, ...] = ("bf16", "q8_0", "q4_0")  # FORMATS
+    repetitions: int = 2
+    rounds: int = 1
+    input_len: int = 128
+    output_len: int = 32
+    prompts: dict[int, int] = field(default_factory=lambda: {1: 4, 4: 8, 16: 32})
+
+
+def run(ctx: Context, options: PeerOptions) -> Output:
     """Per format and repetition: our service started (start order alternating with llama-server), warm; per
-    concurrency a llama-server with that many slots, warm; then A/B x peer_rounds on the same workload."""
+    concurrency a llama-server with that many slots, warm; then A/B x rounds on the same workload."""
     from bench.bandwidth import read_bandwidth
-    from bench.models import ensure_bench_model
-    from bench.runner import cache_dir, log, ours_ready, start
 
     why = available()
     if why:
         log(f"peer skipped: {why}")
-        results["peer"] = {"skipped": why}
-        return None
+        return Output({"skipped": why})
     opts = ctx.opts
     base = ensure_bench_model(cache_dir())
-    formats = list(opts.peer_formats)
-    service_models: dict[str, Path] = {}
-    for fmt in list(formats):
-        scheme = FORMATS[fmt][0]
-        if scheme is None:
-            service_models[fmt] = base
-            continue
-        try:
-            sys.path.insert(0, str(REPO))
-            from tests.support.quantized_models import quantized_bench
-        except ImportError:
-            log(f"peer: {fmt} skipped: tests/support/quantized_models.py (the service's {scheme} model) is not here")
-            formats.remove(fmt)
-            continue
-        service_models[fmt] = quantized_bench(cache_dir(), scheme)
+    formats = list(options.format)
+    service_models = {
+        fmt: base if FORMATS[fmt][0] is None else quantized_bench(cache_dir(), str(FORMATS[fmt][0])) for fmt in formats
+    }
     ggufs = gguf_models(base, formats, ctx.logdir / "gguf.log")
     peer: dict[str, Any] = {
         "model": str(base),
@@ -226,14 +228,13 @@ def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
         "decode": [],
         "formats": {},
     }
-    results["peer"] = peer
 
     def w_of(c: int, rep: int, rnd: int) -> Workload:
         return Workload(
             c,
-            opts.peer_prompts.get(c, 2 * c),
-            opts.peer_input_len,
-            opts.peer_output_len,
+            options.prompts.get(c, 2 * c),
+            options.input_len,
+            options.output_len,
             seed=3000 * rep + 10 * rnd + c,
             fresh_connections=True,
         )
@@ -243,7 +244,7 @@ def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
         model = str(service_models[fmt])
         peer["formats"][fmt] = {"service_model": model, "gguf": str(ggufs[fmt])}
         name = f"peer-{fmt}"
-        for rep in range(opts.peer_repetitions):
+        for rep in range(options.repetitions):
             ours_first = rep % 2 == 0
             live: list[ServerProcess] = []
             try:
@@ -286,12 +287,12 @@ def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
                     try:
                         for _, proc in pair:  # warm, discarded
                             ctx.load(
-                                Workload(c, c, opts.peer_input_len, opts.peer_output_len, 999, fresh_connections=True),
+                                Workload(c, c, options.input_len, options.output_len, 999, fresh_connections=True),
                                 proc,
                                 model,
                                 SERVED,
                             )
-                        for rnd in range(opts.peer_rounds):
+                        for rnd in range(options.rounds):
                             w = w_of(c, rep, rnd)
                             for position, (who, proc) in enumerate(pair):
                                 counter = functools.partial(predicted_tokens, proc.url) if who == "llama.cpp" else None
@@ -356,4 +357,72 @@ def run_peer(ctx: Any, results: dict[str, Any]) -> dict[str, Any] | None:
                     }
                 )
                 lines.append(decode_line(d))
-    return {"comparisons": comparisons, "decode_lines": lines}
+    return Output(peer, tuple(comparisons), summary=tuple(summary_line(c) for c in comparisons) + tuple(lines))
+
+
+def comparisons(results: dict[str, Any]) -> list[Comparison]:
+    """A finished run's peer comparisons, recomputed from its runs (the report and --render)."""
+    runs = results.get("peer", {}).get("runs", [])
+    out = []
+    for fmt in dict.fromkeys(r["comparison"] for r in runs):
+        of_fmt = [r for r in runs if r["comparison"] == fmt]
+        out += [
+            compare(fmt, "ours", "llama.cpp", c, of_fmt, estimates=PEER_ESTIMATES)
+            for c in dict.fromkeys(r["concurrency"] for r in of_fmt)
+        ]
+    return out
+
+
+def section(results: dict[str, Any], comparisons: list[Comparison], decoded: list) -> list[str]:
+    p = results["peer"]
+    if p.get("skipped"):
+        return [f"Peer: skipped ({p['skipped']}).", ""]
+    general = results["options"]
+    o = general.get("part_options", {}).get("peer") or {  # runs recorded before the part registry
+        "input_len": general.get("peer_input_len"),
+        "output_len": general.get("peer_output_len"),
+    }
+    parts = [
+        f"Peer: llama.cpp's `llama-server` ({p.get('llama_server', '')}) on the same weights as GGUF, the same "
+        "client (vllm.benchmarks.serve, random dataset, ignore_eos, temperature 0, closed loop; both servers "
+        f"restarted per repetition), {o.get('input_len')} input / {o.get('output_len')} output tokens, "
+        f"{p.get('threads')} compute thread(s) on CPU(s) {p.get('engine_cpus')} for both, llama.cpp's parallel slots = "
+        "concurrency; ratios ours/llama.cpp (output tok/s above 1: ours faster; latencies below 1: ours faster). "
+        f"{_recounted(p)}",
+        "",
+        comparison_table([c for c in comparisons if c.name.startswith("peer")], PEER_COLUMNS, verdicts=False),
+        "",
+    ]
+    if p.get("tokenization"):
+        parts += [f"Tokenization check: {p['tokenization']}", ""]
+    for failed in p.get("failed", []):
+        parts += [
+            f"Left out: {failed['comparison']} c={failed['concurrency']} repetition {failed['rep'] + 1}: "
+            f"{failed['error']}",
+            "",
+        ]
+    if p.get("decode"):
+        parts += [
+            "Batch-1 decode of both servers against read bandwidth / weight bytes per token (c=1 runs' TPOT p50):",
+            "",
+            decode_table([DecodeResult(**d) for d in p["decode"]]),
+            "",
+        ]
+    return parts
+
+
+def _recounted(peer: dict[str, Any]) -> str:
+    """How many runs' output-token counts came from the server's own counter instead of the client's."""
+    runs = [r for r in peer.get("runs", []) if r["client"].get("output_tokens_counted_by_server") is not None]
+    fixed = [
+        r
+        for r in runs
+        if r["client"]["output_tokens_counted_by_client"] != r["client"]["output_tokens_counted_by_server"]
+    ]
+    if not fixed:
+        return ""
+    return (
+        f"In {len(fixed)} of {len(runs)} llama.cpp runs vLLM's client counted fewer output tokens than llama-server "
+        "generated (it skips the usage llama-server sends next to the last chunk's text and re-tokenizes the text); "
+        "those runs' output tok/s and TPOT use llama-server's own count (its /metrics), which equalled what was asked."
+    )

@@ -11,12 +11,13 @@ and writes JSON.
 
 from __future__ import annotations
 
-import argparse
-import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench import paired
-from bench.paired import REPO
+from bench.context import Context, cache_dir, log
+from bench.output import Output
+from bench.stats import estimate
 
 
 def torch_gomp() -> str:
@@ -29,40 +30,50 @@ def torch_gomp() -> str:
     return str(gomp)
 
 
-def measure(
-    model: Path,
-    cache_dir: Path,
-    log_dir: Path,
-    repetitions: int = 3,
-    requests: int = 4,
-    max_tokens: int = 128,
-    settings: dict[str, str] | None = None,
-) -> dict:
-    """with/without per repetition in "ratios"; each run carries the LD_PRELOAD decision its server reported."""
+def measure(run: paired.Run) -> dict:
+    """with/without per repetition in "ratios", their estimate; each run carries the LD_PRELOAD decision its server
+    reported."""
     variants = {"with": {}, "without": {"LD_PRELOAD": torch_gomp()}}
-    return paired.measure(variants, model, cache_dir, log_dir, repetitions, requests, max_tokens, settings)
+    result = paired.measure(variants, run)
+    return result | {"estimate": estimate("decode with/without preload", "ratio", result["ratios"]).fmt()}
+
+
+@dataclass(frozen=True)
+class PreloadOptions:
+    repetitions: int = 3
+
+
+def run(ctx: Context, options: PreloadOptions) -> Output:
+    """Batch-1 decode of the bench model served natively with the preload the service decides (allocator + OpenMP
+    runtime) and with vLLM's own (torch's GNU OpenMP, no allocator), restarted per repetition in alternating order."""
+    log("native decode with and without the service's preload (bench model, restarted per repetition)")
+    result = measure(paired.bench_run(cache_dir(), ctx.logdir / "preload", options.repetitions, 128, {}))
+    return Output.logged(result, paired.summary(result, "native decode with the service's preload and with vLLM's own"))
+
+
+def section(results: dict, comparisons: list, decoded: list) -> list[str]:
+    p = results["preload"]
+    used = next(
+        (
+            r["decisions"]["env.LD_PRELOAD"]["value"]
+            for r in p["runs"]
+            if r["variant"] == "with" and "env.LD_PRELOAD" in r["decisions"]
+        ),
+        None,
+    )
+    return [
+        f"Native preload (`bench/preload.py`): batch-1 decode of `{Path(p['model']).name}` served by the service "
+        f"with its own preload (`LD_PRELOAD={used}`) and with vLLM's (torch's GNU OpenMP, no allocator), "
+        f"{len(p['ratios'])} repetitions restarting both (order alternating), "
+        f"{p['requests_per_start']} decode rates of {p['max_tokens']} tokens per start: with "
+        f"{p['median_tok_s']['with']:.2f} tok/s, without {p['median_tok_s']['without']:.2f} tok/s; "
+        f"with/without {p['estimate']}.",
+        "",
+    ]
 
 
 def main() -> None:
-    from bench.models import ensure_bench_model
-    from service.settings import default_cache_dir
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=Path, help="default: the bench model (built on first use)")
-    ap.add_argument("--cache-dir", type=Path, default=default_cache_dir())
-    ap.add_argument("--repetitions", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--eager", action="store_true", help="enforce_eager (skip torch.compile)")
-    ap.add_argument("--out", type=Path, default=REPO / ".cache" / "bench-preload")
-    args = ap.parse_args()
-    model = args.model or ensure_bench_model(args.cache_dir)
-    settings = {"enforce_eager": "true" if args.eager else "false", "kv_cache_gib": "1"}
-    result = measure(
-        model, args.cache_dir, args.out / "logs", args.repetitions, args.requests, args.max_tokens, settings
-    )
-    (args.out / "preload.json").write_text(json.dumps(result, indent=2))
-    paired.print_summary(result)
+    paired.cli(measure, __doc__ or "", "preload", max_tokens=128, eager=False)
 
 
 if __name__ == "__main__":

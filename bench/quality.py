@@ -16,7 +16,10 @@ import re
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+from bench.context import Context, log
+from bench.output import Output
 from harness import ServerProcess
 from harness.perplexity import license_text
 
@@ -135,7 +138,7 @@ def run_quality(out: Path, threads: int = 1, ctx: int = CTX) -> QualityResult:
         client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
         served_name = client.models.list().data[0].id
         served = [v for c in chunks for v in second_half(served_logprobs(client, served_name, c), ctx)]
-        dtype = next(d["value"] for d in server_report(server)["decisions"] if d["setting"] == "engine.dtype")
+        dtype = server_report(server)["engine_args"]["dtype"]
     finally:
         server.close()
     result = QualityResult(
@@ -144,6 +147,33 @@ def run_quality(out: Path, threads: int = 1, ctx: int = CTX) -> QualityResult:
     (out / "quality.json").write_text(json.dumps(asdict(result), indent=2))
     (out / "quality.md").write_text(result.markdown() + "\n")
     return result
+
+
+@dataclass(frozen=True)
+class QualityOptions:
+    ctx: int = CTX  # tokens per chunk, as llama-perplexity's -c
+
+
+def run(ctx: Context, options: QualityOptions) -> Output:
+    why = available()
+    if why:
+        log(f"quality skipped: {why}")
+        return Output({"skipped": why})
+    threads = len(ctx.reported.engine_cpus) if ctx.reported else 1
+    result = run_quality(ctx.out / "quality", threads, options.ctx)
+    summary = (
+        f"perplexity of {Path(result.gguf).name}: llama.cpp {result.llama_cpp:.3f} +/- {result.llama_cpp_error:.3f}, "
+        f"transformers fp32 {result.transformers_fp32:.3f}, the service {result.service:.3f} ({result.service_dtype}); "
+        f"same tokens: {'yes' if result.same_tokens else 'NO'}"
+    )
+    return Output(asdict(result), summary=(summary,))
+
+
+def section(results: dict[str, Any], comparisons: list, decoded: list) -> list[str]:
+    q = results["quality"]
+    if q.get("skipped"):
+        return [f"Quality: skipped ({q['skipped']}).", ""]
+    return [QualityResult(**q).markdown(), ""]
 
 
 def server_report(server: ServerProcess) -> dict:

@@ -1,12 +1,12 @@
 """Which quantized linear kernel is fastest on this machine, and is it right? One vLLM engine per candidate.
 
 For each format (bf16 reference, W8A8 dynamic, W8A8 static, W4A16 group 128) of the ~0.5 B random Llama
-(bench/models.py, quantized by tests/support/quantized_models.py) and each kernel the machine can be steered to
+(harness/models.py, quantized by harness/quantized_models.py) and each kernel the machine can be steered to
 (VLLM_CPU_INT4_W4A8=0/1, ZentorchInt8ScaledMMLinearKernel on/off on Zen), run vLLM's offline `LLM` in a fresh
 process (enforce_eager, batch 1) and measure:
 - decode tok/s at batch 1: (N tokens - 1 token) / (time(N) - time(1)) for one short prompt, greedy, ignore_eos;
 - prefill tok/s: prompt tokens / time of a 1-token generation of a long prompt (prefix caching off);
-- quality: greedy decode scored in transformers (tests/support/quant_quality.py) against the bf16 source (what the
+- quality: greedy decode scored in transformers (harness/quant_quality.py) against the bf16 source (what the
   format loses, kernel included) and against the exact dequantization of the clean checkpoint (an ideal kernel): the
   second is the kernel check (its mean |dlogprob| within the scheme's threshold), since a random-weight model's
   near-flat logits let rounding alone move top-1 (the bench model's W4A16 copy scores top-1 0.18 against bf16 even
@@ -31,6 +31,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bench.context import Context
+    from bench.output import Output
 
 REPO = Path(__file__).resolve().parents[1]
 # Run as a script, Python puts bench/ first on sys.path, where bench/profile.py shadows the stdlib's profile.
@@ -44,7 +49,7 @@ RESULT = "quant_kernels result: "
 
 @dataclass(frozen=True)
 class Candidate:
-    format: str  # a scheme of tests/support/quantized_models.SCHEMES, "bf16", or "<scheme>-corrupt"
+    format: str  # a scheme of harness/quantized_models.SCHEMES, "bf16", or "<scheme>-corrupt"
     env: dict[str, str]
 
     @property
@@ -69,8 +74,8 @@ def candidates(backend: str, formats: list[str], corrupt: bool) -> list[Candidat
 
 
 def model_dir(cache: Path, fmt: str) -> Path:
-    from bench.models import ensure_bench_model
-    from tests.support.quantized_models import quantized_bench
+    from harness.models import ensure_bench_model
+    from harness.quantized_models import quantized_bench
 
     if fmt == "bf16":
         return ensure_bench_model(cache)
@@ -128,7 +133,7 @@ def compute_cpus() -> list[int]:
 def _worker(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
-    from tests.support.quant_quality import QUALITY_TOKENS
+    from harness.quant_quality import QUALITY_TOKENS
 
     llm = LLM(
         model=spec["model"],
@@ -193,12 +198,12 @@ def _summary(values: list[float]) -> dict:
 def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path, progress=print) -> dict:
     """Every candidate of `formats` on the live backend, one engine each; the report (also written to `out`, after
     each candidate) with the bandwidth ceiling of each row."""
+    from harness.quant_quality import prompt_ids, score
+    from harness.quantized_models import dequantized_state
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software
     from service.policy.backend import choose_backend
     from service.policy.quant_kernels import KERNELS
-    from tests.support.quant_quality import prompt_ids, score
-    from tests.support.quantized_models import dequantized_state
 
     hardware = read_hardware()
     backend = choose_backend(hardware.cpu, read_software()).name or "none"
@@ -264,6 +269,43 @@ def row_line(row: dict) -> str:
     )
 
 
+@dataclass(frozen=True)
+class QuantOptions:
+    format: tuple[str, ...] = ("bf16", "w8a8", "w8a8-static", "w4a16")
+    repetitions: int = 3
+
+
+def run(ctx: Context, options: QuantOptions) -> Output:
+    """Each quantized format's linear kernel on the live backend, every candidate the policy can steer to, with
+    decode, prefill, bandwidth ceiling, and quality against the bf16 source and against the checkpoint's exact
+    dequantization (the kernel check, which a corrupted copy must fail)."""
+    from bench.context import cache_dir, log
+    from bench.output import Output
+
+    report = measure(
+        list(options.format), options.repetitions, True, cache_dir(), ctx.logdir / "quant_kernels.json", log
+    )
+    return Output(report, summary=tuple(quant_lines(report)))
+
+
+def quant_lines(report: dict[str, Any]) -> list[str]:
+    return [
+        f"quantized {Candidate(r['format'], r['env']).label} ({r['kernel']}): "
+        + (
+            r["error"]
+            if "error" in r
+            else f"{r['decode']['median']:.1f} tok/s decode, {r['ceiling_fraction']:.0%} "
+            f"of the ceiling, {r['prefill']['median']:.0f} tok/s prefill, kernel check "
+            f"{'pass' if r['quality_passes'] else 'fail'}"
+        )
+        for r in report["rows"]
+    ]
+
+
+def section(results: dict, comparisons: list, decoded: list) -> list[str]:
+    return [heading(results["quant_kernels"]), "", markdown_table(results["quant_kernels"]), ""]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--formats", default="bf16,w8a8,w8a8-static,w4a16")
@@ -310,7 +352,7 @@ def heading(report: dict) -> str:
         f"batch 1, median [min-max] of {report.get('reps', '?')} repetitions; read bandwidth "
         f"{report['bandwidth']['gbs']:.1f} GB/s on CPU(s) {report['bandwidth']['cpus']}"
         + (f"; load average {load[0]:.1f} at the end" if load else "")
-        + ". Quality (tests/support/quant_quality.py): greedy tokens scored in transformers against the bf16 source "
+        + ". Quality (harness/quant_quality.py): greedy tokens scored in transformers against the bf16 source "
         "(what the format loses) and against the clean checkpoint's exact dequantization (the kernel check: mean abs "
         "dlogprob within the scheme's threshold; the corrupted copy must fail it)."
     )

@@ -36,20 +36,15 @@ class Reported:
         resp.raise_for_status()
         return cls(resp.json())
 
-    def _decided(self, prefix: str) -> dict[str, Any]:
-        return {
-            d["setting"].removeprefix(prefix): d["value"]
-            for d in self.raw["decisions"]
-            if d["setting"].startswith(prefix) and d["value"] is not None
-        }
-
     @property
     def engine_args(self) -> dict[str, Any]:
-        return self._decided("engine.")
+        """The engine arguments the service passes to vLLM (its report exports them)."""
+        return dict(self.raw["engine_args"])
 
     @property
     def env(self) -> dict[str, str]:
-        return {k: str(v) for k, v in self._decided("env.").items()}
+        """The environment the service sets before vLLM starts."""
+        return dict(self.raw["env"])
 
     @property
     def engine_cpus(self) -> list[int]:

@@ -1,6 +1,6 @@
 """Start-to-ready with torch.compile, cold (empty compile cache) then warm (the cache the cold start saved).
 
-  .venv/bin/python -m bench.warm_start [--model PATH | --demo] [--out DIR]
+  .venv/bin/python -m bench.warm_start [--model PATH | --default-model] [--out DIR]
 
 A fresh cache_dir per measurement: the service decides VLLM_CACHE_ROOT under it, so the first start compiles
 and saves, the second loads. Each start is read back from vLLM's own log lines: did it compile and save, load
@@ -18,7 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from bench.paired import REPO, serve, stop
+from bench.context import Context, cache_dir, log
+from bench.output import Output
+from bench.tables import row
+from harness import REPO, ServerProcess, offline_env
 
 # vLLM 0.32's log lines (vllm/compilation/decorators.py, monitor.py, v1/engine/core.py).
 SAVED = "saved AOT compiled function to"
@@ -46,38 +49,89 @@ def read_log(text: str) -> dict:
 def measure(
     model: Path | None, work_dir: Path, settings: dict[str, str] | None = None, ready_timeout: float = 3600
 ) -> dict:
-    """Cold then warm start of `model` (None: the built-in demo model) with torch.compile."""
+    """Cold then warm start of `model` (None: the service's default model, as `make serve` starts) with
+    torch.compile."""
     cache_dir = work_dir / "cache"
     shutil.rmtree(cache_dir, ignore_errors=True)
     work_dir.mkdir(parents=True, exist_ok=True)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_") and k != "VLLM_CACHE_ROOT"}
-    base.update(
-        VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", SERVICE_CACHE_DIR=str(cache_dir), SERVICE_ENFORCE_EAGER="false"
-    )
+    base = offline_env(drop=("SERVICE_", "VLLM_CACHE_ROOT"))
+    base.update(SERVICE_CACHE_DIR=str(cache_dir), SERVICE_ENFORCE_EAGER="false")
     if model is not None:
         base["SERVICE_MODEL"] = str(model)
     base.update({f"SERVICE_{k.upper()}": v for k, v in (settings or {}).items()})
-    result: dict = {"model": str(model) if model else "demo", "loadavg_1m": os.getloadavg()[0]}
+    result: dict = {"model": str(model) if model else "default", "loadavg_1m": os.getloadavg()[0]}
     for phase in ("cold", "warm"):
         log_path = work_dir / f"server-{phase}.log"
         start = time.monotonic()
-        proc, _ = serve(base, log_path, ready_timeout)
-        ready = time.monotonic() - start
-        stop(proc)
+        server = ServerProcess(base, log_path, name=phase).start()
+        try:
+            server.wait_ready(ready_timeout)
+            ready = time.monotonic() - start
+        finally:
+            server.close()
         result[phase] = {"ready_s": round(ready, 1), **read_log(log_path.read_text(errors="replace"))}
         print(f"{phase}: ready after {ready:.0f} s {result[phase]}", file=sys.stderr)
     return result
 
 
+def run(ctx: Context, options: None) -> Output:
+    """Start to /ready with torch.compile, cold (empty cache) then warm, for the default model (what `make serve`
+    starts, its GGUF conversion included when cold) and the bench model."""
+    from harness.models import ensure_bench_model
+
+    out = []
+    for name, model in (("default", None), ("bench", ensure_bench_model(cache_dir()))):
+        log(f"start to ready, cold then warm compile cache: {name} model")
+        result = measure(model, ctx.logdir / f"warm-start-{name}", {"kv_cache_gib": "1"})
+        out.append(result | {"name": name})
+        log(summary_line(out[-1]))
+    return Output(out, summary=tuple(summary_line(w) for w in out))
+
+
+def summary_line(result: dict) -> str:
+    cold, warm = result["cold"], result["warm"]
+    return (
+        f"start to ready, {result['name']} model: cold {cold['ready_s']:.0f} s, warm {warm['ready_s']:.0f} s "
+        f"(engine init {cold['engine_init_s']} s -> {warm['engine_init_s']} s; warm start "
+        + ("loaded the compiled graph)" if warm["loaded_compiled"] and not warm["compiled_and_saved"] else "COMPILED)")
+    )
+
+
+def section(results: dict, comparisons: list, decoded: list) -> list[str]:
+    head = ["model", "cold: start to ready", "warm", "vLLM engine init cold", "warm", "warm start"]
+    lines = [row(head), row(["---"] * len(head))]
+    for w in results["warm_start"]:
+        cold, warm = w["cold"], w["warm"]
+        how = "loaded the compiled graph" if warm["loaded_compiled"] and not warm["compiled_and_saved"] else "compiled"
+        lines.append(
+            row(
+                [
+                    w["name"],
+                    f"{cold['ready_s']:.0f} s",
+                    f"{warm['ready_s']:.0f} s",
+                    f"{cold['engine_init_s']} s",
+                    f"{warm['engine_init_s']} s",
+                    how,
+                ]
+            )
+        )
+    return [
+        "Start to ready with torch.compile (`bench/warm_start.py`): a fresh cache directory, then the same one again.",
+        "",
+        *lines,
+        "",
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, help="default: the bench model (built on first use)")
-    ap.add_argument("--demo", action="store_true", help="the built-in demo model instead")
+    ap.add_argument("--default-model", action="store_true", help="the service's default model instead")
     ap.add_argument("--out", type=Path, default=REPO / ".cache" / "bench-warm-start")
     args = ap.parse_args()
     model = None
-    if not args.demo:
-        from bench.models import ensure_bench_model
+    if not args.default_model:
+        from harness.models import ensure_bench_model
         from service.settings import default_cache_dir
 
         model = args.model or ensure_bench_model(default_cache_dir())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from service.demo_model import build_model
+from service.demo_model import TOKENIZER_CONFIG, build_model
 
 NAME = "bench-llama-0.5b"
 VERSION = "v1"  # bump when the recipe changes, so caches rebuild
@@ -14,9 +14,9 @@ VERSION = "v1"  # bump when the recipe changes, so caches rebuild
 # 11 layers x (attention 2048x2048 q/o + GQA k/v 2048x512 + SwiGLU 3 x 2048x5632) + head: ~0.5 B parameters,
 # about 1.0 GB of bf16 weights read per decoded token (2.0 GB as fp32): well past the last-level cache.
 CONFIG = dict(
+    TOKENIZER_CONFIG,
     architectures=["LlamaForCausalLM"],
     model_type="llama",
-    vocab_size=2048,
     hidden_size=2048,
     intermediate_size=5632,
     num_hidden_layers=11,
@@ -27,11 +27,7 @@ CONFIG = dict(
     max_position_embeddings=1024,
     rms_norm_eps=1e-5,
     rope_theta=10000.0,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=2,
     tie_word_embeddings=False,
-    torch_dtype="bfloat16",
     attention_bias=False,
     mlp_bias=False,
 )

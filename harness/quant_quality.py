@@ -6,7 +6,7 @@ scored token by token against the bf16 source run teacher-forced in transformers
 
 A correct kernel differs from bf16 by rounding noise; a broken one (wrong scale, wrong packing, wrong layout) by
 far more. THRESHOLDS separate the two; they were set from measurements (docs/quantization.md) of correct kernels
-and of copies with a corrupted scale, on the random-weight models of tests/support/quantized_models.py.
+and of copies with a corrupted scale, on the random-weight models of harness/quantized_models.py.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Threshold:
     max_mean_abs_dlogprob: float
 
 
-# Per scheme of tests/support/quantized_models.py. Measured on the demo model with the exact dequantized weights
+# Per scheme of harness/quantized_models.py. Measured on the demo model with the exact dequantized weights
 # (an ideal kernel) against copies whose o_proj scales were multiplied (a broken one), 4 prompts x 24 tokens:
 #   w8a8  exact: top1 0.99, |dlogprob| 0.004;  scale x1.25: 0.98, 0.078;  x2: 0.94, 0.21;  x4: 0.93, 0.35
 #   w4a16 exact: top1 0.97, |dlogprob| 0.035;  scale x2: 0.93, 0.23;  x4: 0.94, 0.34
@@ -107,7 +107,7 @@ def score(
 
 def greedy_with(model_dir: Path, state_dict: dict, prompts: Sequence[Sequence[int]], tokens: int):
     """Greedy continuations and their logprobs from transformers with `state_dict`'s weights: what an ideal kernel
-    for a quantized checkpoint computes (tests/support/quantized_models.dequantized_state)."""
+    for a quantized checkpoint computes (harness/quantized_models.dequantized_state)."""
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -17,12 +17,12 @@ stand-in for the quality checks.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from service.atomic_dir import build_once
 
 VERSION = "v1"  # bump when the recipe changes, so caches rebuild
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -134,7 +134,7 @@ def _fused_out(state: dict, name: str) -> int:
 
 
 def quantize(source: Path, dest: Path, scheme: Scheme, corrupt_scale: float | None = None) -> Path:
-    """Write a compressed-tensors copy of the bf16 checkpoint at `source` into `dest` (which must not exist)."""
+    """Write a compressed-tensors copy of the bf16 checkpoint at `source` into `dest`, once (service/atomic_dir.py)."""
     import torch
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
     from safetensors.torch import load_file, save_file
@@ -162,8 +162,7 @@ def quantize(source: Path, dest: Path, scheme: Scheme, corrupt_scale: float | No
         if name in act_scales:
             out[name + ".input_scale"] = torch.tensor([act_scales[name]], dtype=torch.bfloat16)
 
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+    def fill(staging: Path) -> None:
         for f in source.iterdir():
             if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
                 shutil.copy2(f, staging / f.name)
@@ -173,13 +172,8 @@ def quantize(source: Path, dest: Path, scheme: Scheme, corrupt_scale: float | No
         save_file(
             {k: v.contiguous() for k, v in out.items()}, str(staging / "model.safetensors"), metadata={"format": "pt"}
         )
-        os.rename(staging, dest)
-    except OSError:
-        if not (dest / "config.json").is_file():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return dest
+
+    return build_once(dest, fill)
 
 
 def ensure_quantized(source: Path, scheme: str, corrupt_scale: float | None = None) -> Path:
@@ -199,9 +193,9 @@ def quantized_demo(cache_dir: Path, scheme: str, corrupt_scale: float | None = N
 
 
 def quantized_bench(cache_dir: Path, scheme: str, corrupt_scale: float | None = None) -> Path:
-    """The benchmark's ~0.5 B Llama (bench/models.py), quantized: the model bench/quant_kernels.py and the
+    """The benchmark's ~0.5 B Llama (harness/models.py), quantized: the model bench/quant_kernels.py and the
     service benchmark measure."""
-    from bench.models import ensure_bench_model
+    from harness.models import ensure_bench_model
 
     return ensure_quantized(ensure_bench_model(cache_dir), scheme, corrupt_scale)
 

@@ -6,10 +6,9 @@ by design; it is named and announced as a demo everywhere (log, /v1/models). The
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from service.atomic_dir import build_once
 
 DEMO_NAME = "demo-tiny-llama"
 DEMO_VERSION = "v1"  # bump when the recipe changes, so caches rebuild
@@ -63,45 +62,43 @@ def build_tokenizer(directory: Path, vocab_size: int = 2048) -> None:
     fast.save_pretrained(directory)
 
 
-def _build_llama(directory: Path) -> None:
+# What every model built on the demo tokenizer shares: its vocabulary and special token ids, bf16 weights.
+TOKENIZER_CONFIG = dict(vocab_size=2048, bos_token_id=1, eos_token_id=2, pad_token_id=2, torch_dtype="bfloat16")
+
+
+def save_random_model(directory: Path, config_class: str, model_class: str, **config: object) -> None:
+    """A random-weight transformers model of the demo tokenizer (seed 0, bf16), saved to `directory`."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=2048,
+    hf_config = getattr(transformers, config_class)(**{**TOKENIZER_CONFIG, **config})
+    getattr(transformers, model_class)(hf_config).to(torch.bfloat16).save_pretrained(directory)
+
+
+def _build_llama(directory: Path) -> None:
+    save_random_model(
+        directory,
+        "LlamaConfig",
+        "LlamaForCausalLM",
         hidden_size=256,
         intermediate_size=688,
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=4,
         max_position_embeddings=2048,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
         tie_word_embeddings=True,
-        torch_dtype="bfloat16",
     )
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(directory, safe_serialization=True)
 
 
 def build_model(directory: Path, build_weights=_build_llama) -> Path:
-    """Create the model at `directory` once; concurrent callers race safely through an atomic rename."""
-    if (directory / "config.json").is_file():
-        return directory
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
+    """Create the model at `directory` once (service/atomic_dir.py: concurrent callers race safely)."""
+
+    def fill(staging: Path) -> None:
         build_tokenizer(staging)
         build_weights(staging)
-        os.rename(staging, directory)
-    except OSError:
-        if not (directory / "config.json").is_file():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return directory
+
+    return build_once(directory, fill)
 
 
 def ensure_demo_model(cache_dir: Path) -> Path:

@@ -23,7 +23,6 @@ from service.facts.model import (
 )
 from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
-from service.policy.decision import PolicyResult
 from service.policy.engine import build_plan
 from service.report import StartupReport
 from service.settings import Settings
@@ -105,7 +104,7 @@ def build_report(
         model is not None and model.kind == "default",
     )
     if model_error:
-        plan = dataclasses.replace(plan, result=plan.result + PolicyResult(errors=(model_error,)))
+        plan = dataclasses.replace(plan, errors=plan.errors + (model_error,))
     return StartupReport(hardware=hardware, software=software, model=model_facts, plan=plan)
 
 

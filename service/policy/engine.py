@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from service.facts.hardware import HardwareFacts
 from service.facts.libraries import LibraryFacts
@@ -41,34 +40,32 @@ GDN_STATE_REASON = (
 FALLBACK_MAX_MODEL_LEN = 2048
 
 
-@dataclass(frozen=True)
-class EnginePlan:
+@dataclass(frozen=True, kw_only=True)
+class EnginePlan(PolicyResult):
+    """Every decision merged (engine_args: kwargs for vLLM's AsyncEngineArgs; env: set in this process before vLLM
+    starts, inherited by every vLLM process), with the structured plans the report and the server read."""
+
     backend: BackendChoice
     threads: ThreadPlan | None
-    result: PolicyResult
     model: ModelSourcePlan | None = None  # what the engine loads, under which name (None: no model)
 
-    @property
-    def decisions(self) -> tuple[Decision, ...]:
-        return self.result.decisions
-
-    @property
-    def warnings(self) -> tuple[str, ...]:
-        return self.result.warnings
-
-    @property
-    def errors(self) -> tuple[str, ...]:
-        return self.result.errors
-
-    @property
-    def engine_args(self) -> dict[str, Any]:
-        """kwargs for vLLM's AsyncEngineArgs."""
-        return self.result.engine_args
-
-    @property
-    def env(self) -> dict[str, str]:
-        """Set in this process before vLLM starts (every vLLM process inherits it)."""
-        return self.result.env
+    @classmethod
+    def of_results(
+        cls,
+        results: list[PolicyResult],
+        backend: BackendChoice,
+        threads: ThreadPlan | None,
+        model: ModelSourcePlan | None,
+    ) -> EnginePlan:
+        merged = PolicyResult.merge(results)
+        return cls(
+            decisions=merged.decisions,
+            warnings=merged.warnings,
+            errors=merged.errors,
+            backend=backend,
+            threads=threads,
+            model=model,
+        )
 
 
 def build_plan(
@@ -86,7 +83,7 @@ def build_plan(
     backend = choose_backend(hardware.cpu, software, settings.backend)
     entry = backend.entry
     if entry is None:
-        return EnginePlan(backend, None, PolicyResult(errors=(backend.error or backend.reason,)))
+        return EnginePlan(errors=(backend.error or backend.reason,), backend=backend, threads=None)
 
     results = [choose_platform(backend, environ)]
     if libraries is not None:
@@ -122,7 +119,7 @@ def build_plan(
         plan_compile_cache(settings.cache_dir, software.vllm, environ),
         fxgraph_patch(software.torch),
     ]
-    return EnginePlan(backend, threads, PolicyResult.merge(results), source)
+    return EnginePlan.of_results(results, backend, threads, source)
 
 
 def _model_decisions(

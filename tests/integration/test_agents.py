@@ -57,8 +57,7 @@ def qwen_server(server_logs):
     model = tiny_qwen3_chat(MODELS)
     server = _start("qwen3-chat", server_logs, QWEN, model=str(model), served_model_name=QWEN)
     yield server
-    server.process.stop()
-    server.process.kill_group()
+    server.process.close()
 
 
 def client(server) -> openai.OpenAI:

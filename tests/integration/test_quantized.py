@@ -14,6 +14,8 @@ import httpx
 import openai
 import pytest
 
+from harness.quant_quality import QUALITY_TOKENS, greedy_with, prompt_ids, score
+from harness.quantized_models import dequantized_state, quantized_demo
 from service.demo_model import ensure_demo_model
 from service.facts.model import inspect_model
 from service.policy.backends import BACKENDS
@@ -22,8 +24,6 @@ from service.policy.quant_kernels import KERNELS
 from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from tests.integration.conftest import _start
-from tests.support.quant_quality import QUALITY_TOKENS, greedy_with, prompt_ids, score
-from tests.support.quantized_models import dequantized_state, quantized_demo
 from tests.support.server import REPO
 
 MODELS = REPO / ".cache" / "test-models"
@@ -75,8 +75,7 @@ def started(server_logs):
     yield get
     for server in servers.values():
         if not isinstance(server, Refusal):
-            server.process.stop()
-            server.process.kill_group()
+            server.process.close()
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 Paths: each backend the live CPU runs (vLLM's own checks: zen where vLLM would pick ZenCpuPlatform, and then the
 generic avx512 platform too; else amx / avx512 / avx2), in fp32 and, where the CPU computes it natively, bf16; and
-W8A8 and W4A16 copies made from the model by round-to-nearest (tests/support/quantized_models.py), on the policy's
+W8A8 and W4A16 copies made from the model by round-to-nearest (harness/quantized_models.py), on the policy's
 backend and dtype (refused where this CPU's vLLM build lacks the kernel). One service per path, in turn.
 
 Each path is held to the weights it serves: transformers' fp32 forward on the same weights (the model's fp32
@@ -38,11 +38,11 @@ import pytest
 from openai import OpenAI
 
 from harness.perplexity import perplexity, reference_logprobs, served_logprobs, text_ids
+from harness.quantized_models import dequantized_state, dynamic_int8_inputs, ensure_quantized, quantized_layers
 from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import build_report, choose_model
 from tests.integration.conftest import _start
-from tests.support.quantized_models import dequantized_state, dynamic_int8_inputs, ensure_quantized, quantized_layers
 from tests.support.reference import compare, query, scale_weight
 from tests.support.reference import reference_logprobs as greedy_reference
 from tests.support.server import DEFAULT_MODEL, REPO

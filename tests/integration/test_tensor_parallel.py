@@ -22,7 +22,7 @@ import yaml
 
 from service.cpulist import parse_cpulist
 from tests.support.decode_rate import stream_timing
-from tests.support.server import REPO, ServerProcess, service_env
+from tests.support.server import REPO, ServerProcess, service_env, watch_until_exit
 
 pytestmark = pytest.mark.engine
 
@@ -85,8 +85,7 @@ def decisions(url: str) -> dict[str, dict]:
 def tp_server(server_logs):
     process = start(server_logs / "tensor-parallel.log")
     yield process
-    process.stop()
-    process.kill_group()
+    process.close()
 
 
 def test_the_report_says_two_simulated_nodes_one_rank_on_each(tp_server):
@@ -234,16 +233,8 @@ def test_killing_a_worker_fails_health_and_exits_non_zero(server_logs):
         assert httpx.get(f"{process.url}/health", timeout=10).status_code == 200
         killed_at = time.monotonic()
         ranks[1].send_signal(signal.SIGKILL)
-        health_503_after = None
-        while process.proc.poll() is None and time.monotonic() - killed_at < 60:
-            try:
-                if health_503_after is None and httpx.get(f"{process.url}/health", timeout=2).status_code == 503:
-                    health_503_after = time.monotonic() - killed_at
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        code = process.proc.wait(timeout=30)
-        exited_after = time.monotonic() - killed_at
+        exit_ = watch_until_exit(process, killed_at, 90)
+        health_503_after, code, exited_after = exit_.health_503_after, exit_.code, exit_.after
         print(f"tp=2 worker death: /health 503 after {health_503_after}s, exit {code} after {exited_after:.1f}s")
         assert health_503_after is not None, "/health never answered 503"
         assert code == EXIT_ENGINE_DIED

@@ -17,9 +17,9 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.server import REPO, ServerProcess, service_env
+from tests.support.server import MODELS, ServerProcess, start_service
 
-MODEL_CACHE = REPO / ".cache" / "test-models"
+MODEL_CACHE = MODELS
 SERVED = "demo-tiny-llama"
 MAX_NUM_SEQS = 2
 MAX_QUEUED = 6  # vLLM's --max-num-queued-reqs: running + waiting requests admitted at once
@@ -101,16 +101,7 @@ def start_server(
 ) -> Server:
     if api_key:
         settings["api_key"] = api_key
-    env = service_env(MODEL_CACHE, **settings)
-    env.update(CANARIES)
-    env.update(extra_env or {})
-    process = ServerProcess(env, log_path).start()
-    try:
-        process.wait_ready(timeout=420)
-    except BaseException:
-        process.kill_group()
-        raise
-    return Server(process, api_key)
+    return Server(start_service(log_path, extra_env=CANARIES | (extra_env or {}), **settings), api_key)
 
 
 @pytest.fixture(scope="session")
@@ -136,5 +127,4 @@ def server(reliability_logs, api_key):
         shutdown_grace_seconds="10",
     )
     yield srv
-    srv.process.stop()
-    srv.process.kill_group()
+    srv.process.close()

@@ -36,8 +36,7 @@ def long_server(reliability_logs, api_key):
         extra_env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
     )
     yield srv
-    srv.process.stop()
-    srv.process.kill_group()
+    srv.process.close()
 
 
 def answer_tokens(server) -> int:

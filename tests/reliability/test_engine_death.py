@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from tests.reliability.conftest import SERVED, start_server
+from tests.support.server import watch_until_exit
 
 pytestmark = pytest.mark.engine
 
@@ -53,18 +54,8 @@ def test_killing_the_engine_core_fails_health_and_exits_non_zero(reliability_log
 
         killed_at = time.monotonic()
         core.send_signal(signal.SIGKILL)
-        health_503_after = None
-        while time.monotonic() - killed_at < EXIT_DEADLINE_S + 5:
-            if server.process.proc.poll() is not None:
-                break
-            try:
-                if health_503_after is None and httpx.get(f"{server.url}/health", timeout=1).status_code == 503:
-                    health_503_after = time.monotonic() - killed_at
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        code = server.process.proc.wait(timeout=max(0.1, EXIT_DEADLINE_S + 5 - (time.monotonic() - killed_at)))
-        exited_after = time.monotonic() - killed_at
+        exit_ = watch_until_exit(server.process, killed_at, EXIT_DEADLINE_S + 5)
+        health_503_after, code, exited_after = exit_.health_503_after, exit_.code, exit_.after
         client.join(10)
         print(
             f"engine death: /health 503 after {health_503_after:.2f}s, exit {code} after {exited_after:.1f}s; "

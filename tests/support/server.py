@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
 
 from harness import REPO, ServerProcess, free_port, offline_env
 from service.demo_model import DEMO_NAME
 
-__all__ = ["DEFAULT_MODEL", "REPO", "ServerProcess", "free_port", "service_env"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "MODELS",
+    "REPO",
+    "ServerProcess",
+    "free_port",
+    "service_env",
+    "start_service",
+    "watch_until_exit",
+]
+
+MODELS = REPO / ".cache" / "test-models"  # test models, converted GGUF files and compile caches of the test servers
 
 # `model=DEFAULT_MODEL`: no model configured, the service's own default (SmolLM2-135M-Instruct).
 DEFAULT_MODEL = ""
@@ -20,3 +35,42 @@ def service_env(cache_dir: Path, **settings: str) -> dict[str, str]:
     env.update(SERVICE_CACHE_DIR=str(cache_dir), SERVICE_ENFORCE_EAGER="true", SERVICE_MODEL=DEMO_NAME)
     env.update({f"SERVICE_{k.upper()}": v for k, v in settings.items()})
     return env
+
+
+def start_service(
+    log_path: Path, extra_env: dict[str, str] | None = None, name: str = "service", **settings: str
+) -> ServerProcess:
+    """`python -m service serve` with `service_env(MODELS, **settings)` (and `extra_env` over it), ready; nothing of
+    it left running when it does not get there."""
+    env = service_env(MODELS, **settings) | (extra_env or {})
+    process = ServerProcess(env, log_path, name=name).start()
+    try:
+        process.wait_ready(timeout=480)
+    except BaseException:
+        process.kill_group()
+        raise
+    return process
+
+
+@dataclass(frozen=True)
+class Exit:
+    health_503_after: float | None  # seconds from `since` to the first /health 503, None if none was seen
+    code: int | None  # the server's exit code, None if it had not exited by the deadline
+    after: float  # seconds from `since` to its exit (or to the deadline)
+
+
+def watch_until_exit(process: ServerProcess, since: float, deadline_s: float) -> Exit:
+    """After a fault at `since` (time.monotonic()): poll /health until the server exits or `deadline_s` passes."""
+    health_503_after = None
+    while process.proc.poll() is None and time.monotonic() - since < deadline_s:
+        try:
+            if health_503_after is None and httpx.get(f"{process.url}/health", timeout=1).status_code == 503:
+                health_503_after = time.monotonic() - since
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    try:
+        code = process.proc.wait(timeout=max(0.1, deadline_s - (time.monotonic() - since)))
+    except Exception:  # subprocess.TimeoutExpired: still running at the deadline
+        code = None
+    return Exit(health_503_after, code, time.monotonic() - since)

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.demo_model import build_model
+from service.demo_model import build_model, save_random_model
 
 
 def _qwen3_next_weights(directory: Path) -> None:
-    import torch
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3NextConfig(
-        vocab_size=2048,
+    save_random_model(
+        directory,
+        "Qwen3NextConfig",
+        "Qwen3NextForCausalLM",
         hidden_size=256,
         intermediate_size=512,
         moe_intermediate_size=128,
@@ -30,12 +28,7 @@ def _qwen3_next_weights(directory: Path) -> None:
         linear_key_head_dim=64,
         linear_value_head_dim=64,
         max_position_embeddings=2048,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-        torch_dtype="bfloat16",
     )
-    Qwen3NextForCausalLM(config).to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)
 
 
 def tiny_qwen3_next(cache_dir: Path) -> Path:

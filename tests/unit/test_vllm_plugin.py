@@ -49,7 +49,7 @@ def test_apply_puts_both_decisions_in_the_environment(requested):
         Settings(backend=requested), model=None, cpuinfo=CPUINFO / "epyc_9755_zen5.txt", environ=environ
     )
     apply(report, environ)
-    patch = report.plan.result.find(f"env.{PATCH_ENV}")
+    patch = report.plan.find(f"env.{PATCH_ENV}")
     assert environ[PLATFORM_ENV] == report.plan.backend.platform == report.to_dict()["backend"]["platform"]
     assert environ[PATCH_ENV] == patch.value and report.to_dict()["env"][PATCH_ENV] == patch.value
     assert environ["VLLM_TARGET_DEVICE"] == ""
