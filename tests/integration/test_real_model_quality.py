@@ -16,13 +16,13 @@ Bounds (measured on an AMD EPYC Zen 4 guest, docs/quality.md; each leaves room o
 below what a broken kernel does):
 - fp32: the same arithmetic up to summation order. Measured: perplexity x1.0000, logprobs max 4e-5. Bound:
   perplexity within 0.1%, logprob max 0.01 / mean 0.001.
-- bf16: values rounded to 8 significant bits through 30 layers. Measured: perplexity within 0.15%, logprob max
+- bf16: values rounded to 8 significant bits through 30 layers. Measured: perplexity within 0.1%, logprob max
   0.50 / mean 0.05. Bound: perplexity within 2%, logprob max 1.0 / mean 0.1; a greedy pick may differ from the
   reference's top-1 only within a 1.0-nat near-tie (every path).
 - W4A16 (bf16 activations): measured perplexity x1.002, logprob max 1.09 / mean 0.066. Bound: 2%, 2.0 / 0.15.
 - W8A8: its int8 per-token activations are rounded from bf16 inputs in the kernel, from fp32 ones in the
-  reference, so single roundings differ. Measured perplexity x0.994, logprob max 2.05 / mean 0.28. Bound: 2%,
-  3.0 / 0.4 (a scale off by 2x moves the mean by 6.7).
+  reference, so single roundings differ. Measured perplexity x0.985 (x0.994 under another tokenization of the same
+  text), logprob max 2.05 / mean 0.28. Bound: 4%, 3.0 / 0.4 (a scale off by 2x moves the mean by 6.7).
 - A corrupted scale fails these: one o_proj weight x1.05 for fp32, x1.25 for bf16, every o_proj scale x2 in the
   W4A16 copy.
 - Quantization's own loss against the fp32 model (round-to-nearest, no calibration): W8A8 within 10% (measured
@@ -64,7 +64,7 @@ class Bound:
 
 FP32 = Bound(0.001, 0.01, 0.001, 0.02)
 BF16 = Bound(0.02, 1.0, 0.1, 1.0)
-SCHEME_BOUNDS = {"w8a8": Bound(0.02, 3.0, 0.4, 1.0), "w4a16-g64": Bound(0.02, 2.0, 0.15, 1.0)}
+SCHEME_BOUNDS = {"w8a8": Bound(0.04, 3.0, 0.4, 1.0), "w4a16-g64": Bound(0.02, 2.0, 0.15, 1.0)}
 QUANTIZATION_LOSS = {"w8a8": 1.10, "w4a16-g64": 1.60}  # perplexity / the fp32 model's, at most
 
 
