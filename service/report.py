@@ -104,6 +104,7 @@ def _hardware_dict(hw: HardwareFacts) -> dict[str, Any]:
         "memory_limit_bytes": lim.memory_bytes,
         "memory_total_bytes": lim.memory_total_bytes,
         "memory_source": lim.memory_source,
+        "memory_available_bytes": lim.memory_available_bytes,
     }
 
 

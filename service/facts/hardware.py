@@ -14,6 +14,7 @@ from service.facts.topology import Topology, read_topology
 _CGROUP_MOUNT = Path("/sys/fs/cgroup")
 # "MemTotal:  263856880 kB" in /proc/meminfo, "Node 0 MemTotal:  263856880 kB" in node meminfo.
 _MEMTOTAL = re.compile(r"^(?:Node \d+ )?MemTotal:\s+(\d+) kB$", re.MULTILINE)
+_MEMAVAILABLE = re.compile(r"^MemAvailable:\s+(\d+) kB$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,14 @@ def _read_live() -> HardwareFacts:
     cpu = read_cpuinfo(Path("/proc/cpuinfo"))
     topology = read_topology(Path("/sys"), cpu)
     own_cgroup = Path("/proc/self/cgroup").read_text()
+    meminfo = Path("/proc/meminfo").read_text()
     limits = read_limits(
         topology.online_cpus,
         cgroup_root=cgroup_dir(own_cgroup, _CGROUP_MOUNT),
         cgroup_mount=_CGROUP_MOUNT,
         cgroup_v1=cgroup_v1_dirs(own_cgroup, _CGROUP_MOUNT),
-        meminfo_total=memtotal_bytes(Path("/proc/meminfo").read_text()),
+        meminfo_total=memtotal_bytes(meminfo),
+        meminfo_available=memavailable_bytes(meminfo),
         affinity=frozenset(os.sched_getaffinity(0)),
     )
     return HardwareFacts(cpu=cpu, topology=topology, limits=limits, source="live")
@@ -92,6 +95,12 @@ def _read_recorded_sysfs(sysfs_root: Path, cpuinfo_path: Path) -> HardwareFacts:
 def memtotal_bytes(meminfo_text: str) -> int | None:
     """MemTotal of a /proc/meminfo (or one node's meminfo) text, in bytes."""
     match = _MEMTOTAL.search(meminfo_text)
+    return int(match[1]) * 1024 if match else None
+
+
+def memavailable_bytes(meminfo_text: str) -> int | None:
+    """MemAvailable of /proc/meminfo (what can be allocated without swapping, page cache included), in bytes."""
+    match = _MEMAVAILABLE.search(meminfo_text)
     return int(match[1]) * 1024 if match else None
 
 

@@ -21,6 +21,9 @@ class Limits:
     memory_bytes: int | None  # what we may use: cgroup memory.max if set, else MemTotal
     memory_total_bytes: int | None  # the machine's MemTotal
     memory_source: str  # e.g. "cgroup memory.max", "MemTotal", "unknown"
+    # Free for this service right now: MemAvailable, and under a cgroup limit that limit minus what the cgroup
+    # already uses (memory.current), whichever is lower; None when not known (recorded dumps).
+    memory_available_bytes: int | None = None
 
 
 def read_limits(
@@ -31,6 +34,7 @@ def read_limits(
     affinity: frozenset[int] | None,
     cgroup_mount: Path | None = None,
     cgroup_v1: Mapping[str, Path] | None = None,
+    meminfo_available: int | None = None,
 ) -> Limits:
     """Combine affinity, cgroup files under cgroup_root (cpuset.cpus.effective, cpu.max, memory.max).
 
@@ -58,6 +62,9 @@ def read_limits(
         memory_bytes=memory_bytes,
         memory_total_bytes=meminfo_total,
         memory_source=memory_source,
+        memory_available_bytes=_tightest(
+            [meminfo_available, *(_cgroup_headroom(d) for d in cgroup_dirs), _v1_headroom(v1.get("memory"))]
+        ),
     )
 
 
@@ -101,6 +108,18 @@ def _cpu_max(cgroup_dir: Path) -> float | None:
 def _memory_max(cgroup_dir: Path) -> int | None:
     value = _read_value(cgroup_dir / "memory.max")
     return None if value in (None, "max") else int(value)
+
+
+def _cgroup_headroom(cgroup_dir: Path) -> int | None:
+    """memory.max - memory.current of a v2 cgroup with a limit."""
+    limit, used = _memory_max(cgroup_dir), _read_value(cgroup_dir / "memory.current")
+    return None if limit is None or used is None else max(0, limit - int(used))
+
+
+def _v1_headroom(directory: Path | None) -> int | None:
+    limit = _v1_memory(directory)
+    used = _read_value(directory / "memory.usage_in_bytes") if directory is not None else None
+    return None if limit is None or used is None else max(0, limit - int(used))
 
 
 # cgroup v1 writes "no limit" as the largest page-aligned 64-bit value, not as a word.

@@ -1,4 +1,5 @@
-"""KV cache size from the memory limit, and the pre-flight check that a max-length request fits."""
+"""KV cache size from the memory limit and what of it is free at start, and the pre-flight check that a max-length
+request fits."""
 
 from __future__ import annotations
 
@@ -58,6 +59,12 @@ def plan_memory(
         return MemoryPlan(kv // tp_size if kv else None, why, "user" if kv else "default", headroom)
 
     where = f"limit is {gib(limit)} ({limits.memory_source})"
+    free = limits.memory_available_bytes
+    if free is not None and free < limit:
+        # Memory other processes hold is not ours: vLLM refuses a KV cache larger than what is free when it
+        # allocates, so the budget is what is free now.
+        where += f", {gib(free)} of it free at start (MemAvailable / the cgroup's memory.current)"
+        limit = free
     fixed = model.weight_bytes + headroom
     if fixed > limit:
         error = (

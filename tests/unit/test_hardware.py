@@ -99,6 +99,8 @@ def test_live_detector_agrees_with_torch_and_the_kernel() -> None:
     assert facts.limits.allowed_cpus == frozenset(os.sched_getaffinity(0)) & facts.topology.online_cpus
     assert facts.topology.online_cpus == frozenset(cpu.processor for cpu in facts.cpu.cpus)
     assert facts.limits.memory_total_bytes == memtotal_bytes(Path("/proc/meminfo").read_text())
+    free = facts.limits.memory_available_bytes
+    assert free is not None and 0 < free <= facts.limits.memory_bytes
 
 
 def test_cgroup_v1_dirs_fall_back_to_the_mount_root_inside_a_container(tmp_path):

@@ -113,3 +113,31 @@ def test_cgroup_v1_unlimited_values_mean_no_limit(tmp_path):
         cgroup_v1={"memory": tmp_path / "memory", "cpu": tmp_path / "cpu"},
     )
     assert (limits.memory_bytes, limits.memory_source, limits.cpu_quota) == (4 * GIB, "MemTotal", None)
+
+
+def test_free_memory_is_the_lowest_of_memavailable_and_each_limited_cgroups_headroom(tmp_path: Path) -> None:
+    mount = tmp_path / "cgroup"
+    parent = _cgroup(mount / "pod", memory_max=str(16 * GIB), memory_current=str(10 * GIB))
+    leaf = _cgroup(parent / "ctr", memory_max=str(12 * GIB), memory_current=str(3 * GIB))
+    limits = read_limits(
+        ONLINE, cgroup_root=leaf, cgroup_mount=mount, meminfo_total=64 * GIB, meminfo_available=40 * GIB, affinity=None
+    )
+    assert (limits.memory_bytes, limits.memory_available_bytes) == (12 * GIB, 6 * GIB)  # the parent's 16 - 10
+    alone = read_limits(ONLINE, cgroup_root=None, meminfo_total=64 * GIB, meminfo_available=40 * GIB, affinity=None)
+    assert alone.memory_available_bytes == 40 * GIB
+
+
+def test_cgroup_v1_headroom_counts_too(tmp_path: Path) -> None:
+    memory = tmp_path / "memory"
+    memory.mkdir()
+    (memory / "memory.limit_in_bytes").write_text(f"{8 * GIB}\n")
+    (memory / "memory.usage_in_bytes").write_text(f"{5 * GIB}\n")
+    limits = read_limits(
+        ONLINE,
+        cgroup_root=None,
+        cgroup_v1={"memory": memory},
+        meminfo_total=64 * GIB,
+        meminfo_available=40 * GIB,
+        affinity=None,
+    )
+    assert (limits.memory_bytes, limits.memory_available_bytes) == (8 * GIB, 3 * GIB)

@@ -10,6 +10,7 @@ from service.facts.hardware import read_hardware
 from service.facts.model import inspect_model
 from service.policy.dtype import MEASUREMENTS, Measurement
 from service.policy.engine import build_plan
+from service.policy.memory import default_headroom
 from service.settings import Settings
 from tests.unit.conftest import CPUINFO, MODELS, SYSFS, software
 
@@ -184,6 +185,26 @@ def test_kv_cache_size_from_the_container_memory_limit():
     assert d.source == "policy" and "16.00 GiB (cgroup memory.max)" in d.reason
     weights = model("qwen2.5-7b-instruct-gptq-int4").weight_bytes
     assert 0 < p.engine_args["kv_cache_memory_bytes"] < 16 * GiB - weights
+
+
+def test_the_kv_cache_fits_in_what_is_free_at_start_not_in_the_whole_limit():
+    """Memory other processes hold is not the engine's: vLLM refuses a KV cache larger than what is free."""
+    whole = plan(
+        hw(memory=24 * GiB), model_name="qwen2.5-7b-instruct-gptq-int4", max_model_len=4096, tensor_parallel_size=1
+    )
+    busy = hw(memory=24 * GiB)
+    busy = dataclasses.replace(busy, limits=dataclasses.replace(busy.limits, memory_available_bytes=16 * GiB))
+    shared = build_plan(
+        busy,
+        model("qwen2.5-7b-instruct-gptq-int4"),
+        software(),
+        Settings(max_model_len=4096, tensor_parallel_size=1),
+        {},
+    )
+    kv_whole, kv_shared = (p.engine_args["kv_cache_memory_bytes"] for p in (whole, shared))
+    weights = model("qwen2.5-7b-instruct-gptq-int4").weight_bytes
+    assert kv_shared == 16 * GiB - weights - default_headroom(24 * GiB) < kv_whole
+    assert "16.00 GiB of it free at start" in decision(shared, "engine.kv_cache_memory_bytes").reason
 
 
 def test_preflight_fails_before_loading_with_numbers():
