@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 
 from service.demo_model import demo_dir
 from tests.integration.conftest import _start
-from tests.support.server import REPO
+from tests.support.server import MODELS, REPO
 from tests.support.tiny_models import (
     SCRIPT_ANSWER,
     SCRIPT_REASONING,
@@ -32,7 +32,6 @@ from tests.support.tiny_models import (
     tiny_qwen3_chat,
 )
 
-MODELS = REPO / ".cache" / "test-models"
 QWEN = "tiny-qwen3-chat"
 CITY = {"type": "string", "enum": ["Paris", "Rome"]}  # a closed set: random weights would write a string forever
 WEATHER = {

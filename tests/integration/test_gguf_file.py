@@ -13,10 +13,9 @@ from tests.integration.conftest import _start
 from tests.integration.test_reference import TEXTS
 from tests.support.gguf_models import tiny_gguf
 from tests.support.reference import compare, prompt_ids, query, reference_logprobs
-from tests.support.server import REPO
+from tests.support.server import MODELS
 
 pytestmark = pytest.mark.engine
-MODELS = REPO / ".cache" / "test-models"
 SERVED = "tiny-qwen3-Q4_K-v1"
 MAX_DIFF, MEAN_DIFF = 0.01, 0.001  # fp32 against fp32: summation order only
 

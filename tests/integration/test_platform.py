@@ -25,7 +25,7 @@ from service.policy.platform import PLATFORM_ENV
 from service.vllm_plugin import STATE_PREFIX
 from tests.integration.conftest import _start
 from tests.support.live_cpu import expected_platform
-from tests.support.server import REPO, service_env
+from tests.support.server import MODELS, REPO, service_env
 
 pytestmark = pytest.mark.engine
 
@@ -98,7 +98,7 @@ def test_avx512_on_a_zen_host_runs_vllms_generic_platform(server_logs):
 
 def _detect_env(backend: str) -> dict[str, str]:
     """The environment `serve` would set for the recorded Zen 5 host (as the startup hook's apply does)."""
-    env = service_env(REPO / ".cache" / "test-models")
+    env = service_env(MODELS)
     out = subprocess.run(
         [sys.executable, "-m", "service", "detect", "--json", "--cpuinfo", str(ZEN5_FIXTURE), "--backend", backend],
         capture_output=True,
@@ -166,7 +166,7 @@ def test_a_forced_patch_is_applied_in_every_process_vllm_starts(tmp_path):
     script = tmp_path / "forced_engine.py"
     script.write_text(FORCED_ENGINE)
     # A small KV cache: this engine only has to start, on a machine other test servers share.
-    env = service_env(REPO / ".cache" / "test-models", kv_cache_gib="0.25", max_model_len="256")
+    env = service_env(MODELS, kv_cache_gib="0.25", max_model_len="256")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     log = out.stdout + out.stderr
     assert out.returncode == 0 and "engine started" in out.stdout, log[-5000:]

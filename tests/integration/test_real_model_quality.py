@@ -45,9 +45,8 @@ from service.startup import build_report, choose_model
 from tests.integration.conftest import _start
 from tests.support.reference import compare, query, scale_weight
 from tests.support.reference import reference_logprobs as greedy_reference
-from tests.support.server import DEFAULT_MODEL, REPO
+from tests.support.server import DEFAULT_MODEL, MODELS
 
-MODELS = REPO / ".cache" / "test-models"
 PROMPTS = ("What is the capital of France?", "What is 2 + 2?", "How many days are in a week?")
 MAX_TOKENS = 16
 TEXT_TOKENS = 2048

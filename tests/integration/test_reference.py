@@ -26,7 +26,7 @@ from openai import OpenAI
 
 from service.demo_model import demo_dir
 from tests.support.reference import compare, prompt_ids, query, reference_logprobs, scale_weight, swap_rows
-from tests.support.server import REPO
+from tests.support.server import MODELS
 from tests.support.tiny_models import tiny_qwen3_next
 
 MAX_DIFF = 0.05
@@ -48,12 +48,12 @@ def _record(server, model_dir: Path) -> tuple[Path, list]:
 
 @pytest.fixture(scope="module")
 def llama(chat_server):
-    return _record(chat_server, demo_dir(REPO / ".cache" / "test-models"))
+    return _record(chat_server, demo_dir(MODELS))
 
 
 @pytest.fixture(scope="module")
 def gdn(gdn_server):
-    return _record(gdn_server, tiny_qwen3_next(REPO / ".cache" / "test-models"))
+    return _record(gdn_server, tiny_qwen3_next(MODELS))
 
 
 def _sequences(served) -> list[tuple[int, ...]]:

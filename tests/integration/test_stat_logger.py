@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from tests.support.server import REPO, offline_env
+from tests.support.server import MODELS, REPO, offline_env
 
 # A fresh process per logger: vLLM's logger registers its metrics in prometheus_client's global registry.
 PROBE = r"""
@@ -75,7 +75,7 @@ print(json.dumps({"class": type(logger).__mro__[1].__name__, "after_each": after
 
 def _record(which: str) -> dict:
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, which, str(REPO / ".cache" / "test-models")],
+        [sys.executable, "-c", PROBE, which, str(MODELS)],
         capture_output=True,
         text=True,
         env=offline_env(),

@@ -22,12 +22,11 @@ import yaml
 
 from service.cpulist import parse_cpulist
 from tests.support.decode_rate import stream_timing
-from tests.support.server import REPO, ServerProcess, service_env, watch_until_exit
+from tests.support.server import MODELS, REPO, ServerProcess, service_env, watch_until_exit
 
 pytestmark = pytest.mark.engine
 
 SERVED = "demo-tiny-llama"
-MODEL_CACHE = REPO / ".cache" / "test-models"
 # The grace is an upper bound: the drain below ends when its request does (a loaded 2-core CI box decodes a few
 # tokens per second).
 DRAIN_GRACE_S = 300
@@ -52,7 +51,7 @@ EXIT_ENGINE_DIED = 3
 
 
 def start(log_path: Path) -> ServerProcess:
-    env = service_env(MODEL_CACHE, **TP_SETTINGS) | {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+    env = service_env(MODELS, **TP_SETTINGS) | {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
     process = ServerProcess(env, log_path)
     try:
         process.start().wait_ready(timeout=900)  # a loaded 2-core box needs minutes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,9 @@ __all__ = [
     "watch_until_exit",
 ]
 
-MODELS = REPO / ".cache" / "test-models"  # test models, converted GGUF files and compile caches of the test servers
+# Test models, converted GGUF files and compile caches of the test servers. TEST_MODELS_DIR moves them where the
+# repository is read-only (the test image).
+MODELS = Path(os.environ.get("TEST_MODELS_DIR") or REPO / ".cache" / "test-models")
 
 # `model=DEFAULT_MODEL`: no model configured, the service's own default (SmolLM2-135M-Instruct).
 DEFAULT_MODEL = ""

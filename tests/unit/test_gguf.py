@@ -23,9 +23,8 @@ from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import build_report, choose_model
 from tests.support.gguf_models import ARCHES, HIDDEN, K_QUANTS, tiny_gguf
-from tests.support.server import REPO
+from tests.support.server import MODELS
 
-MODELS = REPO / ".cache" / "test-models"
 SOFTWARE = read_software()
 ARCHITECTURES = read_vllm_names().text_generation_architectures
 IDS = torch.tensor([[1, 17, 300, 42, 999, 5, 1500, 77]])

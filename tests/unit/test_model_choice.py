@@ -14,9 +14,8 @@ from service.policy.dtype import DEFAULT_MODEL_FP32, choose_dtype
 from service.settings import Settings
 from service.startup import NO_DEFAULT_MODEL, build_report, choose_model
 from tests.support.gguf_models import tiny_gguf
-from tests.support.server import REPO
+from tests.support.server import MODELS
 
-MODELS = REPO / ".cache" / "test-models"
 CPUINFO = Path(__file__).resolve().parents[1] / "fixtures" / "cpuinfo"
 
 
