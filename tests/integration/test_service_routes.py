@@ -64,8 +64,24 @@ def test_hardware_equals_detect_json_for_the_same_settings(chat_server):
         timeout=120,
         check=True,
     )
-    assert served == json.loads(out.stdout)
+    detected = json.loads(out.stdout)
+    # What was free at start is gone once the engine holds its KV cache: the served report keeps the start's
+    # snapshot and the KV cache decided from it, a later detect sees less. Everything else is the same.
+    kv = "engine.kv_cache_memory_bytes"
+    served_kv = next(d for d in served["decisions"] if d["setting"] == kv)
+    assert served_kv["value"] == served["engine_args"]["kv_cache_memory_bytes"]
+    assert served_kv["value"] <= served["hardware"]["memory_available_bytes"]
+    assert "free at start" in served_kv["reason"]
+    assert _without_the_start_snapshot(served) == _without_the_start_snapshot(detected)
     assert chat_server.api_key not in json.dumps(served)
+
+
+def _without_the_start_snapshot(report: dict) -> dict:
+    report = json.loads(json.dumps(report))
+    del report["hardware"]["memory_available_bytes"]
+    del report["engine_args"]["kv_cache_memory_bytes"]
+    report["decisions"] = [d for d in report["decisions"] if d["setting"] != "engine.kv_cache_memory_bytes"]
+    return report
 
 
 def test_hardware_needs_the_key(chat_server):
