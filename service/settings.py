@@ -83,6 +83,10 @@ class Settings(BaseSettings):
         description="int4 models on Zen/AMX: int8 activations (DA8W4 / AMX W4A8) or weight-only; default: policy",
         json_schema_extra={"shown": "policy"},
     )
+    int4_kernel: Literal["auto", "vllm", "auto-round"] = Field(
+        "auto",
+        description="int4 weight-only models: vLLM's kernel or the service's auto-round-lib one; auto: policy",
+    )
     w8a8_zentorch: bool | None = Field(
         None,
         description="W8A8 models on Zen: zentorch qlinear (decode) or oneDNN int8 (prefill); default: policy",

@@ -3,8 +3,9 @@ process does.
 
 - `platform` (group `vllm.platform_plugins`): vLLM calls it in every process while resolving its platform.
 - `every_process` (group `vllm.general_plugins`): vLLM runs it once in each process it starts (API server,
-  engine core, workers). It applies the torch patch as decided at startup and logs one line saying which
-  platform that process runs and what became of the patch.
+  engine core, workers). It applies the torch patch as decided at startup, registers the service's linear kernels
+  the policy chose (vLLM's `register_linear_kernel`), and logs one line saying which platform that process runs
+  and what became of the patch and the kernels.
 
 Both only carry out decisions the startup hook put in the environment (service/startup.py `apply`); without
 them (vLLM used without the service) they leave vLLM to decide as usual.
@@ -21,6 +22,7 @@ import os
 from service.patches import PATCH_ENV, apply_fxgraph_pickle_patch
 from service.policy.backends import by_platform
 from service.policy.platform import PLATFORM_ENV
+from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 
 # A handler of its own: the plugins run before vLLM configures its logging in the API server (from its
 # arguments), and in the engine core and workers nothing configures the root logger.
@@ -50,10 +52,28 @@ def platform() -> str | None:
     return qualname
 
 
+def register_kernels(names: str) -> dict[str, str]:
+    """Hand the service's kernels named in `names` (comma-separated vLLM class names) to vLLM; per name, "registered"
+    or why not."""
+    providers = {k.vllm_class: k.provider for k in KERNELS.values() if k.provider}
+    status = {}
+    for name in filter(None, names.split(",")):
+        if name not in providers:
+            status[name] = f"not a kernel of the service (it has {', '.join(sorted(providers))})"
+            continue
+        try:
+            importlib.import_module(providers[name]).register()
+            status[name] = "registered"
+        except (ImportError, OSError) as exc:
+            status[name] = f"not registered: {exc}"
+    return status
+
+
 def every_process() -> None:
-    if PATCH_ENV not in os.environ and PLATFORM_ENV not in os.environ:
+    if not {PATCH_ENV, PLATFORM_ENV, KERNELS_ENV} & os.environ.keys():
         return
     patch = apply_fxgraph_pickle_patch(os.environ.get(PATCH_ENV) == "1")
+    kernels = register_kernels(os.environ.get(KERNELS_ENV, ""))
     from vllm.platforms import current_platform
 
     running = f"{type(current_platform).__module__}.{type(current_platform).__qualname__}"
@@ -66,8 +86,10 @@ def every_process() -> None:
         "decided_platform": decided,
         "fxgraph_patch": patch.status.value,
         "fxgraph_patch_reason": patch.reason,
+        "linear_kernels": kernels,
     }
-    log.log(logging.INFO if running == decided else logging.ERROR, "%s%s", STATE_PREFIX, json.dumps(state))
+    healthy = decided in (None, running) and all(v == "registered" for v in kernels.values())
+    log.log(logging.INFO if healthy else logging.ERROR, "%s%s", STATE_PREFIX, json.dumps(state))
 
 
 def _process_title() -> str:

@@ -21,6 +21,7 @@ class SoftwareFacts:
     zentorch_built_for_torch: str | None = None  # torch version zentorch was compiled against, if recorded
     transformers: str | None = None  # reads GGUF metadata and tokenizers (the GGUF converter)
     gguf: str | None = None  # gguf-py: reads GGUF files and dequantizes their blocks
+    auto_round_lib: str | None = None  # Intel's prebuilt weight-only kernels (the service's int4 kernel)
 
 
 SERVICE_DISTRIBUTION = "cpu-llm-service"
@@ -103,4 +104,5 @@ def read_software() -> SoftwareFacts:
         zentorch_built_for_torch=built_for,
         transformers=installed_version("transformers"),
         gguf=installed_version("gguf"),
+        auto_round_lib=installed_version("auto-round-lib"),
     )

@@ -59,6 +59,19 @@ class Int4Default:
 
 
 @dataclass(frozen=True)
+class Int4Kernel:
+    """Whose kernel runs int4 weight-only checkpoints unless the user says (int4_kernel): the service's
+    auto-round-lib kernel or vLLM's own."""
+
+    auto_round: bool
+    why: str
+    measured: tuple[str, ...] = ()  # the kernels whose measurements on this backend the reason cites
+
+
+VLLM_INT4 = Int4Kernel(False, "vLLM's int4 kernels by default", ("auto-round", "zentorch-woq", "wna16-vec"))
+
+
+@dataclass(frozen=True)
 class Backend:
     name: str
     check: Check
@@ -71,6 +84,7 @@ class Backend:
     openmp: Literal["intel", "gnu"]  # the OpenMP runtime its kernels are built against (the preload policy)
     dtype_class: str  # how bf16 is computed where the CPU lacks native bf16: the dtype measurements' key
     int4_w4a8: Int4Default | None = None
+    int4_kernel: Int4Kernel = VLLM_INT4
     w8a8_zentorch: bool = False  # W8A8 runs zentorch_dynamic_qlinear unless the user turns it off
     lowers_to: tuple[str, ...] = ()  # backends the user may request instead where this one is best
     decide: Decide | None = None
@@ -201,6 +215,7 @@ BACKENDS: dict[str, Backend] = {
             },
             openmp="intel",
             dtype_class="avx2",
+            int4_kernel=Int4Kernel(True, "vLLM has no int4 kernel in its AVX2 build (_C_AVX2 lacks cpu_gemm_wna16)"),
         ),
     )
 }

@@ -112,7 +112,7 @@ def build_plan(
         results += [
             source.result,
             check_kernels(model, entry, dtype, hardware.cpu.isa),
-            plan_quant(model.quant, entry, dtype, settings, environ, known_methods),
+            plan_quant(model.quant, entry, dtype, settings, environ, known_methods, software.auto_round_lib),
         ]
     results += [
         _general_decisions(settings, user),

@@ -3,8 +3,9 @@ it, and a pre-flight refusal where no CPU kernel exists.
 
 The candidates per backend and format family come from the backend registry (service/policy/backends.py), in vLLM's
 order, with the conditions each needs (service/policy/quant_kernels.py); the first whose conditions hold is the
-kernel. Defaults between candidates come from measurements (service/policy/quant_measurements.py), cited in each
-reason.
+kernel. Int4 weight-only checkpoints run either those or the service's own kernel (auto-round-lib), per backend
+default or the user's int4_kernel. Defaults between candidates come from measurements
+(service/policy/quant_measurements.py), cited in each reason.
 """
 
 from __future__ import annotations
@@ -15,7 +16,17 @@ from dataclasses import dataclass
 from service.facts.quantization import QuantFacts
 from service.policy.backends import Backend
 from service.policy.decision import Decision, PolicyResult, Source, env, record
-from service.policy.quant_kernels import CONDITIONS, FALLBACK_WARNINGS, KERNELS, Layer, Rule
+from service.policy.quant_kernels import (
+    AUTO_ROUND,
+    CONDITIONS,
+    FALLBACK_WARNINGS,
+    INT4_WEIGHT_ONLY,
+    KERNELS,
+    KERNELS_ENV,
+    VLLM_INT4_KERNELS,
+    Layer,
+    Rule,
+)
 from service.policy.quant_measurements import cite
 from service.settings import Settings
 
@@ -112,6 +123,54 @@ def _int4_knob(
     return Knob(default.value, env(name, "1" if default.value else "0", why, "policy"))
 
 
+@dataclass(frozen=True)
+class Int4Choice:
+    """Whether the service's auto-round-lib kernel runs an int4 weight-only checkpoint, and why."""
+
+    auto_round: bool
+    why: str
+    source: Source
+    error: str | None = None
+
+
+def _int4_kernel(
+    facts: QuantFacts, backend: Backend, settings: Settings, user: frozenset[str], auto_round_lib: str | None
+) -> Int4Choice | None:
+    if facts.key not in INT4_WEIGHT_ONLY:
+        return None
+    requested = settings.int4_kernel if "int4_kernel" in user else "auto"
+    if requested == "vllm":
+        return Int4Choice(False, "set by the user (int4_kernel=vllm)", "user")
+    if requested == "auto-round":
+        if auto_round_lib is None:
+            error = "int4_kernel=auto-round was set, but auto-round-lib is not installed (the service depends on it)"
+            return Int4Choice(False, "", "user", error)
+        return Int4Choice(True, f"set by the user (int4_kernel=auto-round, auto-round-lib {auto_round_lib})", "user")
+    default = backend.int4_kernel
+    why = default.why + (f" -- {cite(backend.name, 'w4a16', default.measured)}" if default.measured else "")
+    if default.auto_round and auto_round_lib is None:
+        return Int4Choice(False, f"{why}, but auto-round-lib (the service's int4 kernel) is not installed", "policy")
+    if default.auto_round:
+        why += f": the service's kernel (auto-round-lib {auto_round_lib})"
+    return Int4Choice(default.auto_round, why, "policy")
+
+
+def _auto_round_decisions(choice: Int4Choice, environ: Mapping[str, str]) -> tuple[Decision, ...]:
+    """Register the service's kernel in every vLLM process, and take vLLM's own int4 kernels out of its way."""
+    name = "VLLM_DISABLED_KERNELS"
+    already = [k for k in environ.get(name, "").split(",") if k]
+    disabled = ",".join([*already, *(k for k in VLLM_INT4_KERNELS if k not in already)])
+    return (
+        env(
+            KERNELS_ENV,
+            KERNELS["auto-round"].vllm_class,
+            f"{choice.why}; the service's vLLM plugin registers it in every vLLM process",
+            choice.source,
+        ),
+        env(name, disabled, "vLLM tries its own int4 kernels before registered ones: they step aside", choice.source),
+    )
+
+
 def _w8a8_knob(
     facts: QuantFacts, backend: Backend, settings: Settings, user: frozenset[str], environ: Mapping[str, str]
 ) -> Knob:
@@ -157,6 +216,7 @@ def plan_quant(
     settings: Settings,
     environ: Mapping[str, str],
     known_methods: frozenset[str] | None = None,  # the installed vLLM's quantization methods (None: not checked)
+    auto_round_lib: str | None = None,  # the installed auto-round-lib's version (the service's int4 kernel)
 ) -> PolicyResult:
     if facts is None or backend is None:
         return PolicyResult()
@@ -167,9 +227,15 @@ def plan_quant(
     for refused, message in REFUSALS:
         if refused(facts):
             return PolicyResult.of(fmt, errors=["quantized model: " + message.format(**vars(facts), key=facts.key)])
-    rules = backend.quant.get(facts.key)
+    choice = _int4_kernel(facts, backend, settings, user, auto_round_lib)
+    if choice and choice.error:
+        return PolicyResult.of(fmt, errors=[f"quantized model ({describe(facts)}): {choice.error}"])
+    rules = AUTO_ROUND if choice and choice.auto_round else backend.quant.get(facts.key)
     if isinstance(rules, str):
-        return PolicyResult.of(fmt, errors=[f"quantized model ({describe(facts)}) on {backend.name}: {rules}"])
+        why_not_ours = f" ({choice.why})" if choice else ""
+        return PolicyResult.of(
+            fmt, errors=[f"quantized model ({describe(facts)}) on {backend.name}: {rules}{why_not_ours}"]
+        )
     if rules is None:
         warning = (
             f"quantization {facts.key} ({describe(facts)}) on {backend.name}: no kernel in the service's table; "
@@ -179,7 +245,8 @@ def plan_quant(
             fmt, record("quant", "linear_kernel", "vllm-auto", warning, "default"), warnings=[warning]
         )
 
-    int4 = _int4_knob(facts, backend, settings, user, environ)
+    ours = choice is not None and choice.auto_round
+    int4 = Knob(True) if ours else _int4_knob(facts, backend, settings, user, environ)
     w8a8 = _w8a8_knob(facts, backend, settings, user, environ)
     shapes = facts.linear_shapes or (None,)
     chosen: dict[str, list[str]] = {}
@@ -194,7 +261,8 @@ def plan_quant(
             continue
         chosen.setdefault(kernel, []).append(label)
         why_not.setdefault(kernel, passed_over)
-    knobs = (fmt, int4.decision, w8a8.decision)
+    handover = _auto_round_decisions(choice, environ) if choice and choice.auto_round else ()
+    knobs = (fmt, int4.decision, w8a8.decision, *handover)
     if refused_layers:
         error = (
             f"quantized model ({describe(facts)}): no {backend.name} kernel in vLLM 0.32 for "
@@ -212,11 +280,13 @@ def plan_quant(
         reasons.append(text)
     measured = w8a8.favour or _measurement_note(facts.key, backend.name, tuple(chosen))
     notes = [
+        *([choice.why] if choice else []),
         f"activations {dtype}",
         *([measured] if measured else []),
         *([backend.quant_note] if backend.quant_note else []),
     ]
-    source: Source = "user" if int4.by_user or w8a8.by_user else "policy"
+    by_user = int4.by_user or w8a8.by_user or (choice is not None and choice.source == "user")
+    source: Source = "user" if by_user else "policy"
     kernel_decision = record("quant", "linear_kernel", "+".join(chosen), "; ".join(reasons + notes), source)
     warnings = [FALLBACK_WARNINGS[k] for k in chosen if k in FALLBACK_WARNINGS]
     return PolicyResult.of(*knobs, kernel_decision, warnings=warnings)

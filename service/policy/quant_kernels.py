@@ -4,6 +4,8 @@ backend registry (service/policy/backends.py) gives each backend per format fami
 
 Mirrors vLLM's own selection (model_executor/kernels/linear/__init__.py: _POSSIBLE_INT8_KERNELS and
 _POSSIBLE_KERNELS for PlatformEnum.CPU, tried in order; then each kernel's can_implement and its weight repack).
+A kernel with a `provider` is the service's own: the service's vLLM plugin registers it in every vLLM process when
+KERNELS_ENV names it, and vLLM tries it after its own kernels, which the policy then disables.
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ from service.facts.quantization import LinearShape, QuantFacts
 # The format families a quantized checkpoint falls in (QuantFacts.key); every backend says for each what runs it
 # or why nothing does.
 FAMILIES = ("w8a8", "w4a16", "gptq-w4a16", "awq-w4a16", "fp8")
+INT4_WEIGHT_ONLY = ("w4a16", "gptq-w4a16", "awq-w4a16")
+
+# The service's kernels each vLLM process registers (class names, comma-separated), as decided at startup.
+KERNELS_ENV = "SERVICE_LINEAR_KERNELS"
+# vLLM 0.32's int4 weight-only kernels on CPU (_POSSIBLE_KERNELS[PlatformEnum.CPU]): disabled where the service's
+# own runs, since vLLM tries registered kernels after these.
+VLLM_INT4_KERNELS = ("Dynamic4bitLinearKernel", "ZentorchWNA16LinearKernel", "CPUWNA16LinearKernel")
 
 
 @dataclass(frozen=True)
@@ -23,6 +32,7 @@ class Kernel:
     vllm_class: str  # the linear kernel class vLLM selects (named in its log)
     op: str  # what computes each quantized linear layer
     log_markers: tuple[str, ...]  # lines vLLM logs when it runs this kernel (for reading the choice back)
+    provider: str | None = None  # the service module that hands it to vLLM (None: vLLM's own)
 
 
 KERNELS: dict[str, Kernel] = {
@@ -71,6 +81,13 @@ KERNELS: dict[str, Kernel] = {
         "cpu_gemm_wna16 isa=vec (AVX-512): int4 weights, 16-bit activations",
         ("Using CPUWNA16LinearKernel",),
     ),
+    "auto-round": Kernel(
+        "ArkWNA16LinearKernel",
+        "auto-round-lib's woqgemm (Intel's prebuilt JIT kernels for AVX2, AVX-512 and AMX): int4 weights repacked "
+        "once at load, fp32 compute",
+        ("Using ArkWNA16LinearKernel",),
+        provider="service.kernels.ark_wna16",
+    ),
     "amx-fp8": Kernel(
         "CPUFP8W8A8ScaledMMLinearKernel",
         "AMX fp8 GEMM (fp8_scaled_mm_cpu)",
@@ -102,6 +119,17 @@ class Layer:
         return self.shape.in_features if self.shape else None
 
 
+def ark_shape_fits(in_features: int, out_features: int, group: int) -> tuple[bool, str | None]:
+    """auto-round-lib's blob takes whole groups, input sizes in 32s and output sizes in 8s (int32 words of 4-bit
+    values); it does not check, so both the policy and the kernel do."""
+    if in_features % group or in_features % 32 or out_features % 8:
+        return False, (
+            f"layer {in_features}x{out_features} with groups of {group}: auto-round-lib needs an input size that is "
+            "a multiple of 32 and of the group size, and an output size that is a multiple of 8"
+        )
+    return True, None
+
+
 def _shape(check: Callable[[Layer, LinearShape], bool]) -> Callable[[Layer], bool]:
     return lambda c: c.shape is None or check(c, c.shape)
 
@@ -124,6 +152,10 @@ CONDITIONS: dict[str, tuple[Callable[[Layer], bool], str]] = {
     "wna16_shape": (
         _shape(lambda c, s: s.in_features % 32 == 0 and s.out_features % 32 == 0 and (c.group or 0) % 2 == 0),
         "input and output sizes that are multiples of 32 and an even group size",
+    ),
+    "ark_shape": (
+        _shape(lambda c, s: ark_shape_fits(s.in_features, s.out_features, c.group or s.in_features)[0]),
+        "an input size that is a multiple of 32 and of the group size, and an output size that is a multiple of 8",
     ),
     "amx_int8_shape": (
         _shape(lambda c, s: s.in_features % 32 == 0 and s.out_features % 16 == 0),
@@ -156,6 +188,7 @@ W4A16_ZEN = (
     Rule(("zentorch_group",), "zentorch-woq"),
     Rule(("wna16_shape",), "wna16-vec"),
 )
+AUTO_ROUND = (Rule(("ark_shape",), "auto-round"),)  # the service's kernel: it runs alone, vLLM's are disabled
 FP8_AMX = (Rule((), "amx-fp8"),)
 FP8_TORCH = (Rule((), "torch-fp8"),)
 

@@ -1,10 +1,12 @@
 """Quantized models served end to end: the demo model quantized at test time (W8A8 and W4A16, compressed-tensors),
 served by `python -m service serve`, asked through the official `openai` client; the kernel the running engine
-logged is the one the policy names for the live backend; the outputs agree with the bf16 source. A scheme whose
-kernel op is missing from the vLLM kernel build this CPU loads is refused before the engine starts."""
+logged is the one the policy names for the live backend; the outputs agree with the bf16 source. W4A16 is served
+twice: with the policy's kernel, and with the service's own (auto-round-lib, SERVICE_INT4_KERNEL=auto-round), which
+is the policy's on CPUs whose vLLM kernel build has no int4 op (AVX2)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -18,16 +20,19 @@ from harness.quant_quality import QUALITY_TOKENS, greedy_with, prompt_ids, score
 from harness.quantized_models import dequantized_state, quantized_demo
 from service.demo_model import ensure_demo_model
 from service.facts.model import inspect_model
+from service.facts.software import read_software
 from service.policy.backends import BACKENDS
 from service.policy.quant import plan_quant
 from service.policy.quant_kernels import KERNELS
 from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
+from service.vllm_plugin import STATE_PREFIX
 from tests.integration.conftest import _start
-from tests.support.server import REPO
+from tests.support.server import MODELS
 
-MODELS = REPO / ".cache" / "test-models"
 SCHEMES = ("w8a8", "w4a16")
+# Served variants: (scheme, the service settings it is started with).
+VARIANTS = {"w8a8": ("w8a8", {}), "w4a16": ("w4a16", {}), "w4a16-auto-round": ("w4a16", {"int4_kernel": "auto-round"})}
 
 
 # The op each scheme's CPU kernel calls (vLLM's _C kernel builds; zentorch on Zen runs only where _C, which has
@@ -42,7 +47,8 @@ class Refusal:
     log: str
 
 
-def _serve(name: str, scheme: str, server_logs):
+def _serve(name: str, server_logs):
+    scheme, settings = VARIANTS[name]
     model = quantized_demo(MODELS, scheme)
     try:
         # A small KV cache: the demo model needs little, and the build machines are shared.
@@ -53,24 +59,25 @@ def _serve(name: str, scheme: str, server_logs):
             model=str(model),
             served_model_name=f"demo-{scheme}",
             kv_cache_gib="0.25",
+            **settings,
         )
     except RuntimeError as exc:
         if f"exited with {EXIT_STARTUP_REFUSED}" in str(exc) and REFUSED in str(exc):
             return Refusal(scheme, (server_logs / f"{name}.log").read_text(errors="replace"))
         raise
-    server.scheme, server.model = scheme, model
+    server.scheme, server.model, server.settings = scheme, model, settings
     return server
 
 
 @pytest.fixture(scope="session")
 def started(server_logs):
-    """Per scheme, the running server or the service's refusal; stopped at the end of the session."""
+    """Per variant, the running server or the service's refusal; stopped at the end of the session."""
     servers: dict = {}
 
-    def get(scheme: str):
-        if scheme not in servers:
-            servers[scheme] = _serve(scheme, scheme, server_logs)
-        return servers[scheme]
+    def get(variant: str):
+        if variant not in servers:
+            servers[variant] = _serve(variant, server_logs)
+        return servers[variant]
 
     yield get
     for server in servers.values():
@@ -89,25 +96,31 @@ def live_kernel_ops() -> set[str]:
     return set(out.stdout.split())
 
 
-@pytest.fixture(params=SCHEMES)
+@pytest.fixture(params=list(VARIANTS))
 def quantized_server(request, started):
     server = started(request.param)
     if isinstance(server, Refusal):
-        pytest.skip(f"{request.param} is refused on this CPU (test_each_scheme_starts_where_its_kernel_op_exists)")
+        pytest.skip(f"{request.param} is refused on this CPU (test_each_scheme_starts_where_a_kernel_runs_it)")
     return server
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("scheme", SCHEMES)
-def test_each_scheme_starts_where_its_kernel_op_exists(scheme, started, live_kernel_ops):
-    """Served where vLLM's kernel build for this CPU has the scheme's op; elsewhere refused before the engine
-    loads, naming the missing op, instead of an engine that dies at its first forward pass."""
-    server = started(scheme)
-    if KERNEL_OPS[scheme] in live_kernel_ops:
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_each_scheme_starts_where_a_kernel_runs_it(variant, started, live_kernel_ops):
+    """Served where vLLM's kernel build for this CPU has the scheme's op, or (int4) where the service's own kernel
+    is installed; elsewhere refused before the engine loads, naming the missing op, instead of an engine that dies
+    at its first forward pass."""
+    server = started(variant)
+    scheme, settings = VARIANTS[variant]
+    ours = scheme == "w4a16" and read_software().auto_round_lib is not None
+    if ours and (settings or KERNEL_OPS[scheme] not in live_kernel_ops):
+        assert not isinstance(server, Refusal), server.log
+        assert "ArkWNA16LinearKernel" in server.process.log_tail(10**7)
+    elif KERNEL_OPS[scheme] in live_kernel_ops and not settings:
         assert not isinstance(server, Refusal), server.log
     else:
-        assert isinstance(server, Refusal), f"{scheme} started without {KERNEL_OPS[scheme]} in vLLM's build"
-        assert KERNEL_OPS[scheme] in server.log.split(REFUSED, 1)[1]
+        assert isinstance(server, Refusal), f"{variant} started without a kernel for it"
+        assert KERNEL_OPS[scheme] in server.log.split(REFUSED, 1)[1] or "auto-round-lib" in server.log
         assert "Starting to load model" not in server.log
 
 
@@ -130,7 +143,14 @@ def test_the_engine_runs_the_kernel_the_policy_names_for_the_live_backend(quanti
     report, decided = _decisions(quantized_server)
     backend = report["backend"]["name"]
     facts = inspect_model(str(quantized_server.model)).quant
-    expected = plan_quant(facts, BACKENDS[backend], decided["engine.dtype"]["value"], Settings(), {})
+    expected = plan_quant(
+        facts,
+        BACKENDS[backend],
+        decided["engine.dtype"]["value"],
+        Settings(**quantized_server.settings),
+        {},
+        auto_round_lib=read_software().auto_round_lib,
+    )
     kernel = expected.find("quant.linear_kernel").value
     assert decided["quant.linear_kernel"]["value"] == kernel
     assert decided["quant.format"]["value"] == quantized_server.scheme
@@ -144,12 +164,19 @@ def test_the_engine_runs_the_kernel_the_policy_names_for_the_live_backend(quanti
     knobs = {
         s.removeprefix("env."): d["value"]
         for s, d in decided.items()
-        if s in ("env.VLLM_CPU_INT4_W4A8", "env.VLLM_DISABLED_KERNELS")
+        if s in ("env.VLLM_CPU_INT4_W4A8", "env.VLLM_DISABLED_KERNELS", "env.SERVICE_LINEAR_KERNELS")
     }
     envs = [_environ(pid) for pid in _spawned(quantized_server)]
     assert envs
     for name, value in knobs.items():
         assert all(env.get(name) == value for env in envs), (name, value)
+    # The service's kernels were registered in every vLLM process (the plugin's state line of each).
+    states = [json.loads(line.split(STATE_PREFIX, 1)[1]) for line in log.splitlines() if STATE_PREFIX in line]
+    wanted = {k: "registered" for k in knobs.get("SERVICE_LINEAR_KERNELS", "").split(",") if k}
+    assert any(s["process"] == "EngineCore" for s in states) and any(
+        s["process"].startswith("VllmWorker") for s in states
+    ), states
+    assert all(s["linear_kernels"] == wanted for s in states), states
 
 
 def _spawned(server) -> list[int]:

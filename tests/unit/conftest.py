@@ -14,7 +14,7 @@ SYSFS = FIXTURES / "sysfs"
 MODELS = FIXTURES / "models"
 
 
-def software(zentorch_usable: bool = True) -> SoftwareFacts:
+def software(zentorch_usable: bool = True, auto_round_lib: str | None = "0.16.0") -> SoftwareFacts:
     reason = "zentorch 2.13.0.1 matches torch 2.13.0+cpu" if zentorch_usable else "zentorch is not installed"
     return SoftwareFacts(
         service="0.1.0",
@@ -23,6 +23,7 @@ def software(zentorch_usable: bool = True) -> SoftwareFacts:
         zentorch="2.13.0.1" if zentorch_usable else None,
         zentorch_usable=zentorch_usable,
         zentorch_reason=reason,
+        auto_round_lib=auto_round_lib,
     )
 
 

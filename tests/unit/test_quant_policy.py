@@ -56,7 +56,7 @@ W8A8_STATIC = ct_config(
 )
 
 
-def quant_plan(config: dict, cpu: str, tmp_path, env=None, **settings):
+def quant_plan(config: dict, cpu: str, tmp_path, env=None, auto_round_lib: str | None = "0.16.0", **settings):
     d = tmp_path / "m"
     d.mkdir(exist_ok=True)
     (d / "config.json").write_text(
@@ -71,7 +71,11 @@ def quant_plan(config: dict, cpu: str, tmp_path, env=None, **settings):
         )
     )
     return build_plan(
-        hw(cpu, memory=256 * GiB), inspect_model(str(d)), software(True), load_settings(**settings), env or {}
+        hw(cpu, memory=256 * GiB),
+        inspect_model(str(d)),
+        software(True, auto_round_lib),
+        load_settings(**settings),
+        env or {},
     )
 
 
@@ -239,13 +243,72 @@ INT4_CONFIGS = {
 }
 
 
+def int4_config(method: str) -> dict:
+    return W4A16 if method == "compressed-tensors" else {**LLAMA, "quantization_config": INT4_CONFIGS[method]}
+
+
+def handed_over(p) -> dict[str, str]:
+    return {d.name: d.value for d in p.decisions if d.kind == "env" and d.passed}
+
+
 @pytest.mark.parametrize("method", ["compressed-tensors", "gptq", "awq"])
-def test_int4_on_avx2_is_refused_before_the_engine_dies_on_the_missing_op(tmp_path, method):
-    """vLLM 0.32 picks CPUWNA16LinearKernel there, but its AVX2 build (_C_AVX2) has no cpu_gemm_wna16."""
-    config = W4A16 if method == "compressed-tensors" else {**LLAMA, "quantization_config": INT4_CONFIGS[method]}
-    p = quant_plan(config, AVX2, tmp_path)
-    assert any("cpu_gemm_wna16" in e and "AVX2" in e for e in p.errors), p.errors
+def test_int4_on_avx2_runs_the_services_kernel(tmp_path, method):
+    """vLLM 0.32 would pick CPUWNA16LinearKernel there, whose op its AVX2 build (_C_AVX2) lacks: the service's
+    auto-round-lib kernel runs instead, registered by the plugin, with vLLM's int4 kernels out of its way."""
+    p = quant_plan(int4_config(method), AVX2, tmp_path)
+    assert not p.errors and kernel(p) == "auto-round"
+    env = handed_over(p)
+    assert env["SERVICE_LINEAR_KERNELS"] == "ArkWNA16LinearKernel"
+    assert "CPUWNA16LinearKernel" in env["VLLM_DISABLED_KERNELS"].split(",")
+    assert "_C_AVX2" in decision(p, "quant.linear_kernel").reason and "VLLM_CPU_INT4_W4A8" not in env
+
+
+@pytest.mark.parametrize(
+    ("settings", "library", "expected"),
+    [
+        ({}, None, "auto-round-lib (the service's int4 kernel) is not installed"),
+        ({"int4_kernel": "vllm"}, "0.16.0", "set by the user (int4_kernel=vllm)"),
+    ],
+)
+def test_int4_on_avx2_without_the_services_kernel_is_refused_before_the_engine_dies(
+    tmp_path, settings, library, expected
+):
+    p = quant_plan(W4A16, AVX2, tmp_path, auto_round_lib=library, **settings)
+    assert any("cpu_gemm_wna16" in e and expected in e for e in p.errors), p.errors
     assert not [d for d in p.decisions if d.setting == "quant.linear_kernel"]
+
+
+@pytest.mark.parametrize("cpu", [ZEN, AMX, AVX512])
+def test_the_user_can_run_the_services_int4_kernel_anywhere(tmp_path, cpu):
+    default = quant_plan(W4A16, cpu, tmp_path)
+    assert kernel(default) != "auto-round" and "SERVICE_LINEAR_KERNELS" not in handed_over(default)
+    p = quant_plan(W4A16, cpu, tmp_path, env={"VLLM_DISABLED_KERNELS": "Other"}, int4_kernel="auto-round")
+    assert kernel(p) == "auto-round" and decision(p, "quant.linear_kernel").source == "user"
+    env = handed_over(p)
+    assert env["VLLM_DISABLED_KERNELS"].split(",") == [
+        "Other",
+        "Dynamic4bitLinearKernel",
+        "ZentorchWNA16LinearKernel",
+        "CPUWNA16LinearKernel",
+    ]
+    assert "VLLM_CPU_INT4_W4A8" not in env  # read by vLLM's int4 kernels only
+
+
+def test_requesting_the_services_int4_kernel_without_its_library_is_an_error(tmp_path):
+    p = quant_plan(W4A16, ZEN, tmp_path, auto_round_lib=None, int4_kernel="auto-round")
+    assert any("int4_kernel=auto-round" in e and "not installed" in e for e in p.errors), p.errors
+
+
+def test_the_services_int4_kernel_refuses_shapes_its_layout_cannot_hold(tmp_path):
+    config = ct_config({"num_bits": 4, "strategy": "group", "group_size": 16})
+    config["intermediate_size"] = 688  # down_proj's input: not a multiple of 32
+    p = quant_plan(config, AVX2, tmp_path)
+    assert any("down_proj" in e and "multiple of 32" in e for e in p.errors), p.errors
+
+
+def test_the_int4_kernel_setting_leaves_other_formats_alone(tmp_path):
+    p = quant_plan(W8A8_DYNAMIC, AVX2, tmp_path, int4_kernel="auto-round")
+    assert kernel(p) == "onednn-w8a8" and "SERVICE_LINEAR_KERNELS" not in handed_over(p)
 
 
 def test_static_act_order_runs(tmp_path):

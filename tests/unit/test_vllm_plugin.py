@@ -6,6 +6,8 @@ vLLM itself resolving the platform with the plugin, and the per-process state li
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from service import vllm_plugin
@@ -14,6 +16,7 @@ from service.patches import PATCH_ENV
 from service.policy.backend import choose_backend
 from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
 from service.policy.platform import PLATFORM_ENV, PLUGIN_NAME, choose_platform
+from service.policy.quant_kernels import KERNELS_ENV
 from service.settings import Settings
 from service.startup import apply, build_report
 from tests.unit.conftest import CPUINFO, software
@@ -65,5 +68,19 @@ def test_the_plugin_returns_the_decision_or_leaves_vllm_alone(monkeypatch):
 def test_every_process_does_nothing_without_the_service(monkeypatch, capfd):
     monkeypatch.delenv(PLATFORM_ENV, raising=False)
     monkeypatch.delenv(PATCH_ENV, raising=False)
+    monkeypatch.delenv(KERNELS_ENV, raising=False)
     vllm_plugin.every_process()
     assert capfd.readouterr().err == ""
+
+
+def test_every_process_registers_the_decided_kernels_and_names_any_it_cannot(monkeypatch, caplog):
+    monkeypatch.delenv(PLATFORM_ENV, raising=False)
+    monkeypatch.delenv(PATCH_ENV, raising=False)
+    monkeypatch.setenv(KERNELS_ENV, "NoSuchKernel")
+    vllm_plugin.every_process()
+    (record,) = [r for r in caplog.records if r.getMessage().startswith(vllm_plugin.STATE_PREFIX)]
+    state = json.loads(record.getMessage().removeprefix(vllm_plugin.STATE_PREFIX))
+    assert record.levelname == "ERROR" and state["linear_kernels"]["NoSuchKernel"].startswith(
+        "not a kernel of the service"
+    )
+    assert "ArkWNA16LinearKernel" in state["linear_kernels"]["NoSuchKernel"]

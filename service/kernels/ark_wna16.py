@@ -1,0 +1,111 @@
+"""An int4 weight-only linear kernel the service hands to vLLM: Intel's auto-round-lib (ARK: BesTLA's JIT kernels for
+AVX2, AVX-512 and AMX, prebuilt in the `auto-round-lib` wheel), called through the custom op vLLM itself defines for
+it (`torch.ops.vllm.inc_ark_woq_linear`, with a fake implementation, so torch.compile traces through it).
+
+vLLM 0.32's only x86 int4 kernel (CPUWNA16LinearKernel, op cpu_gemm_wna16) is missing from its AVX2 kernel build;
+this one runs on every x86 CPU, so int4 checkpoints (compressed-tensors W4A16, GPTQ, AWQ) are served on AVX2 hosts.
+The service's vLLM plugin registers it in each vLLM process (vLLM's `register_linear_kernel`) when the policy decided
+it (service/policy/quant.py), and the policy disables the vLLM kernels it stands in for (VLLM_DISABLED_KERNELS), since
+vLLM tries registered kernels after its own.
+
+Weights go from the checkpoint's int4 packing into ARK's blob once, at load, without a float round trip; each
+tensor-parallel rank repacks its own partition. ARK computes in fp32 (its wrapper converts 16-bit activations).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+from service.policy.quant_kernels import KERNELS, ark_shape_fits
+
+if TYPE_CHECKING:
+    import torch
+
+KERNEL_NAME = KERNELS["auto-round"].vllm_class
+
+
+def available() -> bool:
+    return importlib.util.find_spec("auto_round_kernel") is not None
+
+
+def _to_input_packed(param: torch.Tensor) -> torch.Tensor:
+    """[in // 8, out] int32 words packed along the input dimension (GPTQ's layout; compressed-tensors stores the
+    transpose)."""
+    assert param.packed_dim == param.input_dim, "int4 weights packed along the output dimension"
+    return param.data.t() if param.input_dim == 1 else param.data
+
+
+def _groups_first(param: torch.Tensor) -> torch.Tensor:
+    """Scales or packed zero points as [groups, out] (compressed-tensors stores them output-first)."""
+    return param.data.t() if param.output_dim == 0 else param.data
+
+
+def kernel_class() -> type:
+    """The MPLinearKernel subclass, built on demand: importing vLLM is for vLLM's processes only."""
+    import torch
+    from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import (
+        MPLinearKernel,
+        MPLinearLayerConfig,
+    )
+    from vllm.model_executor.layers.quantization.inc.schemes.inc_ark_ops import ark_ops
+    from vllm.model_executor.layers.quantization.utils import replace_parameter
+    from vllm.scalar_type import scalar_types
+
+    class ArkWNA16LinearKernel(MPLinearKernel):
+        @classmethod
+        def get_min_capability(cls) -> int:
+            return -1  # vLLM's CPU platform reports no capability
+
+        @classmethod
+        def can_implement(cls, c: MPLinearLayerConfig) -> tuple[bool, str | None]:
+            if c.weight_type not in (scalar_types.uint4b8, scalar_types.uint4):
+                return False, f"ARK is wired for 4-bit weights here, not {c.weight_type}"
+            if c.weight_type == scalar_types.uint4 and not c.zero_points:
+                return False, "unsigned 4-bit weights without zero points"
+            k, n = c.partition_weight_shape
+            fits, why = ark_shape_fits(k, n, k if c.group_size == -1 else c.group_size)
+            if not fits:
+                return False, why
+            if not available():
+                return False, "auto-round-lib is not installed"
+            return True, None
+
+        def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+            from auto_round_kernel.qlinear import QuantLinear
+
+            ark_ops.register_ops_once()
+            k, n = self.config.partition_weight_shape
+            group = k if self.config.group_size == -1 else self.config.group_size
+            asym = self.config.zero_points
+            scales = getattr(layer, self.w_s_name)
+            ark = QuantLinear(4, group, not asym, k, n, bias=False, weight_dtype=scales.dtype)
+            with torch.no_grad():
+                ark.qweight.copy_(_to_input_packed(getattr(layer, self.w_q_name)))
+                ark.scales.copy_(_groups_first(scales))
+                if asym:
+                    ark.qzeros.copy_(_groups_first(getattr(layer, self.w_zp_name)))
+            ark.post_init()  # the int4 values and their scales into ARK's blob, once
+            replace_parameter(layer, self.w_q_name, torch.nn.Parameter(ark.qweight.detach(), requires_grad=False))
+            for name in (self.w_s_name, self.w_zp_name):
+                if name and getattr(layer, name, None) is not None:
+                    setattr(layer, name, None)  # inside the blob now
+            layer.ark_args = (n, k, group, ark.cdt, ark.wdt, ark.sdt, asym)
+
+        def apply_weights(
+            self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+        ) -> torch.Tensor:
+            n, k, group, compute, weight, scale, asym = layer.ark_args
+            blob = getattr(layer, self.w_q_name)
+            return torch.ops.vllm.inc_ark_woq_linear.default(x, blob, bias, n, k, group, compute, weight, scale, asym)
+
+    ArkWNA16LinearKernel.__name__ = ArkWNA16LinearKernel.__qualname__ = KERNEL_NAME
+    return ArkWNA16LinearKernel
+
+
+def register() -> None:
+    """Add the kernel to vLLM's CPU candidates in this process (vLLM's own registration API)."""
+    from vllm.model_executor.kernels.linear import register_linear_kernel
+    from vllm.platforms import PlatformEnum
+
+    register_linear_kernel(kernel_class(), PlatformEnum.CPU)
