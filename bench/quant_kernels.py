@@ -2,8 +2,9 @@
 
 For each format (bf16 reference, W8A8 dynamic, W8A8 static, W4A16 group 128) of the ~0.5 B random Llama
 (harness/models.py, quantized by harness/quantized_models.py) and each kernel the machine can be steered to
-(VLLM_CPU_INT4_W4A8=0/1, ZentorchInt8ScaledMMLinearKernel on/off on Zen), run vLLM's offline `LLM` in a fresh
-process (enforce_eager, batch 1) and measure:
+(VLLM_CPU_INT4_W4A8=0/1, ZentorchInt8ScaledMMLinearKernel on/off on Zen, the service's auto-round-lib int4 kernel
+via SERVICE_INT4_KERNEL), run vLLM's offline `LLM` in a fresh process (enforce_eager, batch 1) with the environment
+the service's policy sets for that candidate, and measure:
 - decode tok/s at batch 1: (N tokens - 1 token) / (time(N) - time(1)) for one short prompt, greedy, ignore_eos;
 - prefill tok/s: prompt tokens / time of a 1-token generation of a long prompt (prefix caching off);
 - quality: greedy decode scored in transformers (harness/quant_quality.py) against the bf16 source (what the
@@ -60,10 +61,13 @@ class Candidate:
 
 def candidates(backend: str, formats: list[str], corrupt: bool) -> list[Candidate]:
     """The knobs that change the kernel on this backend (service/policy/quant.py RULES)."""
+    from service.policy.backends import BACKENDS
+
     out = []
     for fmt in formats:
-        if fmt == "w4a16" and backend in ("zen", "amx"):
-            out += [Candidate(fmt, {"VLLM_CPU_INT4_W4A8": v}) for v in ("0", "1")]
+        if fmt == "w4a16" and not BACKENDS[backend].int4_kernel.auto_round:
+            vllm = [Candidate(fmt, {"VLLM_CPU_INT4_W4A8": v}) for v in ("0", "1")] if backend in ("zen", "amx") else []
+            out += [*(vllm or [Candidate(fmt, {})]), Candidate(fmt, {"SERVICE_INT4_KERNEL": "auto-round"})]
         elif fmt == "w8a8" and backend == "zen":
             out += [Candidate(fmt, {}), Candidate(fmt, {"VLLM_DISABLED_KERNELS": "ZentorchInt8ScaledMMLinearKernel"})]
         else:
@@ -83,19 +87,24 @@ def model_dir(cache: Path, fmt: str) -> Path:
     return quantized_bench(cache, scheme, 4.0 if fmt.endswith("-corrupt") else None)
 
 
-def predicted_kernel(backend_name: str, directory: Path, env: dict[str, str]) -> str:
-    """What the service policy says this candidate runs (the live machine, this candidate's environment)."""
+def predicted_kernel(backend_name: str, directory: Path, env: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """What the service policy says this candidate runs (the live machine, this candidate's environment, its
+    SERVICE_* variables as the user's settings), and the environment the policy sets for it."""
     from service.facts.model import inspect_model
+    from service.facts.software import read_software
     from service.policy.backends import BACKENDS
     from service.policy.quant import plan_quant
     from service.settings import Settings
 
     facts = inspect_model(str(directory)).quant
     if facts is None:
-        return "bf16"
-    plan = plan_quant(facts, BACKENDS[backend_name], "bfloat16", Settings(), env)
+        return "bf16", {}
+    settings = Settings(**{k.removeprefix("SERVICE_").lower(): v for k, v in env.items() if k.startswith("SERVICE_")})
+    plan = plan_quant(
+        facts, BACKENDS[backend_name], "bfloat16", settings, env, auto_round_lib=read_software().auto_round_lib
+    )
     decided = plan.find("quant.linear_kernel")
-    return decided.value if decided else "refused: " + "; ".join(plan.errors)
+    return (decided.value if decided else "refused: " + "; ".join(plan.errors)), plan.env
 
 
 def bytes_per_token(directory: Path) -> int:
@@ -172,9 +181,11 @@ def _worker(spec: dict) -> dict:
     return {"decode": decode, "prefill": prefill, "generated": gens, "logprobs": lps}
 
 
-def run_candidate(cand: Candidate, directory: Path, prompts: list[list[int]], reps: int, log: Path) -> dict:
+def run_candidate(
+    cand: Candidate, policy_env: dict[str, str], directory: Path, prompts: list[list[int]], reps: int, log: Path
+) -> dict:
     spec = {"model": str(directory), "reps": reps, "prompts": prompts}
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", **cand.env}
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", **cand.env, **policy_env}
     # stdout and stderr both into the log: vLLM logs its kernel choice (the markers read back) to stdout.
     with open(log, "w") as f:
         proc = subprocess.run(
@@ -221,14 +232,14 @@ def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path
     out.parent.mkdir(parents=True, exist_ok=True)
     for cand in candidates(backend, formats, corrupt):
         directory = model_dir(cache, cand.format)
-        kernel = predicted_kernel(backend, directory, cand.env)
+        kernel, policy_env = predicted_kernel(backend, directory, cand.env)
         log = out.parent / f"quant_kernels-{cand.label.replace(' ', '_').replace('/', '_')}.log"
         progress(f"quantized kernels: {cand.label} (policy: {kernel}) ...")
         row = {"format": cand.format, "env": cand.env, "kernel": kernel, "log": str(log)}
         if kernel.startswith("refused: "):  # the service would not start it; the engine would die on it
             report["rows"].append({**row, "error": kernel})
             continue
-        result = run_candidate(cand, directory, prompts, reps, log)
+        result = run_candidate(cand, policy_env, directory, prompts, reps, log)
         if "error" in result:
             report["rows"].append({**row, **result})
             progress(f"  failed: {result['error']}")

@@ -44,3 +44,18 @@ def test_quantized_kernel_table_flags_a_corrupted_copy_that_passes_and_an_unconf
     assert table[5].startswith("| w8a8-static | onednn-w8a8 | exit 1, log x.log |")
     assert all(line.count("|") == table[0].count("|") for line in table)
     assert "11.2 GB/s on CPU(s) [1]" in heading(report) and "median [min-max] of 3 repetitions" in heading(report)
+
+
+def test_the_services_int4_kernel_is_a_candidate_where_it_is_not_already_the_default():
+    from bench.quant_kernels import candidates
+
+    def w4a16(backend):
+        return [c.label for c in candidates(backend, ["w4a16"], False)]
+
+    assert w4a16("zen") == [
+        "w4a16 [VLLM_CPU_INT4_W4A8=0]",
+        "w4a16 [VLLM_CPU_INT4_W4A8=1]",
+        "w4a16 [SERVICE_INT4_KERNEL=auto-round]",
+    ]
+    assert w4a16("avx512") == ["w4a16", "w4a16 [SERVICE_INT4_KERNEL=auto-round]"]
+    assert w4a16("avx2") == ["w4a16"]  # its default already
