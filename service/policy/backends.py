@@ -167,6 +167,12 @@ BACKENDS: dict[str, Backend] = {
                 ("zentorch-woq", "zentorch-da8w4", "wna16-vec"),
             ),
             w8a8_zentorch=True,
+            int4_kernel=Int4Kernel(
+                False,
+                "vLLM's int4 kernels by default: zentorch's weight-only kernel decoded and prefilled faster than the "
+                "service's auto-round-lib kernel",
+                ("zentorch-woq", "auto-round"),
+            ),
             lowers_to=("avx512",),
             decide=_zentorch_prepack,
             quant_note="VLLM_ZENTORCH_WEIGHT_PREPACK applies to the unquantized layers; quantized ones are repacked "

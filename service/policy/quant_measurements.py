@@ -53,6 +53,12 @@ EMERALD_RAPIDS_NO_AMX = Machine(
     "python -m bench --quant, 2026-11-22 16:24, quiet machine, 3 repetitions (docs/quantization.md)",
 )
 
+ZEN4 = Machine(
+    "AMD EPYC Zen 4 KVM guest (1 compute core)",
+    "zen",
+    "python bench/quant_kernels.py --formats bf16,w4a16 --reps 3, 2026-11-25 22:03, quiet machine",
+)
+
 MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(EMERALD_RAPIDS_NO_AMX, "bf16", "bf16", "", 8.0, 71.0, (7.7, 8.7), (68.0, 72.0)),
     Measurement(EMERALD_RAPIDS_NO_AMX, "w8a8", "onednn-w8a8", "", 17.0, 291.0, (15.2, 17.3), (248.0, 314.0)),
@@ -73,10 +79,15 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(ZEN5, "w8a8-static", "onednn-w8a8", "", 34.2, 632.0, (31.0, 37.9), (550.0, 654.0)),
     Measurement(ZEN5, "w4a16", "zentorch-woq", "VLLM_CPU_INT4_W4A8=0", 30.9, 405.0, (28.5, 31.0), (385.0, 410.0)),
     Measurement(ZEN5, "w4a16", "zentorch-da8w4", "VLLM_CPU_INT4_W4A8=1", 16.6, 577.0, (15.6, 19.6), (526.0, 582.0)),
+    Measurement(ZEN4, "bf16", "bf16", "zentorch", 17.7, 197.0, (17.3, 17.9), (194.0, 199.0)),
+    Measurement(ZEN4, "w4a16", "zentorch-woq", "VLLM_CPU_INT4_W4A8=0", 16.0, 193.0, (14.9, 16.5), (185.0, 199.0)),
+    Measurement(ZEN4, "w4a16", "zentorch-da8w4", "VLLM_CPU_INT4_W4A8=1", 14.1, 304.0, (14.0, 18.2), (299.0, 309.0)),
+    Measurement(ZEN4, "w4a16", "auto-round", "SERVICE_INT4_KERNEL=auto-round", 11.0, 94.0, (10.6, 11.3), (90.0, 97.0)),
 )
 
 
 def find(backend: str, format: str, kernel: str) -> Measurement | None:
+    """The first machine's row for this backend, format and kernel."""
     return next(
         (m for m in MEASUREMENTS if m.machine.backend == backend and m.format == format and m.kernel == kernel),
         None,
@@ -84,10 +95,14 @@ def find(backend: str, format: str, kernel: str) -> Measurement | None:
 
 
 def cite(backend: str, format: str, kernels: tuple[str, ...]) -> str:
-    """'measured on <machine> (<how>): <kernel>: <numbers>; ...' for the kernels measured on this backend."""
-    found = [(k, m) for k in kernels if (m := find(backend, format, k)) is not None]
-    if not found:
+    """'measured on <machine> (<how>): <kernel>: <numbers>; ...' per machine that measured any of the kernels on this
+    backend (machines differ: a Zen 4 and a Zen 5 are both `zen`, and only rows of one machine compare)."""
+    rows = [m for m in MEASUREMENTS if m.machine.backend == backend and m.format == format and m.kernel in kernels]
+    if not rows:
         return f"not measured on the {backend} backend yet (bench/quant_kernels.py measures it)"
-    machine = found[0][1].machine
-    parts = "; ".join(f"{k}: {m.describe()}" for k, m in found)
-    return f"measured on {machine.name} ({machine.how}): {parts}"
+    machines = list(dict.fromkeys(m.machine for m in rows))
+    return "; ".join(
+        f"measured on {machine.name} ({machine.how}): "
+        + "; ".join(f"{m.kernel}: {m.describe()}" for m in rows if m.machine == machine)
+        for machine in machines
+    )

@@ -358,3 +358,18 @@ def test_a_measured_backend_is_cited_with_its_numbers_and_an_unmeasured_one_says
         "avx512", "w4a16", ("wna16-vec",)
     )
     assert cite("avx2", "w8a8", ("onednn-w8a8",)).startswith("not measured on the avx2 backend yet")
+
+
+def test_zen_keeps_vllms_int4_kernel_where_the_service_kernel_measured_slower(tmp_path):
+    from service.policy.quant_measurements import MEASUREMENTS
+
+    d = decision(quant_plan(W4A16, ZEN, tmp_path), "quant.linear_kernel")
+    assert d.value == "zentorch-woq" and "SERVICE_LINEAR_KERNELS" not in quant_plan(W4A16, ZEN, tmp_path).env
+    ours = [m for m in MEASUREMENTS if m.machine.backend == "zen" and m.kernel == "auto-round"]
+    assert ours
+    for m in ours:
+        same_machine = [x for x in MEASUREMENTS if x.machine == m.machine and x.format == m.format]
+        theirs = next(x for x in same_machine if x.kernel == "zentorch-woq")
+        assert theirs.decode_tok_s > m.decode_tok_s
+        assert f"measured on {m.machine.name}" in d.reason
+        assert m.describe() in d.reason and theirs.describe() in d.reason
