@@ -19,10 +19,11 @@ import logging
 import multiprocessing
 import os
 
+from service.kernels import register_kernels
 from service.patches import PATCH_ENV, apply_fxgraph_pickle_patch
 from service.policy.backends import by_platform
 from service.policy.platform import PLATFORM_ENV
-from service.policy.quant_kernels import KERNELS, KERNELS_ENV
+from service.policy.quant_kernels import KERNELS_ENV
 
 # A handler of its own: the plugins run before vLLM configures its logging in the API server (from its
 # arguments), and in the engine core and workers nothing configures the root logger.
@@ -50,23 +51,6 @@ def platform() -> str | None:
             log.error("%s was decided but %s does not import in pid %d: %s", qualname, module, os.getpid(), exc)
             return None
     return qualname
-
-
-def register_kernels(names: str) -> dict[str, str]:
-    """Hand the service's kernels named in `names` (comma-separated vLLM class names) to vLLM; per name, "registered"
-    or why not."""
-    providers = {k.vllm_class: k.provider for k in KERNELS.values() if k.provider}
-    status = {}
-    for name in filter(None, names.split(",")):
-        if name not in providers:
-            status[name] = f"not a kernel of the service (it has {', '.join(sorted(providers))})"
-            continue
-        try:
-            importlib.import_module(providers[name]).register()
-            status[name] = "registered"
-        except (ImportError, OSError) as exc:
-            status[name] = f"not registered: {exc}"
-    return status
 
 
 def every_process() -> None:

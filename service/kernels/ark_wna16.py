@@ -14,6 +14,7 @@ tensor-parallel rank repacks its own partition. ARK computes in fp32 (its wrappe
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import TYPE_CHECKING
 
@@ -41,8 +42,9 @@ def _groups_first(param: torch.Tensor) -> torch.Tensor:
     return param.data.t() if param.output_dim == 0 else param.data
 
 
+@functools.cache
 def kernel_class() -> type:
-    """The MPLinearKernel subclass, built on demand: importing vLLM is for vLLM's processes only."""
+    """The MPLinearKernel subclass, built on demand (once): importing vLLM is for vLLM's processes only."""
     import torch
     from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import (
         MPLinearKernel,
@@ -105,7 +107,8 @@ def kernel_class() -> type:
 
 def register() -> None:
     """Add the kernel to vLLM's CPU candidates in this process (vLLM's own registration API)."""
-    from vllm.model_executor.kernels.linear import register_linear_kernel
+    from vllm.model_executor.kernels.linear import _POSSIBLE_KERNELS, register_linear_kernel
     from vllm.platforms import PlatformEnum
 
-    register_linear_kernel(kernel_class(), PlatformEnum.CPU)
+    if kernel_class() not in _POSSIBLE_KERNELS.get(PlatformEnum.CPU, []):  # once per process
+        register_linear_kernel(kernel_class(), PlatformEnum.CPU)
