@@ -7,8 +7,9 @@ environment are read off the merged decisions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from service.facts.hardware import HardwareFacts
 from service.facts.libraries import LibraryFacts
@@ -17,6 +18,7 @@ from service.facts.software import SoftwareFacts
 from service.facts.vllm_source import VllmNames
 from service.policy.backend import BackendChoice, choose_backend
 from service.policy.backends import Backend
+from service.policy.calibration import Candidate, Question, Verdict, int4_question
 from service.policy.chat import chat_decisions
 from service.policy.compile_cache import plan_compile_cache
 from service.policy.decision import Decision, PolicyResult, Source, engine, env, record
@@ -28,6 +30,7 @@ from service.policy.patches import fxgraph_patch
 from service.policy.platform import choose_platform
 from service.policy.preload import choose_preload
 from service.policy.quant import plan_quant
+from service.policy.quant_kernels import KERNELS_ENV
 from service.policy.threads import ThreadPlan, plan_threads, thread_decisions
 from service.settings import Settings
 
@@ -48,6 +51,7 @@ class EnginePlan(PolicyResult):
     backend: BackendChoice
     threads: ThreadPlan | None
     model: ModelSourcePlan | None = None  # what the engine loads, under which name (None: no model)
+    questions: tuple[Question, ...] = ()  # speed decisions the calibration can time here (policy/calibration.py)
 
     @classmethod
     def of_results(
@@ -56,6 +60,7 @@ class EnginePlan(PolicyResult):
         backend: BackendChoice,
         threads: ThreadPlan | None,
         model: ModelSourcePlan | None,
+        questions: tuple[Question, ...] = (),
     ) -> EnginePlan:
         merged = PolicyResult.merge(results)
         return cls(
@@ -65,6 +70,7 @@ class EnginePlan(PolicyResult):
             backend=backend,
             threads=threads,
             model=model,
+            questions=questions,
         )
 
 
@@ -78,6 +84,7 @@ def build_plan(
     vllm_names: VllmNames | None = None,  # None: not read, architectures and quantization methods not checked
     known_as: str | None = None,  # the name the model was asked for by (the demo's, a hub id), if not a path
     default_model: bool = False,  # the packaged default model (no model configured)
+    verdicts: Mapping[str, Verdict] | None = None,  # the calibration's, per decision (None: not calibrated)
 ) -> EnginePlan:
     user = settings.explicitly_set()
     backend = choose_backend(hardware.cpu, software, settings.backend)
@@ -100,6 +107,7 @@ def build_plan(
     if entry.decide is not None:
         results.append(entry.decide(settings, user))
     source: ModelSourcePlan | None = None
+    questions: tuple[Question, ...] = ()
     if model is not None:
         decided = _model_decisions(hardware, model, entry, settings, user, environ, threads.tp_size, default_model)
         results.append(decided)
@@ -109,17 +117,68 @@ def build_plan(
             model, dtype, settings.cache_dir, software, architectures, settings.served_model_name, known_as
         )
         known_methods = vllm_names.quantization_methods if vllm_names else None
+        verdict = (verdicts or {}).get("int4_kernel")
+
+        def quant(calibrated: Mapping[str, Any]) -> PolicyResult:
+            return plan_quant(
+                model.quant, entry, dtype, settings, environ, known_methods, software.auto_round_lib, calibrated
+            )
+
         results += [
             source.result,
             check_kernels(model, entry, dtype, hardware.cpu.isa),
-            plan_quant(model.quant, entry, dtype, settings, environ, known_methods, software.auto_round_lib),
+            quant(verdict.settings if verdict else {}),
         ]
+        if verdict is not None:
+            results.append(
+                PolicyResult.of(record("calibration", verdict.decision, verdict.chosen, verdict.reason, "calibration"))
+            )
+        question = int4_question(
+            model.quant, dtype, *_int4_candidates(quant, user, entry, model.quant.method if model.quant else "")
+        )
+        questions = (question,) if question else ()
     results += [
         _general_decisions(settings, user),
         plan_compile_cache(settings.cache_dir, software.vllm, environ),
         fxgraph_patch(software.torch),
     ]
-    return EnginePlan.of_results(results, backend, threads, source)
+    return EnginePlan.of_results(results, backend, threads, source, questions)
+
+
+CALIBRATED_ENV = ("VLLM_CPU_INT4_W4A8", "VLLM_DISABLED_KERNELS", KERNELS_ENV)
+
+
+def _int4_candidates(
+    quant: Callable[[Mapping[str, Any]], PolicyResult], user: frozenset[str], backend: Backend, method: str
+) -> tuple[tuple[Candidate, ...], str]:
+    """The int4 settings the calibration can weigh here (none the user set), each with what the policy then runs;
+    and the name of the one the table picks. Settings that plan the same kernel and environment are one candidate."""
+    if "int4_kernel" in user:
+        return (), ""
+    w4a8: list[bool | None] = [None]
+    if "int4_w4a8" not in user and backend.int4_w4a8 is not None and method in backend.int4_w4a8.methods:
+        w4a8 = [False, True]
+    options: list[tuple[str, dict[str, Any]]] = [
+        (
+            "vllm" if a is None else f"vllm-{'w4a8' if a else 'weight-only'}",
+            {"int4_kernel": "vllm"} | ({} if a is None else {"int4_w4a8": a}),
+        )
+        for a in w4a8
+    ]
+    options.append(("auto-round", {"int4_kernel": "auto-round"}))
+    seen: dict[tuple[str, tuple[tuple[str, str], ...]], Candidate] = {}
+    for name, settings in options:
+        planned = quant(settings)
+        kernel = next((d.value for d in planned.decisions if d.setting == "quant.linear_kernel"), None)
+        if planned.errors or kernel is None:
+            continue
+        env_ = {k: v for k, v in planned.env.items() if k in CALIBRATED_ENV}
+        seen.setdefault((kernel, tuple(sorted(env_.items()))), Candidate(name, settings, kernel, env_))
+    table = quant({})
+    kernel = next((d.value for d in table.decisions if d.setting == "quant.linear_kernel"), None)
+    env_ = {k: v for k, v in table.env.items() if k in CALIBRATED_ENV}
+    default = seen.get((str(kernel), tuple(sorted(env_.items()))))
+    return tuple(seen.values()), default.name if default else ""
 
 
 def _model_decisions(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from service.facts.quantization import QuantFacts
 from service.policy.backends import Backend
@@ -103,7 +104,12 @@ def _choose(rules: tuple[Rule, ...], layer: Layer) -> tuple[str | None, list[str
 
 
 def _int4_knob(
-    facts: QuantFacts, backend: Backend, settings: Settings, user: frozenset[str], environ: Mapping[str, str]
+    facts: QuantFacts,
+    backend: Backend,
+    settings: Settings,
+    user: frozenset[str],
+    environ: Mapping[str, str],
+    calibrated: Mapping[str, Any],
 ) -> Knob:
     """VLLM_CPU_INT4_W4A8: int8 activations for int4 weights (DA8W4 on Zen, AMX W4A8) or weight-only."""
     name = "VLLM_CPU_INT4_W4A8"
@@ -117,6 +123,10 @@ def _int4_knob(
         return Knob(environ[name] != "0", record("env", name, environ[name], ALREADY, "user"), by_user=True)
     if default is None or facts.method not in default.methods:
         return Knob(True)  # no effect here (not read by this backend's path for this format): left unset
+    if "int4_w4a8" in calibrated:
+        value = bool(calibrated["int4_w4a8"])
+        why = f"calibrated on this machine (int4_w4a8={str(value).lower()})"
+        return Knob(value, env(name, "1" if value else "0", why, "calibration"))
     why = default.why + " -- " + cite(backend.name, "w4a16", default.measured)
     if not default.value:
         why += "; set int4_w4a8=true for DA8W4"
@@ -134,10 +144,21 @@ class Int4Choice:
 
 
 def _int4_kernel(
-    facts: QuantFacts, backend: Backend, settings: Settings, user: frozenset[str], auto_round_lib: str | None
+    facts: QuantFacts,
+    backend: Backend,
+    settings: Settings,
+    user: frozenset[str],
+    auto_round_lib: str | None,
+    calibrated: Mapping[str, Any],
 ) -> Int4Choice | None:
     if facts.key not in INT4_WEIGHT_ONLY:
         return None
+    if "int4_kernel" not in user and "int4_kernel" in calibrated:
+        ours = calibrated["int4_kernel"] == "auto-round"
+        why = f"calibrated on this machine (int4_kernel={calibrated['int4_kernel']})"
+        return Int4Choice(
+            ours, why, "calibration", "auto-round-lib is not installed" if ours and not auto_round_lib else None
+        )
     requested = settings.int4_kernel if "int4_kernel" in user else "auto"
     if requested == "vllm":
         return Int4Choice(False, "set by the user (int4_kernel=vllm)", "user")
@@ -217,6 +238,7 @@ def plan_quant(
     environ: Mapping[str, str],
     known_methods: frozenset[str] | None = None,  # the installed vLLM's quantization methods (None: not checked)
     auto_round_lib: str | None = None,  # the installed auto-round-lib's version (the service's int4 kernel)
+    calibrated: Mapping[str, Any] | None = None,  # settings the calibration chose on this machine (policy/calibration)
 ) -> PolicyResult:
     if facts is None or backend is None:
         return PolicyResult()
@@ -227,7 +249,7 @@ def plan_quant(
     for refused, message in REFUSALS:
         if refused(facts):
             return PolicyResult.of(fmt, errors=["quantized model: " + message.format(**vars(facts), key=facts.key)])
-    choice = _int4_kernel(facts, backend, settings, user, auto_round_lib)
+    choice = _int4_kernel(facts, backend, settings, user, auto_round_lib, calibrated or {})
     if choice and choice.error:
         return PolicyResult.of(fmt, errors=[f"quantized model ({describe(facts)}): {choice.error}"])
     rules = AUTO_ROUND if choice and choice.auto_round else backend.quant.get(facts.key)
@@ -246,7 +268,7 @@ def plan_quant(
         )
 
     ours = choice is not None and choice.auto_round
-    int4 = Knob(True) if ours else _int4_knob(facts, backend, settings, user, environ)
+    int4 = Knob(True) if ours else _int4_knob(facts, backend, settings, user, environ, calibrated or {})
     w8a8 = _w8a8_knob(facts, backend, settings, user, environ)
     shapes = facts.linear_shapes or (None,)
     chosen: dict[str, list[str]] = {}
@@ -286,7 +308,9 @@ def plan_quant(
         *([backend.quant_note] if backend.quant_note else []),
     ]
     by_user = int4.by_user or w8a8.by_user or (choice is not None and choice.source == "user")
-    source: Source = "user" if by_user else "policy"
+    calibrated_here = int4.decision is not None and int4.decision.source == "calibration"
+    calibrated_here = calibrated_here or (choice is not None and choice.source == "calibration")
+    source: Source = "user" if by_user else "calibration" if calibrated_here else "policy"
     kernel_decision = record("quant", "linear_kernel", "+".join(chosen), "; ".join(reasons + notes), source)
     warnings = [FALLBACK_WARNINGS[k] for k in chosen if k in FALLBACK_WARNINGS]
     return PolicyResult.of(*knobs, kernel_decision, warnings=warnings)

@@ -1,0 +1,165 @@
+"""The calibration's questions (which speed decisions it times, with which candidates) and its verdicts on recorded
+timings: a resolved win, a tie, a crash, a wrong result, a table choice that did not run; and how a verdict reaches
+the plan (never over a user's setting)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from service.facts.model import inspect_model
+from service.policy.calibration import Candidate, Question, Timing, Verdict, cache_key, decide
+from service.policy.engine import build_plan
+from service.settings import load_settings
+from tests.unit.conftest import software
+from tests.unit.test_policy_engine import decision, hw
+from tests.unit.test_quant_policy import AMX, AVX2, AVX512, W4A16, W8A8_DYNAMIC, ZEN, GiB, ct_config
+
+GPTQ = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False},
+}
+
+
+def plan_for(config: dict, cpu: str, tmp_path, verdicts=None, auto_round_lib="0.16.0", **settings):
+    d = tmp_path / "m"
+    d.mkdir(exist_ok=True)
+    base = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2}
+    (d / "config.json").write_text(json.dumps({**base, "max_position_embeddings": 4096, **config}))
+    return build_plan(
+        hw(cpu, memory=256 * GiB),
+        inspect_model(str(d)),
+        software(True, auto_round_lib),
+        load_settings(**settings),
+        {},
+        verdicts=verdicts,
+    )
+
+
+QUESTION = Question(
+    "int4_kernel",
+    "a",
+    (Candidate("a", {"int4_kernel": "vllm"}, "k-a"), Candidate("b", {"int4_kernel": "auto-round"}, "k-b")),
+    ((4096, 6144),),
+    "int4",
+)
+
+
+def rounds(ms: float, spread: float = 0.01, n: int = 7) -> tuple[float, ...]:
+    return tuple(ms * 1e-3 * (1 + spread * ((i % 3) - 1)) for i in range(n))
+
+
+def test_a_faster_candidate_with_a_resolved_margin_replaces_the_table():
+    v = decide(QUESTION, (Timing("a", rounds(2.0), rounds(20)), Timing("b", rounds(1.0), rounds(30))))
+    assert (v.chosen, dict(v.settings)) == ("b", {"int4_kernel": "auto-round"})
+    assert "b is faster than the table's a here: decode x2.00 [" in v.reason
+    assert "a: decode 2.00 ms, prefill 20.0 ms per pass" in v.reason and "b: decode 1.00 ms" in v.reason
+
+
+def test_a_margin_inside_the_interval_keeps_the_table():
+    noisy_a = (2.0e-3, 1.0e-3, 2.2e-3, 0.9e-3, 2.1e-3)
+    noisy_b = (1.0e-3, 2.0e-3, 0.9e-3, 2.1e-3, 0.95e-3)
+    v = decide(QUESTION, (Timing("a", noisy_a, noisy_a), Timing("b", noisy_b, noisy_b)))
+    assert (v.chosen, dict(v.settings)) == ("a", {})
+    assert "does not resolve the margin, so the table's stands" in v.reason
+
+
+def test_an_exact_tie_keeps_the_table():
+    v = decide(QUESTION, (Timing("a", rounds(1.0), rounds(10)), Timing("b", rounds(1.0), rounds(10))))
+    assert (v.chosen, dict(v.settings)) == ("a", {})
+
+
+def test_a_crashed_or_wrong_candidate_is_excluded_and_named():
+    crashed = Timing("b", error="crashed the timing process (exit -11)")
+    v = decide(QUESTION, (Timing("a", rounds(2.0), rounds(20)), crashed))
+    assert (v.chosen, dict(v.settings)) == ("a", {})
+    assert "b: excluded (crashed the timing process (exit -11))" in v.reason
+    wrong = Timing("b", rounds(0.5), rounds(5), error="wrong results: max error 0.900", max_rel_err=0.9)
+    assert decide(QUESTION, (Timing("a", rounds(2.0), rounds(20)), wrong)).chosen == "a"
+
+
+def test_when_the_tables_choice_did_not_run_the_fastest_that_did_is_taken():
+    v = decide(QUESTION, (Timing("a", error="RuntimeError: no op"), Timing("b", rounds(3.0), rounds(30))))
+    assert (v.chosen, dict(v.settings)) == ("b", {"int4_kernel": "auto-round"})
+    assert "the table's a did not run here" in v.reason
+
+
+def test_nothing_ran_keeps_the_table():
+    v = decide(QUESTION, (Timing("a", error="x"), Timing("b", error="y")))
+    assert (v.chosen, dict(v.settings)) == ("a", {}) and "no candidate ran" in v.reason
+
+
+@pytest.mark.parametrize(
+    ("cpu", "expected", "default"),
+    [
+        (ZEN, {"vllm-weight-only", "vllm-w4a8", "auto-round"}, "vllm-weight-only"),
+        (AMX, {"vllm-weight-only", "vllm-w4a8", "auto-round"}, "vllm-w4a8"),
+        (AVX512, {"vllm", "auto-round"}, "vllm"),
+    ],
+)
+def test_an_int4_checkpoint_asks_which_kernel_with_what_each_candidate_runs(tmp_path, cpu, expected, default):
+    p = plan_for(W4A16, cpu, tmp_path)
+    (q,) = p.questions
+    assert (q.decision, q.default, q.weights, q.group_size) == ("int4_kernel", default, "int4", 128)
+    assert {c.name for c in q.candidates} == expected
+    for c in q.candidates:
+        # each candidate runs what the policy plans when its settings are set
+        user = plan_for(W4A16, cpu, tmp_path, **c.settings)
+        assert decision(user, "quant.linear_kernel").value == c.kernel
+        assert {k: v for k, v in user.env.items() if k in c.env} == dict(c.env)
+    assert (4096, 6144) in q.shapes and len(set(q.shapes)) == len(q.shapes)
+
+
+def test_no_question_where_there_is_no_choice_or_the_user_made_it(tmp_path):
+    assert plan_for(W4A16, AVX2, tmp_path).questions == ()  # the service's kernel is the only one there
+    assert plan_for(W4A16, AVX512, tmp_path, auto_round_lib=None).questions == ()  # vLLM's alone
+    assert plan_for(W4A16, ZEN, tmp_path, int4_kernel="vllm").questions == ()
+    assert plan_for(W8A8_DYNAMIC, ZEN, tmp_path).questions == ()  # not covered yet: the table decides
+    (q,) = plan_for(W4A16, ZEN, tmp_path, int4_w4a8=False).questions  # the user's w4a8 choice stays
+    assert {c.name for c in q.candidates} == {"vllm", "auto-round"}
+    assert plan_for(GPTQ, AVX512, tmp_path).questions[0].layout == "gptq"
+
+
+def test_a_verdict_reaches_the_plan_as_a_calibration_decision(tmp_path):
+    (q,) = plan_for(W4A16, ZEN, tmp_path).questions
+    winner = next(c for c in q.candidates if c.name == "auto-round")
+    verdict = Verdict("int4_kernel", winner.name, winner.settings, "auto-round is faster here: decode x1.50", ())
+    p = plan_for(W4A16, ZEN, tmp_path, verdicts={"int4_kernel": verdict})
+    kernel = decision(p, "quant.linear_kernel")
+    assert (kernel.value, kernel.source) == ("auto-round", "calibration")
+    assert p.env["SERVICE_LINEAR_KERNELS"] == "ArkWNA16LinearKernel"
+    record = decision(p, "calibration.int4_kernel")
+    assert (record.value, record.reason) == ("auto-round", verdict.reason)
+    w4a8 = next(c for c in q.candidates if c.name == "vllm-w4a8")
+    p = plan_for(
+        W4A16, ZEN, tmp_path, verdicts={"int4_kernel": Verdict("int4_kernel", "vllm-w4a8", w4a8.settings, "r", ())}
+    )
+    assert (decision(p, "quant.linear_kernel").value, p.env["VLLM_CPU_INT4_W4A8"]) == ("zentorch-da8w4", "1")
+    assert decision(p, "env.VLLM_CPU_INT4_W4A8").source == "calibration"
+
+
+def test_a_users_setting_is_never_overridden_by_a_verdict(tmp_path):
+    verdict = Verdict("int4_kernel", "auto-round", {"int4_kernel": "auto-round"}, "faster", ())
+    p = plan_for(W4A16, ZEN, tmp_path, verdicts={"int4_kernel": verdict}, int4_kernel="vllm", int4_w4a8=False)
+    kernel = decision(p, "quant.linear_kernel")
+    assert (kernel.value, kernel.source) == ("zentorch-woq", "user")
+
+
+def test_the_cache_key_follows_the_machine_and_the_question():
+    machine = {"cpu": ["AuthenticAMD", "AMD EPYC", 25, 17, 1, ["avx2"]], "compute_cpus": [0], "software": ["x"]}
+    key = cache_key(machine, (QUESTION,))
+    assert key == cache_key(dict(machine), (QUESTION,))
+    assert key != cache_key({**machine, "compute_cpus": [0, 1]}, (QUESTION,))
+    other = Question("int4_kernel", "a", QUESTION.candidates, ((4096, 4096),), "int4")
+    assert key != cache_key(machine, (other,))
+
+
+def test_an_awq_or_8_bit_checkpoint_is_not_calibrated_yet(tmp_path):
+    awq = dict(GPTQ, quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True})
+    assert plan_for(awq, AVX512, tmp_path).questions == ()
+    w8 = ct_config({"num_bits": 8, "strategy": "channel"})
+    assert plan_for(w8, ZEN, tmp_path).questions == ()
