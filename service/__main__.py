@@ -40,6 +40,9 @@ def detect(
     cpuinfo: Annotated[Path | None, typer.Option("--cpuinfo", help="A recorded /proc/cpuinfo")] = None,
     sysfs: Annotated[Path | None, typer.Option("--sysfs", help="A recorded tree laid out like /sys")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON")] = False,
+    calibrate: Annotated[
+        bool, typer.Option("--calibrate", help="Time the open speed decisions here (or reuse the stored timings)")
+    ] = False,
     config: ConfigOpt = None,
     backend: BackendOpt = None,
     dtype: DtypeOpt = None,
@@ -48,7 +51,7 @@ def detect(
     reserved_cpus: ReservedOpt = None,
 ) -> None:
     """Print what the service would decide on this machine (or a recorded dump); exit 1 when it cannot run."""
-    from service.startup import build_report, choose_model
+    from service.startup import build_report, calibrated_report, choose_model
 
     settings = _settings(
         config,
@@ -59,10 +62,28 @@ def detect(
         tensor_parallel_size=tensor_parallel_size,
         reserved_cpus=reserved_cpus,
     )
+    choice = choose_model(settings, build_demo=False)
     try:
-        report = build_report(settings, model=choose_model(settings, build_demo=False), cpuinfo=cpuinfo, sysfs=sysfs)
+        report = build_report(settings, model=choice, cpuinfo=cpuinfo, sysfs=sysfs)
     except (OSError, ValueError) as exc:
         typer.echo(f"cannot read the hardware facts: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    # What a start would use: stored timings of this machine (`cached`), timed now with --calibrate. A recorded
+    # dump describes another machine, whose timings this one cannot take.
+    if calibrate and (cpuinfo or sysfs):
+        typer.echo("--calibrate times this machine: it does not go with a recorded --cpuinfo / --sysfs", err=True)
+        raise typer.Exit(2)
+    mode = "off" if settings.calibrate == "off" or cpuinfo or sysfs else "cached"
+    if calibrate and mode != "off":
+        import logging
+        import sys
+
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+        mode = "force" if settings.calibrate == "force" else "auto"
+    try:
+        report = calibrated_report(report, settings, choice, mode)
+    except (OSError, RuntimeError) as exc:
+        typer.echo(f"calibration failed: {exc}", err=True)
         raise typer.Exit(2) from exc
     if as_json:
         typer.echo(report.to_json())

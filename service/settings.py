@@ -87,6 +87,11 @@ class Settings(BaseSettings):
         "auto",
         description="int4 weight-only models: vLLM's kernel or the service's auto-round-lib one; auto: policy",
     )
+    calibrate: Literal["off", "auto", "force"] = Field(
+        "auto",
+        description="Time the candidates of the speed decisions on this machine before the engine starts: auto once "
+        "per machine, model shapes and software (cached in cache_dir), force every start, off the built-in table",
+    )
     w8a8_zentorch: bool | None = Field(
         None,
         description="W8A8 models on Zen: zentorch qlinear (decode) or oneDNN int8 (prefill); default: policy",

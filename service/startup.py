@@ -23,6 +23,7 @@ from service.facts.model import (
 )
 from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
+from service.policy.calibration import Mode, Verdict
 from service.policy.engine import build_plan
 from service.report import StartupReport
 from service.settings import Settings
@@ -80,6 +81,7 @@ def build_report(
     cpuinfo: Path | None = None,
     sysfs: Path | None = None,
     environ: Mapping[str, str] = os.environ,
+    verdicts: Mapping[str, Verdict] | None = None,
 ) -> StartupReport:
     """Pure of side effects: reads the machine (or a recorded dump) and the model's config, decides. `model`
     None: the machine alone."""
@@ -102,10 +104,28 @@ def build_report(
         read_vllm_names(),
         model.known_as if model else None,
         model is not None and model.kind == "default",
+        verdicts,
     )
     if model_error:
         plan = dataclasses.replace(plan, errors=plan.errors + (model_error,))
     return StartupReport(hardware=hardware, software=software, model=model_facts, plan=plan)
+
+
+def calibrated_report(
+    report: StartupReport,
+    settings: Settings,
+    model: ModelChoice,
+    mode: Mode | Literal["cached"],
+    cpuinfo: Path | None = None,
+    sysfs: Path | None = None,
+) -> StartupReport:
+    """The report decided again with the calibration's verdicts (service/calibrate.py), when it has questions."""
+    from service.calibrate import calibrate
+
+    verdicts = calibrate(report, settings.cache_dir, mode)
+    if not verdicts:
+        return report
+    return build_report(settings, model=model, cpuinfo=cpuinfo, sysfs=sysfs, verdicts=verdicts)
 
 
 def apply(report: StartupReport, environ: MutableMapping[str, str] = os.environ) -> None:

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from service.report import StartupReport
 from service.self_preload import mapped_files, missing_from, reexec_argv, reexec_environ, restore_user_preload
 from service.server.lifecycle import Lifecycle, Phase
 from service.settings import Settings
-from service.startup import apply, build_report, choose_model, prepare_model
+from service.startup import apply, build_report, calibrated_report, choose_model, prepare_model
 
 log = logging.getLogger("service")
 EXIT_STARTUP_REFUSED = 2
@@ -94,6 +95,10 @@ def run(settings: Settings) -> int:
     report = build_report(settings, model=choice)
     if report.ok:
         _preload_self(report.plan.env.get("LD_PRELOAD"), user_preload, reexecuted)
+        try:
+            report = calibrated_report(report, settings, choice, settings.calibrate)
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            log.warning("calibration failed, the built-in table decides: %s", exc)
     if choice.demo:
         log.warning(
             "DEMO MODEL: serving the built-in tiny random-weight model %r from %s. It answers gibberish; leave "

@@ -33,9 +33,12 @@ DEFAULT_MODEL = ""
 
 def service_env(cache_dir: Path, **settings: str) -> dict[str, str]:
     """The environment a test server runs with: offline, eager (fast start), its own cache, the demo model (the
-    smallest engine) unless `model` is given, and the given settings."""
+    smallest engine) unless `model` is given, the built-in table's speed decisions (no calibration: what a test
+    expects of the policy does not hang on timings) unless `calibrate` is given, and the given settings."""
     env = offline_env()
-    env.update(SERVICE_CACHE_DIR=str(cache_dir), SERVICE_ENFORCE_EAGER="true", SERVICE_MODEL=DEMO_NAME)
+    env.update(
+        SERVICE_CACHE_DIR=str(cache_dir), SERVICE_ENFORCE_EAGER="true", SERVICE_MODEL=DEMO_NAME, SERVICE_CALIBRATE="off"
+    )
     env.update({f"SERVICE_{k.upper()}": v for k, v in settings.items()})
     return env
 

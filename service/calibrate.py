@@ -1,0 +1,137 @@
+"""The calibration step: times the candidates of the policy's open speed decisions (report.plan.questions) on the
+engine's own compute CPUs, with its thread count, its preloads and platform, in a child process
+(service/kernels/timing.py); stores the timings in cache_dir, keyed by what they depend on; and gives the policy's
+verdicts on them (service/policy/calibration.py). A warm start with the same key reads the stored timings and
+times nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from service.policy.calibration import PREFILL_M, Mode, Question, Timing, Verdict, cache_key, decide
+from service.report import StartupReport
+
+log = logging.getLogger("service.calibrate")
+
+ROUNDS = 7
+TIMEOUT_S = 180  # per attempt; a 2-core machine times a small model's question in ~20 s
+
+
+def machine(report: StartupReport) -> dict[str, Any]:
+    """What timings depend on besides the questions: the CPU (not its microcode), where the engine runs, software."""
+    cpu, sw, limits = report.hardware.cpu, report.software, report.hardware.limits
+    threads = report.plan.threads
+    return {
+        "cpu": [cpu.vendor, cpu.model_name, cpu.family, cpu.model, cpu.stepping, sorted(cpu.flags - {"microcode"})],
+        "compute_cpus": sorted(threads.ranks[0]) if threads and threads.ranks else sorted(limits.allowed_cpus),
+        "cpu_quota": limits.cpu_quota,
+        "software": [sw.service, sw.torch, sw.vllm, sw.zentorch, sw.auto_round_lib],
+        "env": {k: v for k, v in sorted(report.plan.env.items()) if k.startswith(("VLLM_", "SERVICE_", "LD_PRELOAD"))},
+    }
+
+
+def _time_in_child(report: StartupReport, questions: tuple[Question, ...], cpus: list[int]) -> dict[str, Any]:
+    """Run the timing child; a candidate that kills it is dropped and the rest timed again, the crash recorded."""
+    crashed: dict[str, str] = {}
+    env = {**os.environ, **report.plan.env, "OMP_NUM_THREADS": str(len(cpus))}
+    while True:
+        asked = [
+            q.as_dict() | {"candidates": [dataclasses.asdict(c) for c in q.candidates if c.name not in crashed]}
+            for q in questions
+        ]
+        request = json.dumps({"questions": asked, "rounds": ROUNDS, "prefill_m": PREFILL_M})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.kernels.timing"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            preexec_fn=lambda: os.sched_setaffinity(0, cpus),
+        )
+        assert proc.stdin and proc.stderr and proc.stdout
+        proc.stdin.write(request)
+        proc.stdin.close()
+        current, tail = "", []
+        for line in proc.stderr:
+            line = line.rstrip()
+            tail = (tail + [line])[-20:]
+            if line.startswith(("building ", "timing ")):
+                current = line.split(" ", 1)[1]
+            elif line.startswith("calibration "):
+                log.info("%s", line)
+        out = proc.stdout.read()
+        if proc.wait(timeout=TIMEOUT_S) == 0:
+            result: dict[str, Any] = json.loads(out)
+            result["crashed"] = crashed
+            return result
+        if not current or current in crashed:
+            raise RuntimeError(f"the timing process failed (exit {proc.returncode}): {' | '.join(tail[-5:])}")
+        crashed[current] = f"crashed the timing process (exit {proc.returncode})"
+        log.warning("calibration: %s %s; timing the others again", current, crashed[current])
+
+
+def _verdicts(questions: tuple[Question, ...], stored: dict[str, Any], path: Path) -> dict[str, Verdict]:
+    answers = {a["decision"]: a["timings"] for a in stored["answers"]}
+    verdicts = {}
+    for q in questions:
+        timings = [
+            Timing(
+                t["candidate"],
+                tuple(t.get("decode_s", ())),
+                tuple(t.get("prefill_s", ())),
+                t.get("error"),
+                t.get("max_rel_err"),
+            )
+            for t in answers.get(q.decision, [])
+        ]
+        timings += [Timing(name, error=why) for name, why in stored.get("crashed", {}).items()]
+        verdict = decide(q, tuple(timings))
+        where = f"timed {stored.get('date')} on CPUs {stored.get('cpus')}, {stored.get('seconds')} s; {path}"
+        verdicts[q.decision] = dataclasses.replace(verdict, reason=f"{verdict.reason}; {where}")
+    return verdicts
+
+
+def calibrate(report: StartupReport, cache_dir: Path, mode: Mode | Literal["cached"]) -> dict[str, Verdict]:
+    """Verdicts on the report's questions: from the stored timings for this key, or timed now (mode auto on a miss,
+    force always); `cached` only reads (detect without --calibrate); `off` none."""
+    questions = report.plan.questions
+    if mode == "off" or not questions or not report.ok:
+        return {}
+    key = cache_key(machine(report), questions)
+    path = cache_dir / "calibration" / f"{key}.json"
+    if mode != "force" and path.is_file():
+        log.info("calibration: reusing %s (key %s), no timing", path, key)
+        return _verdicts(questions, json.loads(path.read_text()), path)
+    if mode == "cached":
+        return {}
+    cpus = machine(report)["compute_cpus"]
+    names = ", ".join(f"{q.decision} ({len(q.candidates)} candidates)" for q in questions)
+    log.info("calibration: timing %s on CPUs %s, %d rounds", names, cpus, ROUNDS)
+    started = time.monotonic()
+    stored = _time_in_child(report, questions, cpus)
+    stored |= {
+        "key": key,
+        "cpus": cpus,
+        "seconds": round(time.monotonic() - started, 1),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.write_text(json.dumps(stored, indent=1))
+    os.replace(staging, path)  # a start cut short leaves no half-written result for the next one to read
+    log.info(
+        "calibration: done in %.1f s (read bandwidth %s GB/s before/after), stored in %s",
+        stored["seconds"],
+        stored["bandwidth_gb_s"],
+        path,
+    )
+    return _verdicts(questions, stored, path)

@@ -1,0 +1,105 @@
+"""The calibration on the live CPU, whatever it is: `detect --calibrate` times the int4 kernels' candidates for the
+W4A16 demo model within its bound, a second run reuses the stored timings, and a server started on the same cache
+runs the kernel the calibration chose (read back from the engine's log)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from harness.quantized_models import quantized_demo
+from service.policy.quant_kernels import KERNELS
+from tests.support.server import MODELS, REPO, service_env, start_service
+
+pytestmark = pytest.mark.engine
+
+BOUND_S = 60  # ~10-20 s on a 2-core guest for the demo model; a loaded CI machine gets slack
+
+
+@pytest.fixture(scope="module")
+def calibration(tmp_path_factory):
+    """Two `detect --calibrate` runs on one fresh cache: (env, first, second), each (report, stderr)."""
+    cache = tmp_path_factory.mktemp("calibration-cache")
+    env = service_env(cache, model=str(quantized_demo(MODELS, "w4a16")), calibrate="auto")
+    runs = []
+    for _ in range(2):
+        out = subprocess.run(
+            [sys.executable, "-m", "service", "detect", "--calibrate", "--json"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append((json.loads(out.stdout), out.stderr))
+    return cache, env, runs
+
+
+def _decided(report: dict) -> dict:
+    return {d["setting"]: d for d in report["decisions"]}
+
+
+def _question(env: dict) -> dict | None:
+    """The live CPU's int4 question, as the service asks it (None where it has one int4 kernel, e.g. AVX2)."""
+    probe = (
+        "import dataclasses, json; from service.settings import Settings; "
+        "from service.startup import build_report, choose_model; s = Settings(); "
+        "q = build_report(s, model=choose_model(s, build_demo=False)).plan.questions; "
+        "print(json.dumps([dataclasses.asdict(x) for x in q]))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    questions = json.loads(out.stdout)
+    return questions[0] if questions else None
+
+
+def test_detect_calibrates_within_its_bound_and_a_warm_run_times_nothing(calibration):
+    cache, env, ((first, first_log), (second, second_log)) = calibration
+    question = _question(env)
+    if question is None:  # one int4 kernel on this CPU: nothing to time, nothing stored
+        assert "calibration.int4_kernel" not in _decided(first) and not (cache / "calibration").exists()
+        return
+    verdict = _decided(first)["calibration.int4_kernel"]
+    assert verdict["source"] == "calibration"
+    for candidate in question["candidates"]:
+        assert f"{candidate['name']}: " in verdict["reason"]  # each candidate's timings, or why it was excluded
+    assert verdict["value"] in {c["name"] for c in question["candidates"]}
+    assert "round 7/7" in first_log and "calibration: timing int4_kernel" in first_log
+    (stored,) = (cache / "calibration").glob("*.json")
+    assert json.loads(stored.read_text())["seconds"] < BOUND_S
+    assert "reusing" in second_log and "round 1/" not in second_log
+    assert _decided(second)["calibration.int4_kernel"] == verdict
+
+
+def test_the_engine_runs_the_kernel_the_calibration_chose(calibration, server_logs):
+    cache, env, ((first, _), _) = calibration
+    question = _question(env)
+    if question is None:
+        assert "calibration.int4_kernel" not in _decided(first)
+        return
+    chosen = next(c for c in question["candidates"] if c["name"] == _decided(first)["calibration.int4_kernel"]["value"])
+    process = start_service(
+        server_logs / "calibrated.log",
+        extra_env={"SERVICE_CACHE_DIR": str(cache)},
+        name="calibrated",
+        model=env["SERVICE_MODEL"],
+        kv_cache_gib="0.25",
+        calibrate="auto",
+    )
+    try:
+        log = process.log_tail(10**7)
+        assert "calibration: reusing" in log and "round 1/" not in log  # warm: the stored timings, no timing
+        report = httpx.get(f"{process.url}/v1/hardware", timeout=30).json()
+        kernel = _decided(report)["quant.linear_kernel"]
+        assert kernel["value"] == chosen["kernel"]
+        for name in chosen["kernel"].split("+"):
+            for marker in KERNELS[name].log_markers:
+                assert marker in log, f"calibration chose {name}, vLLM did not log {marker!r}"
+        for key, value in chosen["env"].items():
+            assert report["env"].get(key) == value
+    finally:
+        process.close()
