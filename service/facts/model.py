@@ -12,7 +12,7 @@ from typing import Any
 
 from service.facts.chat_template import ChatTemplateFacts, chat_template_facts, read_chat_template
 from service.facts.gguf import GgufFacts, find_gguf, read_gguf
-from service.facts.quantization import QuantFacts, read_quantization
+from service.facts.quantization import QuantFacts, dense_layers, read_quantization
 
 Config = Mapping[str, Any]
 
@@ -46,6 +46,7 @@ class ModelFacts:
     is_multimodal: bool = False  # takes image/audio/video parts (a vision or audio tower in the config)
     chat_template: ChatTemplateFacts | None = None  # read from the model directory (or the GGUF metadata)
     gguf: GgufFacts | None = None  # a GGUF file: what it holds; the engine loads a converted copy
+    linear_shapes: tuple[tuple[int, int], ...] = ()  # (K, N) of the decoder's distinct linear layers (dense models)
 
     @property
     def quantization(self) -> str | None:
@@ -346,6 +347,7 @@ def _facts_from_config(cfg: Config, directory: Path | None) -> ModelFacts:
         is_multimodal=any(cfg.get(key) is not None for key in _MULTIMODAL_KEYS),
         chat_template=read_chat_template(directory) if directory else None,
         quant=read_quantization(lm),
+        linear_shapes=tuple(dict.fromkeys((k, n) for _, _, k, n in dense_layers(lm))),
         linear_key_head_dim=_int_or_none(lm, "linear_key_head_dim"),
         linear_value_head_dim=_int_or_none(lm, "linear_value_head_dim"),
         linear_num_key_heads=_int_or_none(lm, "linear_num_key_heads"),

@@ -137,7 +137,8 @@ _READERS = {"compressed-tensors": _compressed_tensors, "gptq": _gptq, "awq": _aw
 
 
 # (vLLM layer, its parts in the checkpoint, K, N) for dense Llama-style decoders.
-def _dense_layers(lm: Config) -> list[tuple[str, tuple[str, ...], int, int]]:
+def dense_layers(lm: Config) -> list[tuple[str, tuple[str, ...], int, int]]:
+    """The decoder's linear layers as vLLM fuses them: (name, checkpoint parts, K, N); none for MoE models."""
     hidden, inter = lm.get("hidden_size"), lm.get("intermediate_size")
     heads = lm.get("num_attention_heads")
     if not (hidden and inter and heads) or lm.get("num_experts") or lm.get("n_routed_experts"):
@@ -188,7 +189,7 @@ def read_quantization(lm: Config) -> QuantFacts | None:
         fields.setdefault(name, None)
     shapes = tuple(
         LinearShape(name, k, n)
-        for name, parts, k, n in _dense_layers(lm)
+        for name, parts, k, n in dense_layers(lm)
         if not any(_ignored(p, fields["ignore"]) for p in parts)
     )
     return QuantFacts(method=method, linear_shapes=shapes, **fields)

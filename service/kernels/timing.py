@@ -93,11 +93,19 @@ def _int4_runner(question: dict[str, Any], candidate: dict[str, Any], k: int, n:
     return (lambda x: kernel.apply_weights(layer, x, None)), cls.__name__, dequant
 
 
-def _dense_runner(candidate: dict[str, Any], k: int, n: int) -> tuple[Callable, str, Any]:
-    dtype = getattr(torch, candidate["settings"]["dtype"])
-    weight = torch.randn(n, k) * 0.02
-    w = weight.to(dtype)
-    return (lambda x: torch.nn.functional.linear(x, w)), f"linear {dtype}", w.float().t()
+def _dense_runner(question: dict[str, Any], candidate: dict[str, Any], k: int, n: int) -> tuple[Callable, str, Any]:
+    """An unquantized linear layer through vLLM's CPU GEMM dispatch (oneDNN, zentorch, torch), as its
+    UnquantizedLinearMethod sets it up at load, in the candidate's dtype and environment."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    os.environ.update(candidate["env"])
+    dtype = getattr(torch, candidate["settings"].get("dtype", question["act_dtype"]))
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter((torch.randn(n, k) * 0.02).to(dtype), requires_grad=False)
+    reference = layer.weight.float().t().clone()
+    dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+    linear = layer.cpu_linear
+    return (lambda x: linear(x, layer.weight, None)), f"vLLM's CPU GEMM dispatch, {dtype}", reference
 
 
 def _read_bandwidth() -> float:
@@ -139,8 +147,8 @@ def time_question(question: dict[str, Any], rounds: int, prefill_m: int, log: Ca
                     apply, cls, ref_w = _int4_runner(question, candidate, k, n)
                     act = dtype
                 else:
-                    apply, cls, ref_w = _dense_runner(candidate, k, n)
-                    act = getattr(torch, candidate["settings"]["dtype"])
+                    apply, cls, ref_w = _dense_runner(question, candidate, k, n)
+                    act = getattr(torch, candidate["settings"].get("dtype", question["act_dtype"]))
                 classes.add(cls)
                 x = torch.randn(prefill_m, k).to(act)
                 out = apply(x).float()

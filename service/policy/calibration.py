@@ -91,10 +91,17 @@ def int4_question(
     )
 
 
+def dense_question(
+    decision: str, default: str, candidates: tuple[Candidate, ...], shapes: tuple[tuple[int, int], ...], dtype: str
+) -> Question:
+    """A decision about the unquantized linear layers, timed through vLLM's own CPU GEMM dispatch."""
+    return Question(decision, default, candidates, shapes, "dense", act_dtype=dtype)
+
+
 def dtype_question(shapes: tuple[tuple[int, int], ...], default: str) -> Question:
-    """bf16 against fp32 on a CPU without native bf16 (the dense linear layers as torch runs them)."""
+    """bf16 against fp32 on a CPU without native bf16."""
     candidates = tuple(Candidate(d, {"dtype": d}, d) for d in ("bfloat16", "float32"))
-    return Question("dtype", default, candidates, shapes, "dense")
+    return dense_question("dtype", default, candidates, shapes, default)
 
 
 def cache_key(machine: Mapping[str, Any], questions: tuple[Question, ...]) -> str:

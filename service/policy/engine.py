@@ -18,7 +18,7 @@ from service.facts.software import SoftwareFacts
 from service.facts.vllm_source import VllmNames
 from service.policy.backend import BackendChoice, choose_backend
 from service.policy.backends import Backend
-from service.policy.calibration import Candidate, Question, Verdict, int4_question
+from service.policy.calibration import Candidate, Question, Verdict, dense_question, dtype_question, int4_question
 from service.policy.chat import chat_decisions
 from service.policy.compile_cache import plan_compile_cache
 from service.policy.decision import Decision, PolicyResult, Source, engine, env, record
@@ -104,20 +104,24 @@ def build_plan(
     )
     # The workers' OpenMP variables follow the runtime that will be preloaded, not this process's.
     results.append(thread_decisions(threads, {**environ, **PolicyResult.merge(results).env}))
-    if entry.decide is not None:
-        results.append(entry.decide(settings, user))
+    verdicts = verdicts or {}
+    backend_decided = entry.decide(settings, user) if entry.decide is not None else PolicyResult()
+    results.append(_calibrated(backend_decided, verdicts.get("zentorch_weight_prepack"), user))
     source: ModelSourcePlan | None = None
     questions: tuple[Question, ...] = ()
     if model is not None:
-        decided = _model_decisions(hardware, model, entry, settings, user, environ, threads.tp_size, default_model)
+        decided, dtype_question = _model_decisions(
+            hardware, model, entry, settings, user, environ, threads.tp_size, default_model, verdicts.get("dtype")
+        )
         results.append(decided)
         dtype = decided.engine_args["dtype"]
+        questions += dtype_question + _prepack_question(model, backend_decided, dtype)
         architectures = vllm_names.text_generation_architectures if vllm_names else frozenset()
         source = plan_model_source(
             model, dtype, settings.cache_dir, software, architectures, settings.served_model_name, known_as
         )
         known_methods = vllm_names.quantization_methods if vllm_names else None
-        verdict = (verdicts or {}).get("int4_kernel")
+        verdict = verdicts.get("int4_kernel")
 
         def quant(calibrated: Mapping[str, Any]) -> PolicyResult:
             return plan_quant(
@@ -129,14 +133,13 @@ def build_plan(
             check_kernels(model, entry, dtype, hardware.cpu.isa),
             quant(verdict.settings if verdict else {}),
         ]
-        if verdict is not None:
-            results.append(
-                PolicyResult.of(record("calibration", verdict.decision, verdict.chosen, verdict.reason, "calibration"))
-            )
         question = int4_question(
             model.quant, dtype, *_int4_candidates(quant, user, entry, model.quant.method if model.quant else "")
         )
-        questions = (question,) if question else ()
+        questions += (question,) if question else ()
+    results += [
+        PolicyResult.of(record("calibration", v.decision, v.chosen, v.reason, "calibration")) for v in verdicts.values()
+    ]
     results += [
         _general_decisions(settings, user),
         plan_compile_cache(settings.cache_dir, software.vllm, environ),
@@ -190,12 +193,29 @@ def _model_decisions(
     environ: Mapping[str, str],
     tp_size: int,
     default_model: bool,
-) -> PolicyResult:
+    verdict: Verdict | None,
+) -> tuple[PolicyResult, tuple[Question, ...]]:
     isa = hardware.cpu.isa
     fp32_blocked = dtype_limit(model, backend, "float32") or (
         None if _fits(hardware, _in_dtype(model, "float32"), settings) else "the model's fp32 weights do not fit"
     )
     dtype_result = choose_dtype(isa, backend, settings.dtype, model.declared_dtype, fp32_blocked, default_model)
+    table_dtype = dtype_result.engine_args["dtype"]
+    questions: tuple[Question, ...] = ()
+    # Without native bf16 the table's dtype rests on another CPU's measurement: time both here.
+    if (
+        "dtype" not in user
+        and not isa.native_bf16
+        and not default_model
+        and fp32_blocked is None
+        and model.quant is None
+        and model.linear_shapes
+        and {"bfloat16", "float32"} <= set(backend.kernels.dtypes)
+    ):
+        questions = (dtype_question(model.linear_shapes, table_dtype),)
+        if verdict is not None and verdict.settings:
+            why = f"calibrated on this machine ({verdict.chosen}; calibration.dtype)"
+            dtype_result = PolicyResult.of(engine("dtype", verdict.settings["dtype"], why, "calibration"))
     dtype = dtype_result.engine_args["dtype"]
 
     len_source: Source
@@ -213,7 +233,7 @@ def _model_decisions(
             "only with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and a request past that position is outside the model's "
             "rotary table (with torch.compile the worker aborted there: 'index out of bounds', engine dead)"
         )
-    return PolicyResult.merge(
+    decided = PolicyResult.merge(
         [
             dtype_result,
             PolicyResult.of(engine("max_model_len", max_len, len_reason, len_source), warnings=warnings),
@@ -221,6 +241,37 @@ def _model_decisions(
             _kv_decision(hardware, _in_dtype(model, dtype), dtype, max_len, tp_size, settings, environ),
             chat_decisions(model, settings),
         ]
+    )
+    return decided, questions
+
+
+PREPACK_ENV = "VLLM_ZENTORCH_WEIGHT_PREPACK"
+
+
+def _prepack_question(model: ModelFacts, backend_decided: PolicyResult, dtype: str) -> tuple[Question, ...]:
+    """zentorch's weight prepack, where the backend decides it and the user did not: on or off for the model's
+    unquantized linear layers ("faster GEMMs" is zentorch's claim, not a measurement on this CPU)."""
+    decided = next((d for d in backend_decided.decisions if d.name == PREPACK_ENV), None)
+    if decided is None or decided.source == "user" or model.quant is not None or not model.linear_shapes:
+        return ()
+    candidates = tuple(
+        Candidate(name, {"zentorch_weight_prepack": on}, name, {PREPACK_ENV: "1" if on else "0"})
+        for name, on in (("prepacked", True), ("not-prepacked", False))
+    )
+    default = "prepacked" if decided.value == "1" else "not-prepacked"
+    return (dense_question("zentorch_weight_prepack", default, candidates, model.linear_shapes, dtype),)
+
+
+def _calibrated(result: PolicyResult, verdict: Verdict | None, user: frozenset[str]) -> PolicyResult:
+    """The backend's own decisions, with zentorch's prepack as the calibration chose it (never over the user)."""
+    if verdict is None or not verdict.settings or "zentorch_weight_prepack" in user:
+        return result
+    value = "1" if verdict.settings["zentorch_weight_prepack"] else "0"
+    why = f"calibrated on this machine ({verdict.chosen}; calibration.zentorch_weight_prepack)"
+    return PolicyResult(
+        tuple(env(PREPACK_ENV, value, why, "calibration") if d.name == PREPACK_ENV else d for d in result.decisions),
+        result.warnings,
+        result.errors,
     )
 
 

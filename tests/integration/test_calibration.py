@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from harness.quantized_models import quantized_demo
+from service.demo_model import ensure_demo_model
 from service.policy.quant_kernels import KERNELS
 from tests.support.server import MODELS, REPO, service_env, start_service
 
@@ -46,6 +47,11 @@ def _decided(report: dict) -> dict:
 
 def _question(env: dict) -> dict | None:
     """The live CPU's int4 question, as the service asks it (None where it has one int4 kernel, e.g. AVX2)."""
+    return next((q for q in _questions(env) if q["decision"] == "int4_kernel"), None)
+
+
+def _questions(env: dict) -> list[dict]:
+    """The questions the service asks for this environment's model on the live CPU."""
     probe = (
         "import dataclasses, json; from service.settings import Settings; "
         "from service.startup import build_report, choose_model; s = Settings(); "
@@ -53,8 +59,7 @@ def _question(env: dict) -> dict | None:
         "print(json.dumps([dataclasses.asdict(x) for x in q]))"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    questions = json.loads(out.stdout)
-    return questions[0] if questions else None
+    return json.loads(out.stdout)
 
 
 def test_detect_calibrates_within_its_bound_and_a_warm_run_times_nothing(calibration):
@@ -103,3 +108,29 @@ def test_the_engine_runs_the_kernel_the_calibration_chose(calibration, server_lo
             assert report["env"].get(key) == value
     finally:
         process.close()
+
+
+def test_an_unquantized_model_gets_the_dense_questions_of_this_cpu(tmp_path):
+    """zentorch's prepack on Zen, the dtype where bf16 is not native, none elsewhere: each one asked is timed and
+    its verdict is what the report then decides."""
+    ensure_demo_model(MODELS)
+    env = service_env(MODELS, calibrate="force")
+    question_names = {q["decision"] for q in _questions(env)}
+    out = subprocess.run(
+        [sys.executable, "-m", "service", "detect", "--calibrate", "--json"],
+        cwd=REPO,
+        env=env | {"SERVICE_CACHE_DIR": str(MODELS)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    decided = _decided(json.loads(out.stdout))
+    assert {s.removeprefix("calibration.") for s in decided if s.startswith("calibration.")} == question_names
+    for name in question_names:
+        verdict = decided[f"calibration.{name}"]
+        setting = "engine.dtype" if name == "dtype" else "env.VLLM_ZENTORCH_WEIGHT_PREPACK"
+        expected = {"float32": "float32", "bfloat16": "bfloat16", "prepacked": "1", "not-prepacked": "0"}
+        assert decided[setting]["value"] == expected[verdict["value"]]
+        if "faster than the table's" in verdict["reason"]:
+            assert decided[setting]["source"] == "calibration"

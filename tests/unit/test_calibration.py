@@ -163,3 +163,47 @@ def test_an_awq_or_8_bit_checkpoint_is_not_calibrated_yet(tmp_path):
     assert plan_for(awq, AVX512, tmp_path).questions == ()
     w8 = ct_config({"num_bits": 8, "strategy": "channel"})
     assert plan_for(w8, ZEN, tmp_path).questions == ()
+
+
+LLAMA_BF16 = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_without_native_bf16_the_dtype_is_asked_and_a_verdict_sets_it(tmp_path):
+    p = plan_for(LLAMA_BF16, AVX2, tmp_path)
+    (q,) = p.questions
+    table = decision(p, "engine.dtype").value
+    assert (q.decision, q.default, q.weights) == ("dtype", table, "dense")
+    assert {c.name for c in q.candidates} == {"bfloat16", "float32"}
+    assert set(q.shapes) == {(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)}
+    other = next(c for c in q.candidates if c.name != table)
+    verdict = Verdict("dtype", other.name, other.settings, "faster here", ())
+    d = decision(plan_for(LLAMA_BF16, AVX2, tmp_path, verdicts={"dtype": verdict}), "engine.dtype")
+    assert (d.value, d.source) == (other.name, "calibration")
+    user = plan_for(LLAMA_BF16, AVX2, tmp_path, verdicts={"dtype": verdict}, dtype=table)
+    assert (decision(user, "engine.dtype").value, user.questions) == (table, ())
+
+
+def test_native_bf16_asks_no_dtype_and_zen_asks_about_zentorchs_prepack(tmp_path):
+    assert all(q.decision != "dtype" for q in plan_for(LLAMA_BF16, ZEN, tmp_path).questions)
+    assert plan_for(LLAMA_BF16, AMX, tmp_path).questions == ()
+    (q,) = plan_for(LLAMA_BF16, ZEN, tmp_path).questions
+    assert (q.decision, q.default) == ("zentorch_weight_prepack", "prepacked")
+    assert {c.name: dict(c.env) for c in q.candidates} == {
+        "prepacked": {"VLLM_ZENTORCH_WEIGHT_PREPACK": "1"},
+        "not-prepacked": {"VLLM_ZENTORCH_WEIGHT_PREPACK": "0"},
+    }
+    off = next(c for c in q.candidates if c.name == "not-prepacked")
+    verdict = Verdict("zentorch_weight_prepack", off.name, off.settings, "faster here", ())
+    p = plan_for(LLAMA_BF16, ZEN, tmp_path, verdicts={"zentorch_weight_prepack": verdict})
+    d = decision(p, "env.VLLM_ZENTORCH_WEIGHT_PREPACK")
+    assert (d.value, d.source, p.env["VLLM_ZENTORCH_WEIGHT_PREPACK"]) == ("0", "calibration", "0")
+    user = plan_for(
+        LLAMA_BF16, ZEN, tmp_path, verdicts={"zentorch_weight_prepack": verdict}, zentorch_weight_prepack=True
+    )
+    assert (user.env["VLLM_ZENTORCH_WEIGHT_PREPACK"], user.questions) == ("1", ())
