@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from service.kernels import register_kernels
+
 MAX_REL_ERR = 0.05  # of the reference output's largest magnitude: 16-bit rounding and int8 activations pass, a
 # wrong scale (x2) or layout does not
 PROBE_BYTES = 256 << 20
@@ -78,13 +80,7 @@ def _int4_runner(question: dict[str, Any], candidate: dict[str, Any], k: int, n:
     """apply(x) for one shape under the candidate's environment, the kernel class vLLM chose, the reference weight."""
     from vllm.model_executor.kernels.linear import choose_mp_linear_kernel
 
-    from service.kernels import register_kernels
-
-    os.environ.update(candidate["env"])
-    for name in ("VLLM_CPU_INT4_W4A8", "VLLM_DISABLED_KERNELS"):
-        if name not in candidate["env"]:
-            os.environ.pop(name, None)
-    register_kernels(candidate["env"].get("SERVICE_LINEAR_KERNELS", ""))
+    _use_env(candidate)
     dtype = getattr(torch, question["act_dtype"])
     config, layer, dequant = _int4_layer(question, k, n, dtype)
     cls = choose_mp_linear_kernel(config)
@@ -93,12 +89,39 @@ def _int4_runner(question: dict[str, Any], candidate: dict[str, Any], k: int, n:
     return (lambda x: kernel.apply_weights(layer, x, None)), cls.__name__, dequant
 
 
+def _int8_runner(question: dict[str, Any], candidate: dict[str, Any], k: int, n: int) -> tuple[Callable, str, Any]:
+    """A W8A8 layer (per-channel int8 weights, dynamic symmetric per-token activations) through the kernel vLLM's
+    `init_int8_linear_kernel` picks under the candidate's environment."""
+    from vllm.model_executor.kernels.linear import init_int8_linear_kernel
+
+    _use_env(candidate)
+    weight = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    scale = torch.rand(n, 1) * 0.002 + 0.0005
+    layer = torch.nn.Module()
+    layer.weight = _param(weight, 1, 0)  # [N, K], as the checkpoint stores it
+    layer.weight_scale = _param(scale, 1, 0)
+    layer.input_scale = layer.input_zero_point = layer.azp_adj = None
+    layer.logical_widths = [n]
+    layer.bias = None
+    kernel = init_int8_linear_kernel(True, False, True, "calibration")
+    kernel.process_weights_after_loading(layer)
+    return (lambda x: kernel.apply_weights(layer, x, None)), type(kernel).__name__, (weight.float() * scale).t()
+
+
+def _use_env(candidate: dict[str, Any]) -> None:
+    """The candidate's environment in place of the last one's (vLLM reads these when it picks and prepares)."""
+    for name in ("VLLM_CPU_INT4_W4A8", "VLLM_DISABLED_KERNELS", "VLLM_ZENTORCH_WEIGHT_PREPACK"):
+        os.environ.pop(name, None)
+    os.environ.update(candidate["env"])
+    register_kernels(candidate["env"].get("SERVICE_LINEAR_KERNELS", ""))
+
+
 def _dense_runner(question: dict[str, Any], candidate: dict[str, Any], k: int, n: int) -> tuple[Callable, str, Any]:
     """An unquantized linear layer through vLLM's CPU GEMM dispatch (oneDNN, zentorch, torch), as its
     UnquantizedLinearMethod sets it up at load, in the candidate's dtype and environment."""
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
-    os.environ.update(candidate["env"])
+    _use_env(candidate)
     dtype = getattr(torch, candidate["settings"].get("dtype", question["act_dtype"]))
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter((torch.randn(n, k) * 0.02).to(dtype), requires_grad=False)
@@ -143,8 +166,9 @@ def time_question(question: dict[str, Any], rounds: int, prefill_m: int, log: Ca
         try:
             decode, prefill, worst, classes = [], [], 0.0, set()
             for k, n in question["shapes"]:
-                if question["weights"] == "int4":
-                    apply, cls, ref_w = _int4_runner(question, candidate, k, n)
+                if question["weights"] in ("int4", "int8"):
+                    runner = _int4_runner if question["weights"] == "int4" else _int8_runner
+                    apply, cls, ref_w = runner(question, candidate, k, n)
                     act = dtype
                 else:
                     apply, cls, ref_w = _dense_runner(question, candidate, k, n)

@@ -39,11 +39,11 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Question:
-    decision: str  # "int4_kernel" | "dtype"
+    decision: str  # "int4_kernel" | "w8a8_kernel" | "dtype" | "zentorch_weight_prepack"
     default: str  # the candidate the table picks
     candidates: tuple[Candidate, ...]
     shapes: tuple[tuple[int, int], ...]  # (K, N) of the model's linear layers, each once
-    weights: Literal["int4", "dense"]
+    weights: Literal["int4", "int8", "dense"]
     layout: Literal["compressed-tensors", "gptq"] = "compressed-tensors"
     group_size: int | None = None  # int4: None per output channel
     symmetric: bool = True
@@ -89,6 +89,18 @@ def int4_question(
     return Question(
         "int4_kernel", default, candidates, shapes, "int4", layout, quant.group_size, quant.weight_symmetric, dtype
     )
+
+
+def w8a8_question(
+    quant: QuantFacts | None, dtype: str, candidates: tuple[Candidate, ...], default: str
+) -> Question | None:
+    """The W8A8 kernel (per-channel int8 weights, dynamic per-token activations) where several can run it."""
+    if quant is None or quant.key != "w8a8" or len(candidates) < 2 or default not in {c.name for c in candidates}:
+        return None
+    shapes = tuple(dict.fromkeys((s.in_features, s.out_features) for s in quant.linear_shapes))
+    if not shapes:
+        return None
+    return Question("w8a8_kernel", default, candidates, shapes, "int8", act_dtype=dtype)
 
 
 def dense_question(

@@ -18,7 +18,15 @@ from service.facts.software import SoftwareFacts
 from service.facts.vllm_source import VllmNames
 from service.policy.backend import BackendChoice, choose_backend
 from service.policy.backends import Backend
-from service.policy.calibration import Candidate, Question, Verdict, dense_question, dtype_question, int4_question
+from service.policy.calibration import (
+    Candidate,
+    Question,
+    Verdict,
+    dense_question,
+    dtype_question,
+    int4_question,
+    w8a8_question,
+)
 from service.policy.chat import chat_decisions
 from service.policy.compile_cache import plan_compile_cache
 from service.policy.decision import Decision, PolicyResult, Source, engine, env, record
@@ -121,7 +129,9 @@ def build_plan(
             model, dtype, settings.cache_dir, software, architectures, settings.served_model_name, known_as
         )
         known_methods = vllm_names.quantization_methods if vllm_names else None
-        verdict = verdicts.get("int4_kernel")
+        calibrated = {
+            k: v for name in ("int4_kernel", "w8a8_kernel") if (x := verdicts.get(name)) for k, v in x.settings.items()
+        }
 
         def quant(calibrated: Mapping[str, Any]) -> PolicyResult:
             return plan_quant(
@@ -131,12 +141,14 @@ def build_plan(
         results += [
             source.result,
             check_kernels(model, entry, dtype, hardware.cpu.isa),
-            quant(verdict.settings if verdict else {}),
+            quant(calibrated),
         ]
-        question = int4_question(
-            model.quant, dtype, *_int4_candidates(quant, user, entry, model.quant.method if model.quant else "")
-        )
-        questions += (question,) if question else ()
+        if model.quant is not None:
+            int4 = int4_question(
+                model.quant, dtype, *_candidates(quant, _int4_options(user, entry, model.quant.method))
+            )
+            w8a8 = w8a8_question(model.quant, dtype, *_candidates(quant, _w8a8_options(user, entry, environ)))
+            questions += tuple(q for q in (int4, w8a8) if q is not None)
     results += [
         PolicyResult.of(record("calibration", v.decision, v.chosen, v.reason, "calibration")) for v in verdicts.values()
     ]
@@ -151,13 +163,10 @@ def build_plan(
 CALIBRATED_ENV = ("VLLM_CPU_INT4_W4A8", "VLLM_DISABLED_KERNELS", KERNELS_ENV)
 
 
-def _int4_candidates(
-    quant: Callable[[Mapping[str, Any]], PolicyResult], user: frozenset[str], backend: Backend, method: str
-) -> tuple[tuple[Candidate, ...], str]:
-    """The int4 settings the calibration can weigh here (none the user set), each with what the policy then runs;
-    and the name of the one the table picks. Settings that plan the same kernel and environment are one candidate."""
+def _int4_options(user: frozenset[str], backend: Backend, method: str) -> list[tuple[str, dict[str, Any]]]:
+    """The int4 settings the calibration can weigh here: none the user set."""
     if "int4_kernel" in user:
-        return (), ""
+        return []
     w4a8: list[bool | None] = [None]
     if "int4_w4a8" not in user and backend.int4_w4a8 is not None and method in backend.int4_w4a8.methods:
         w4a8 = [False, True]
@@ -168,19 +177,36 @@ def _int4_candidates(
         )
         for a in w4a8
     ]
-    options.append(("auto-round", {"int4_kernel": "auto-round"}))
-    seen: dict[tuple[str, tuple[tuple[str, str], ...]], Candidate] = {}
+    return [*options, ("auto-round", {"int4_kernel": "auto-round"})]
+
+
+def _w8a8_options(
+    user: frozenset[str], backend: Backend, environ: Mapping[str, str]
+) -> list[tuple[str, dict[str, Any]]]:
+    """zentorch's W8A8 kernel or vLLM's oneDNN one, where the backend has both and neither the user's setting nor
+    their VLLM_DISABLED_KERNELS chose."""
+    if not backend.w8a8_zentorch or "w8a8_zentorch" in user or "VLLM_DISABLED_KERNELS" in environ:
+        return []
+    return [("zentorch", {"w8a8_zentorch": True}), ("onednn", {"w8a8_zentorch": False})]
+
+
+def _candidates(
+    quant: Callable[[Mapping[str, Any]], PolicyResult], options: list[tuple[str, dict[str, Any]]]
+) -> tuple[tuple[Candidate, ...], str]:
+    """Each option with what the policy then runs (kernel, the environment the kernels read), options that plan the
+    same kernel being one candidate; and the name of the one the table picks."""
+
+    def planned(settings: Mapping[str, Any]) -> tuple[str | None, dict[str, str], bool]:
+        result = quant(settings)
+        kernel = next((d.value for d in result.decisions if d.setting == "quant.linear_kernel"), None)
+        return kernel, {k: v for k, v in result.env.items() if k in CALIBRATED_ENV}, bool(result.errors)
+
+    seen: dict[str, Candidate] = {}
     for name, settings in options:
-        planned = quant(settings)
-        kernel = next((d.value for d in planned.decisions if d.setting == "quant.linear_kernel"), None)
-        if planned.errors or kernel is None:
-            continue
-        env_ = {k: v for k, v in planned.env.items() if k in CALIBRATED_ENV}
-        seen.setdefault((kernel, tuple(sorted(env_.items()))), Candidate(name, settings, kernel, env_))
-    table = quant({})
-    kernel = next((d.value for d in table.decisions if d.setting == "quant.linear_kernel"), None)
-    env_ = {k: v for k, v in table.env.items() if k in CALIBRATED_ENV}
-    default = seen.get((str(kernel), tuple(sorted(env_.items()))))
+        kernel, env_, failed = planned(settings)
+        if not failed and kernel is not None:
+            seen.setdefault(kernel, Candidate(name, settings, kernel, env_))
+    default = seen.get(str(planned({})[0]))
     return tuple(seen.values()), default.name if default else ""
 
 

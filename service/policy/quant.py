@@ -193,7 +193,12 @@ def _auto_round_decisions(choice: Int4Choice, environ: Mapping[str, str]) -> tup
 
 
 def _w8a8_knob(
-    facts: QuantFacts, backend: Backend, settings: Settings, user: frozenset[str], environ: Mapping[str, str]
+    facts: QuantFacts,
+    backend: Backend,
+    settings: Settings,
+    user: frozenset[str],
+    environ: Mapping[str, str],
+    calibrated: Mapping[str, Any],
 ) -> Knob:
     """Where the backend has zentorch's W8A8 kernel, it runs unless ZentorchInt8ScaledMMLinearKernel is disabled."""
     name, kernel = "VLLM_DISABLED_KERNELS", "ZentorchInt8ScaledMMLinearKernel"
@@ -211,6 +216,11 @@ def _w8a8_knob(
         return Knob(
             True, by_user=True, favour=f"set by the user (w8a8_zentorch=true): zentorch favours decode -- {measured}"
         )
+    if "w8a8_zentorch" in calibrated:
+        why = f"calibrated on this machine (w8a8_zentorch={str(calibrated['w8a8_zentorch']).lower()})"
+        if not calibrated["w8a8_zentorch"]:
+            return Knob(False, env(name, ",".join([*already, kernel]), why, "calibration"))
+        return Knob(True, favour=why)
     favour = (
         "the default favours decode (zentorch_dynamic_qlinear) over prefill (oneDNN int8) -- "
         f"{measured}; set w8a8_zentorch=false (SERVICE_W8A8_ZENTORCH=false) for prefill-heavy loads"
@@ -269,7 +279,7 @@ def plan_quant(
 
     ours = choice is not None and choice.auto_round
     int4 = Knob(True) if ours else _int4_knob(facts, backend, settings, user, environ, calibrated or {})
-    w8a8 = _w8a8_knob(facts, backend, settings, user, environ)
+    w8a8 = _w8a8_knob(facts, backend, settings, user, environ, calibrated or {})
     shapes = facts.linear_shapes or (None,)
     chosen: dict[str, list[str]] = {}
     why_not: dict[str, list[str]] = {}
@@ -308,7 +318,8 @@ def plan_quant(
         *([backend.quant_note] if backend.quant_note else []),
     ]
     by_user = int4.by_user or w8a8.by_user or (choice is not None and choice.source == "user")
-    calibrated_here = int4.decision is not None and int4.decision.source == "calibration"
+    calibrated_here = any(k.decision is not None and k.decision.source == "calibration" for k in (int4, w8a8))
+    calibrated_here = calibrated_here or w8a8.favour.startswith("calibrated")
     calibrated_here = calibrated_here or (choice is not None and choice.source == "calibration")
     source: Source = "user" if by_user else "calibration" if calibrated_here else "policy"
     kernel_decision = record("quant", "linear_kernel", "+".join(chosen), "; ".join(reasons + notes), source)

@@ -110,27 +110,31 @@ def test_the_engine_runs_the_kernel_the_calibration_chose(calibration, server_lo
         process.close()
 
 
-def test_an_unquantized_model_gets_the_dense_questions_of_this_cpu(tmp_path):
-    """zentorch's prepack on Zen, the dtype where bf16 is not native, none elsewhere: each one asked is timed and
-    its verdict is what the report then decides."""
-    ensure_demo_model(MODELS)
-    env = service_env(MODELS, calibrate="force")
-    question_names = {q["decision"] for q in _questions(env)}
+@pytest.mark.parametrize("model", ["demo", "w8a8"])
+def test_each_question_of_this_cpu_is_timed_and_its_verdict_decides(tmp_path, model):
+    """Whatever this CPU asks about the demo model (zentorch's prepack on Zen, the dtype where bf16 is not native)
+    and its W8A8 copy (zentorch or oneDNN on Zen): each one asked is timed, and the report then decides what its
+    verdict chose."""
+    path = ensure_demo_model(MODELS) if model == "demo" else quantized_demo(MODELS, model)
+    env = service_env(tmp_path, model=str(path), calibrate="force")
+    questions = {q["decision"]: q for q in _questions(env)}
     out = subprocess.run(
         [sys.executable, "-m", "service", "detect", "--calibrate", "--json"],
         cwd=REPO,
-        env=env | {"SERVICE_CACHE_DIR": str(MODELS)},
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     decided = _decided(json.loads(out.stdout))
-    assert {s.removeprefix("calibration.") for s in decided if s.startswith("calibration.")} == question_names
-    for name in question_names:
+    assert {s.removeprefix("calibration.") for s in decided if s.startswith("calibration.")} == set(questions)
+    for name, question in questions.items():
         verdict = decided[f"calibration.{name}"]
-        setting = "engine.dtype" if name == "dtype" else "env.VLLM_ZENTORCH_WEIGHT_PREPACK"
-        expected = {"float32": "float32", "bfloat16": "bfloat16", "prepacked": "1", "not-prepacked": "0"}
-        assert decided[setting]["value"] == expected[verdict["value"]]
-        if "faster than the table's" in verdict["reason"]:
-            assert decided[setting]["source"] == "calibration"
+        chosen = next(c for c in question["candidates"] if c["name"] == verdict["value"])
+        if name == "dtype":
+            assert decided["engine.dtype"]["value"] == chosen["settings"]["dtype"]
+        elif name == "zentorch_weight_prepack":
+            assert decided["env.VLLM_ZENTORCH_WEIGHT_PREPACK"]["value"] == chosen["env"]["VLLM_ZENTORCH_WEIGHT_PREPACK"]
+        else:
+            assert decided["quant.linear_kernel"]["value"] == chosen["kernel"]

@@ -118,7 +118,8 @@ def test_no_question_where_there_is_no_choice_or_the_user_made_it(tmp_path):
     assert plan_for(W4A16, AVX2, tmp_path).questions == ()  # the service's kernel is the only one there
     assert plan_for(W4A16, AVX512, tmp_path, auto_round_lib=None).questions == ()  # vLLM's alone
     assert plan_for(W4A16, ZEN, tmp_path, int4_kernel="vllm").questions == ()
-    assert plan_for(W8A8_DYNAMIC, ZEN, tmp_path).questions == ()  # not covered yet: the table decides
+    assert plan_for(W8A8_DYNAMIC, AVX512, tmp_path).questions == ()  # oneDNN's int8 kernel alone
+    assert plan_for(W8A8_DYNAMIC, ZEN, tmp_path, w8a8_zentorch=True).questions == ()
     (q,) = plan_for(W4A16, ZEN, tmp_path, int4_w4a8=False).questions  # the user's w4a8 choice stays
     assert {c.name for c in q.candidates} == {"vllm", "auto-round"}
     assert plan_for(GPTQ, AVX512, tmp_path).questions[0].layout == "gptq"
@@ -207,3 +208,21 @@ def test_native_bf16_asks_no_dtype_and_zen_asks_about_zentorchs_prepack(tmp_path
         LLAMA_BF16, ZEN, tmp_path, verdicts={"zentorch_weight_prepack": verdict}, zentorch_weight_prepack=True
     )
     assert (user.env["VLLM_ZENTORCH_WEIGHT_PREPACK"], user.questions) == ("1", ())
+
+
+def test_zen_w8a8_asks_zentorch_or_onednn_and_a_verdict_sets_the_kernel(tmp_path):
+    (q,) = plan_for(W8A8_DYNAMIC, ZEN, tmp_path).questions
+    assert (q.decision, q.default, q.weights) == ("w8a8_kernel", "zentorch", "int8")
+    assert {c.name: c.kernel for c in q.candidates} == {"zentorch": "zentorch-w8a8", "onednn": "onednn-w8a8"}
+    onednn = next(c for c in q.candidates if c.name == "onednn")
+    assert onednn.env == {"VLLM_DISABLED_KERNELS": "ZentorchInt8ScaledMMLinearKernel"}
+    verdict = Verdict("w8a8_kernel", "onednn", onednn.settings, "faster here", ())
+    p = plan_for(W8A8_DYNAMIC, ZEN, tmp_path, verdicts={"w8a8_kernel": verdict})
+    kernel = decision(p, "quant.linear_kernel")
+    assert (kernel.value, kernel.source) == ("onednn-w8a8", "calibration")
+    assert p.env["VLLM_DISABLED_KERNELS"] == "ZentorchInt8ScaledMMLinearKernel"
+    user = plan_for(W8A8_DYNAMIC, ZEN, tmp_path, verdicts={"w8a8_kernel": verdict}, w8a8_zentorch=True)
+    assert (decision(user, "quant.linear_kernel").value, decision(user, "quant.linear_kernel").source) == (
+        "zentorch-w8a8",
+        "user",
+    )
