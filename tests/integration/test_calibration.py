@@ -26,19 +26,21 @@ def calibration(tmp_path_factory):
     """Two `detect --calibrate` runs on one fresh cache: (env, first, second), each (report, stderr)."""
     cache = tmp_path_factory.mktemp("calibration-cache")
     env = service_env(cache, model=str(quantized_demo(MODELS, "w4a16")), calibrate="auto")
-    runs = []
-    for _ in range(2):
-        out = subprocess.run(
-            [sys.executable, "-m", "service", "detect", "--calibrate", "--json"],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
-        runs.append((json.loads(out.stdout), out.stderr))
-    return cache, env, runs
+    return cache, env, [_detect_calibrate(env) for _ in range(2)]
+
+
+def _detect_calibrate(env: dict) -> tuple[dict, str]:
+    """`python -m service detect --calibrate --json`: the report, and what it logged."""
+    out = subprocess.run(
+        [sys.executable, "-m", "service", "detect", "--calibrate", "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout), out.stderr
 
 
 def _decided(report: dict) -> dict:
@@ -118,16 +120,7 @@ def test_each_question_of_this_cpu_is_timed_and_its_verdict_decides(tmp_path, mo
     path = ensure_demo_model(MODELS) if model == "demo" else quantized_demo(MODELS, model)
     env = service_env(tmp_path, model=str(path), calibrate="force")
     questions = {q["decision"]: q for q in _questions(env)}
-    out = subprocess.run(
-        [sys.executable, "-m", "service", "detect", "--calibrate", "--json"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    decided = _decided(json.loads(out.stdout))
+    decided = _decided(_detect_calibrate(env)[0])
     assert {s.removeprefix("calibration.") for s in decided if s.startswith("calibration.")} == set(questions)
     for name, question in questions.items():
         verdict = decided[f"calibration.{name}"]
