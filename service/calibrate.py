@@ -95,7 +95,10 @@ def _verdicts(questions: tuple[Question, ...], stored: dict[str, Any], path: Pat
         ]
         timings += [Timing(name, error=why) for name, why in stored.get("crashed", {}).items()]
         verdict = decide(q, tuple(timings))
-        where = f"timed {stored.get('date')} on CPUs {stored.get('cpus')}, {stored.get('seconds')} s; {path}"
+        where = (
+            f"timed {stored.get('date')} on CPUs {stored.get('cpus')} in {stored.get('seconds')} s, read bandwidth "
+            f"{stored.get('bandwidth_gb_s')} GB/s before/after; {path}"
+        )
         verdicts[q.decision] = dataclasses.replace(verdict, reason=f"{verdict.reason}; {where}")
     return verdicts
 

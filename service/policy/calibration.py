@@ -158,9 +158,17 @@ def decide(question: Question, timings: tuple[Timing, ...]) -> Verdict:
             question.decision, fastest.candidate, by_name[fastest.candidate].settings, f"{reason} ({numbers})", timings
         )
     if fastest is default:
-        return _with(keep, f"the table's {question.default} measured fastest here ({numbers})")
+        others = [t for t in ran if t is not default]
+        if not others:
+            return _with(keep, f"the table's {question.default} is the only candidate that ran ({numbers})")
+        runner_up = min(others, key=lambda t: statistics.median(t.decode_s))
+        lead = _margin(runner_up, default)
+        return _with(
+            keep,
+            f"the table's {question.default} measured fastest here, ahead of {runner_up.candidate} by {lead} ({numbers})",
+        )
     ratio, low, high = _ratio_interval(default.decode_s, fastest.decode_s)
-    margin = f"decode x{ratio:.2f} [{low:.2f}, {high:.2f}] ({CONFIDENCE:.0%} interval, {len(fastest.decode_s)} rounds)"
+    margin = _margin(default, fastest)
     if low <= 1:
         return _with(
             keep,
@@ -168,6 +176,11 @@ def decide(question: Question, timings: tuple[Timing, ...]) -> Verdict:
         )
     reason = f"{fastest.candidate} is faster than the table's {question.default} here: {margin} ({numbers})"
     return Verdict(question.decision, fastest.candidate, by_name[fastest.candidate].settings, reason, timings)
+
+
+def _margin(slow: Timing, fast: Timing) -> str:
+    ratio, low, high = _ratio_interval(slow.decode_s, fast.decode_s)
+    return f"decode x{ratio:.2f} [{low:.2f}, {high:.2f}] ({CONFIDENCE:.0%} interval, {len(fast.decode_s)} rounds)"
 
 
 def _with(verdict: Verdict, reason: str) -> Verdict:

@@ -226,3 +226,9 @@ def test_zen_w8a8_asks_zentorch_or_onednn_and_a_verdict_sets_the_kernel(tmp_path
         "zentorch-w8a8",
         "user",
     )
+
+
+def test_when_the_table_wins_its_lead_is_cited_with_its_interval():
+    v = decide(QUESTION, (Timing("a", rounds(1.0), rounds(10)), Timing("b", rounds(2.0), rounds(20))))
+    assert (v.chosen, dict(v.settings)) == ("a", {})
+    assert "the table's a measured fastest here, ahead of b by decode x2.00 [" in v.reason
