@@ -10,8 +10,10 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -58,24 +60,36 @@ def _time_in_child(report: StartupReport, questions: tuple[Question, ...], cpus:
             preexec_fn=lambda: os.sched_setaffinity(0, cpus),
         )
         assert proc.stdin and proc.stderr and proc.stdout
-        proc.stdin.write(request)
-        proc.stdin.close()
-        current, tail = "", []
-        for line in proc.stderr:
-            line = line.rstrip()
-            tail = (tail + [line])[-20:]
-            if line.startswith(("building ", "timing ")):
-                current = line.split(" ", 1)[1]
-            elif line.startswith("calibration "):
-                log.info("%s", line)
-        out = proc.stdout.read()
-        if proc.wait(timeout=TIMEOUT_S) == 0:
-            result: dict[str, Any] = json.loads(out)
+        # A candidate that hangs is killed like one that crashes: a start is never held up by more than this.
+        watchdog = threading.Timer(TIMEOUT_S, proc.kill)
+        watchdog.start()
+        try:
+            proc.stdin.write(request)
+            proc.stdin.close()
+            current, tail = "", []
+            for line in proc.stderr:
+                line = line.rstrip()
+                tail = (tail + [line])[-20:]
+                if line.startswith(("building ", "timing ")):
+                    current = line.split(" ", 1)[1]
+                elif line.startswith("calibration "):
+                    log.info("%s", line)
+            out = proc.stdout.read()
+            code = proc.wait()
+        finally:
+            watchdog.cancel()
+        if code == 0:
+            result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])  # the last line: libraries may print
             result["crashed"] = crashed
             return result
         if not current or current in crashed:
-            raise RuntimeError(f"the timing process failed (exit {proc.returncode}): {' | '.join(tail[-5:])}")
-        crashed[current] = f"crashed the timing process (exit {proc.returncode})"
+            raise RuntimeError(f"the timing process failed (exit {code}): {' | '.join(tail[-5:])}")
+        how = (
+            f"did not finish in {TIMEOUT_S} s"
+            if code == -signal.SIGKILL
+            else f"crashed the timing process (exit {code})"
+        )
+        crashed[current] = how
         log.warning("calibration: %s %s; timing the others again", current, crashed[current])
 
 

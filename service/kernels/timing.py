@@ -214,7 +214,7 @@ def main() -> None:
     before = _read_bandwidth()
     answers = [time_question(q, request["rounds"], request["prefill_m"], log) for q in request["questions"]]
     after = _read_bandwidth()
-    json.dump({"answers": answers, "bandwidth_gb_s": [round(before, 1), round(after, 1)]}, sys.stdout)
+    print(json.dumps({"answers": answers, "bandwidth_gb_s": [round(before, 1), round(after, 1)]}), flush=True)
 
 
 if __name__ == "__main__":

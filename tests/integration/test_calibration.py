@@ -131,3 +131,34 @@ def test_each_question_of_this_cpu_is_timed_and_its_verdict_decides(tmp_path, mo
             assert decided["env.VLLM_ZENTORCH_WEIGHT_PREPACK"]["value"] == chosen["env"]["VLLM_ZENTORCH_WEIGHT_PREPACK"]
         else:
             assert decided["quant.linear_kernel"]["value"] == chosen["kernel"]
+
+
+def test_a_candidate_that_fails_is_excluded_and_the_others_are_timed():
+    """The timing child on the live CPU: a candidate it cannot build is reported with why, the rest run."""
+    good = {"name": "float32", "settings": {"dtype": "float32"}, "kernel": "float32", "env": {}}
+    broken = {"name": "broken", "settings": {"dtype": "no_such_dtype"}, "kernel": "broken", "env": {}}
+    question = {
+        "decision": "dtype",
+        "default": "float32",
+        "candidates": [good, broken],
+        "shapes": [[256, 256]],
+        "weights": "dense",
+        "layout": "compressed-tensors",
+        "group_size": None,
+        "symmetric": True,
+        "act_dtype": "float32",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "service.kernels.timing"],
+        input=json.dumps({"questions": [question], "rounds": 2, "prefill_m": 8}),
+        cwd=REPO,
+        env=service_env(MODELS),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    (answer,) = json.loads(out.stdout.strip().splitlines()[-1])["answers"]
+    timings = {t["candidate"]: t for t in answer["timings"]}
+    assert "no_such_dtype" in timings["broken"]["error"] and "decode_s" not in timings["broken"]
+    assert len(timings["float32"]["decode_s"]) == 2 and timings["float32"]["max_rel_err"] < 0.05
