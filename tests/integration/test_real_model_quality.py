@@ -3,7 +3,8 @@
 Paths: each backend the live CPU runs (vLLM's own checks: zen where vLLM would pick ZenCpuPlatform, and then the
 generic avx512 platform too; else amx / avx512 / avx2), in fp32 and, where the CPU computes it natively, bf16; and
 W8A8 and W4A16 copies made from the model by round-to-nearest (harness/quantized_models.py), on the policy's
-backend and dtype (refused where this CPU's vLLM build lacks the kernel). One service per path, in turn.
+backend and dtype (refused where this CPU's vLLM build lacks the kernel), the W4A16 copy also on the service's own
+int4 kernel (auto-round-lib) where it is not already the policy's. One service per path, in turn.
 
 Each path is held to the weights it serves: transformers' fp32 forward on the same weights (the model's fp32
 dequantized GGUF; a quantized copy's own dequantized values, with W8A8's int8 per-token activations) is its
@@ -90,7 +91,10 @@ def live_paths() -> list[Path_]:
     native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     dtypes = ["float32", "bfloat16"] if native_bf16 else ["float32"]
     paths = [Path_(f"{b}-{d}", {"backend": b, "dtype": d}) for b in backends for d in dtypes]
-    return paths + [Path_(scheme, {}, scheme) for scheme in ("w8a8", "w4a16-g64")]
+    quantized = [Path_(scheme, {}, scheme) for scheme in ("w8a8", "w4a16-g64")]
+    if backend != "avx2":  # on avx2 the policy's w4a16 path already is the service's kernel
+        quantized.append(Path_("w4a16-g64-auto-round", {"int4_kernel": "auto-round"}, "w4a16-g64"))
+    return paths + quantized
 
 
 @pytest.fixture(scope="session")
