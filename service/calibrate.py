@@ -40,10 +40,40 @@ def machine(report: StartupReport) -> dict[str, Any]:
     }
 
 
-def _time_in_child(report: StartupReport, questions: tuple[Question, ...], cpus: list[int]) -> dict[str, Any]:
-    """Run the timing child; a candidate that kills it is dropped and the rest timed again, the crash recorded."""
+def _time(report: StartupReport, questions: tuple[Question, ...], cpus: list[int]) -> dict[str, Any]:
+    """Every candidate timed: those that run in the engine's environment in one child, each other environment
+    (another backend's platform and preloads, taken at a process's start) in a child of its own, one after the
+    other; their rounds are paired by number."""
+    groups: dict[str, dict[str, str]] = {}
+    for q in questions:
+        for c in q.candidates:
+            groups.setdefault(json.dumps(c.process_env, sort_keys=True), dict(c.process_env))
+    engine_env = {k: v for k, v in os.environ.items() if k not in report.plan.env}
+    merged: dict[str, Any] = {"answers": {}, "crashed": {}, "bandwidth_gb_s": []}
+    for key, process_env in groups.items():
+        asked = tuple(
+            dataclasses.replace(q, candidates=part)
+            for q in questions
+            if (part := tuple(c for c in q.candidates if json.dumps(c.process_env, sort_keys=True) == key))
+        )
+        env = {**engine_env, **(process_env or report.plan.env), "OMP_NUM_THREADS": str(len(cpus))}
+        result = _time_in_child(asked, cpus, env)
+        for answer in result["answers"]:
+            merged["answers"].setdefault(answer["decision"], []).extend(answer["timings"])
+        merged["crashed"] |= result["crashed"]
+        merged["bandwidth_gb_s"] += result["bandwidth_gb_s"]
+    bandwidth = merged["bandwidth_gb_s"]
+    return {
+        "answers": [{"decision": d, "timings": t} for d, t in merged["answers"].items()],
+        "crashed": merged["crashed"],
+        "bandwidth_gb_s": [bandwidth[0], bandwidth[-1]],
+        "processes": len(groups),
+    }
+
+
+def _time_in_child(questions: tuple[Question, ...], cpus: list[int], env: dict[str, str]) -> dict[str, Any]:
+    """Run one timing child; a candidate that kills it is dropped and the rest timed again, the crash recorded."""
     crashed: dict[str, str] = {}
-    env = {**os.environ, **report.plan.env, "OMP_NUM_THREADS": str(len(cpus))}
     while True:
         asked = [
             q.as_dict() | {"candidates": [dataclasses.asdict(c) for c in q.candidates if c.name not in crashed]}
@@ -111,7 +141,13 @@ def _verdicts(questions: tuple[Question, ...], stored: dict[str, Any], path: Pat
         verdict = decide(q, tuple(timings))
         where = (
             f"timed {stored.get('date')} on CPUs {stored.get('cpus')} in {stored.get('seconds')} s, read bandwidth "
-            f"{stored.get('bandwidth_gb_s')} GB/s before/after; {path}"
+            f"{stored.get('bandwidth_gb_s')} GB/s before/after"
+            + (
+                f" ({stored['processes']} processes: another backend's candidates in their own, rounds paired by number)"
+                if stored.get("processes", 1) > 1
+                else ""
+            )
+            + f"; {path}"
         )
         verdicts[q.decision] = dataclasses.replace(verdict, reason=f"{verdict.reason}; {where}")
     return verdicts
@@ -134,7 +170,7 @@ def calibrate(report: StartupReport, cache_dir: Path, mode: Mode | Literal["cach
     names = ", ".join(f"{q.decision} ({len(q.candidates)} candidates)" for q in questions)
     log.info("calibration: timing %s on CPUs %s, %d rounds", names, cpus, ROUNDS)
     started = time.monotonic()
-    stored = _time_in_child(report, questions, cpus)
+    stored = _time(report, questions, cpus)
     stored |= {
         "key": key,
         "cpus": cpus,

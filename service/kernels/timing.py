@@ -11,9 +11,11 @@ to stdout.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +45,26 @@ def _pack(q: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.as_tensor(packed).movedim(-1, dim).contiguous()
 
 
+def _pack_awq(q: torch.Tensor) -> torch.Tensor:
+    """AutoAWQ's packing: eight 4-bit values per int32 along the output dim (last), in AWQ's interleaved order."""
+    from vllm.model_executor.layers.quantization.auto_awq import _REVERSE_AWQ_PACK_ORDER
+
+    q = q.to(torch.int32).reshape(*q.shape[:-1], -1, 8)
+    return sum(q[..., j] << (4 * nibble) for j, nibble in enumerate(_REVERSE_AWQ_PACK_ORDER)).contiguous()
+
+
+@functools.cache
+def _one_rank() -> None:
+    """vLLM's distributed state for one rank of one: its parameter classes (the AWQ conversion's) read the rank."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    with set_current_vllm_config(VllmConfig()):
+        init_file = tempfile.mktemp(prefix="calibration-rank-")
+        init_distributed_environment(1, 0, f"file://{init_file}", 0, backend="gloo")
+        initialize_model_parallel(1, 1)
+
+
 def _int4_layer(question: dict[str, Any], k: int, n: int, dtype: torch.dtype) -> tuple[Any, Any, torch.Tensor]:
     """The config vLLM's kernels are chosen by, the layer, and the dequantized weight [K, N] in fp32."""
     from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearLayerConfig
@@ -56,7 +78,9 @@ def _int4_layer(question: dict[str, Any], k: int, n: int, dtype: torch.dtype) ->
     zeros = torch.full((groups, n), 8) if sym else torch.randint(0, 16, (groups, n))
     dequant = (q - zeros.repeat_interleave(group, 0)).float() * scales.to(dtype).float().repeat_interleave(group, 0)
     layer = torch.nn.Module()
-    if question["layout"] == "gptq":  # qweight [K/8, N], scales [G, N], qzeros [G, N/8]
+    if question["layout"] == "awq":  # qweight [K, N/8], scales [G, N], qzeros [G, N/8], AWQ's order
+        params = (_param(_pack_awq(q), 0, 1, 1), _param(scales.to(dtype), 0, 1), _param(_pack_awq(zeros), 0, 1, 1))
+    elif question["layout"] == "gptq":  # qweight [K/8, N], scales [G, N], qzeros [G, N/8]
         params = (
             _param(_pack(q, 0), 0, 1, 0),
             _param(scales.to(dtype), 0, 1),
@@ -70,6 +94,11 @@ def _int4_layer(question: dict[str, Any], k: int, n: int, dtype: torch.dtype) ->
         )
     for name, p in zip(("w_q", "w_s", "w_zp"), params, strict=True):
         layer.register_parameter(name, p)
+    if question["layout"] == "awq":  # what vLLM's AutoAWQ method does at load, before its kernel's own repacking
+        from vllm.model_executor.layers.quantization.auto_awq import _convert_awq_to_standard_format
+
+        _one_rank()
+        _convert_awq_to_standard_format(layer, "w_q", "w_zp", 4)
     group_size = question["group_size"] or -1
     wtype = scalar_types.uint4b8 if sym else scalar_types.uint4
     config = MPLinearLayerConfig((k, n), (k, n), wtype, dtype, group_size, not sym)

@@ -26,6 +26,7 @@ class BackendChoice:
     reason: str
     requested: str
     error: str | None = None
+    calibrated: bool = False  # chosen over the table's by the calibration's timings on this machine
 
     @property
     def entry(self) -> Backend | None:

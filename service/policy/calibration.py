@@ -35,19 +35,25 @@ class Candidate:
     settings: Mapping[str, Any]  # the settings it stands for
     kernel: str = ""  # the policy's kernel key(s) it runs (quant.linear_kernel), filled from the plan
     env: Mapping[str, str] = field(default_factory=dict)  # what the kernel reads (VLLM_CPU_INT4_W4A8, ...)
+    # The environment its process starts with, where it is not the engine's: another backend's platform, preloads
+    # and OpenMP runtime, which a process takes at its start (timed in a process of its own).
+    process_env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Question:
-    decision: str  # "int4_kernel" | "w8a8_kernel" | "dtype" | "zentorch_weight_prepack"
+    decision: str  # "int4_kernel" | "w8a8_kernel" | "dtype" | "zentorch_weight_prepack" | "backend"
     default: str  # the candidate the table picks
     candidates: tuple[Candidate, ...]
     shapes: tuple[tuple[int, int], ...]  # (K, N) of the model's linear layers, each once
     weights: Literal["int4", "int8", "dense"]
-    layout: Literal["compressed-tensors", "gptq"] = "compressed-tensors"
+    layout: Literal["compressed-tensors", "gptq", "awq"] = "compressed-tensors"
     group_size: int | None = None  # int4: None per output channel
     symmetric: bool = True
     act_dtype: str = "bfloat16"  # int4: the activations' dtype (the engine dtype)
+    # The least decode lead (the interval's lower end) that replaces the table's choice: above 1 where the timed
+    # layers are only part of what the choice changes (a backend also brings its attention, runtime and platform).
+    min_gain: float = 1.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,14 +84,18 @@ def int4_question(
     quant: QuantFacts | None, dtype: str, candidates: tuple[Candidate, ...], default: str
 ) -> Question | None:
     """The int4 kernel (and its activation type) of an int4 weight-only checkpoint, when it has several candidates."""
-    if quant is None or quant.key not in INT4_WEIGHT_ONLY or quant.method == "awq" or len(candidates) < 2:
-        return None  # AWQ: vLLM repacks its layout at load, which the timing's layers do not reproduce
+    if quant is None or quant.key not in INT4_WEIGHT_ONLY or len(candidates) < 2:
+        return None
+    if quant.method == "awq" and quant.weight_symmetric:
+        return None  # vLLM's AWQ path hands its kernels zero points always; a zero_point=false file is not timed
     if default not in {c.name for c in candidates}:
         return None
     shapes = tuple(dict.fromkeys((s.in_features, s.out_features) for s in quant.linear_shapes))
     if not shapes:
         return None
-    layout: Literal["compressed-tensors", "gptq"] = "gptq" if quant.method == "gptq" else "compressed-tensors"
+    layout: Literal["compressed-tensors", "gptq", "awq"] = (
+        quant.method if quant.method in ("gptq", "awq") else "compressed-tensors"  # type: ignore[assignment]
+    )
     return Question(
         "int4_kernel", default, candidates, shapes, "int4", layout, quant.group_size, quant.weight_symmetric, dtype
     )
@@ -108,6 +118,17 @@ def dense_question(
 ) -> Question:
     """A decision about the unquantized linear layers, timed through vLLM's own CPU GEMM dispatch."""
     return Question(decision, default, candidates, shapes, "dense", act_dtype=dtype)
+
+
+BACKEND_MIN_GAIN = 1.10  # the linear layers are most of a step's time on CPU, not all of it
+
+
+def backend_question(
+    default: str, candidates: tuple[Candidate, ...], shapes: tuple[tuple[int, int], ...], dtype: str
+) -> Question:
+    """The backend's own kernels or vLLM's generic ones for the unquantized linear layers: a switch of platform,
+    preloads and attention too, so it must win by BACKEND_MIN_GAIN."""
+    return Question("backend", default, candidates, shapes, "dense", act_dtype=dtype, min_gain=BACKEND_MIN_GAIN)
 
 
 def dtype_question(shapes: tuple[tuple[int, int], ...], default: str) -> Question:
@@ -173,6 +194,12 @@ def decide(question: Question, timings: tuple[Timing, ...]) -> Verdict:
         return _with(
             keep,
             f"{fastest.candidate} against the table's {question.default}: {margin} does not resolve the margin, so the table's stands ({numbers})",
+        )
+    if low <= question.min_gain:
+        return _with(
+            keep,
+            f"{fastest.candidate} against the table's {question.default}: {margin} is not surely above the "
+            f"x{question.min_gain:.2f} this decision must win by, so the table's stands ({numbers})",
         )
     reason = f"{fastest.candidate} is faster than the table's {question.default} here: {margin} ({numbers})"
     return Verdict(question.decision, fastest.candidate, by_name[fastest.candidate].settings, reason, timings)

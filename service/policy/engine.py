@@ -22,6 +22,7 @@ from service.policy.calibration import (
     Candidate,
     Question,
     Verdict,
+    backend_question,
     dense_question,
     dtype_question,
     int4_question,
@@ -95,7 +96,9 @@ def build_plan(
     verdicts: Mapping[str, Verdict] | None = None,  # the calibration's, per decision (None: not calibrated)
 ) -> EnginePlan:
     user = settings.explicitly_set()
-    backend = choose_backend(hardware.cpu, software, settings.backend)
+    verdicts = verdicts or {}
+    table_backend = choose_backend(hardware.cpu, software, settings.backend)
+    backend = _calibrated_backend(table_backend, verdicts.get("backend"), hardware, software)
     entry = backend.entry
     if entry is None:
         return EnginePlan(errors=(backend.error or backend.reason,), backend=backend, threads=None)
@@ -112,7 +115,6 @@ def build_plan(
     )
     # The workers' OpenMP variables follow the runtime that will be preloaded, not this process's.
     results.append(thread_decisions(threads, {**environ, **PolicyResult.merge(results).env}))
-    verdicts = verdicts or {}
     backend_decided = entry.decide(settings, user) if entry.decide is not None else PolicyResult()
     results.append(_calibrated(backend_decided, verdicts.get("zentorch_weight_prepack"), user))
     source: ModelSourcePlan | None = None
@@ -124,6 +126,22 @@ def build_plan(
         results.append(decided)
         dtype = decided.engine_args["dtype"]
         questions += dtype_question + _prepack_question(model, backend_decided, dtype)
+        if backend is table_backend:
+
+            def lowered(name: str) -> EnginePlan:
+                return build_plan(
+                    hardware,
+                    model,
+                    software,
+                    settings.model_copy(update={"backend": name}),
+                    environ,
+                    libraries,
+                    vllm_names,
+                    known_as,
+                    default_model,
+                )
+
+            questions += _backend_question(model, backend, backend_decided, dtype, lowered)
         architectures = vllm_names.text_generation_architectures if vllm_names else frozenset()
         source = plan_model_source(
             model, dtype, settings.cache_dir, software, architectures, settings.served_model_name, known_as
@@ -286,6 +304,46 @@ def _prepack_question(model: ModelFacts, backend_decided: PolicyResult, dtype: s
     )
     default = "prepacked" if decided.value == "1" else "not-prepacked"
     return (dense_question("zentorch_weight_prepack", default, candidates, model.linear_shapes, dtype),)
+
+
+def _backend_question(
+    model: ModelFacts,
+    backend: BackendChoice,
+    backend_decided: PolicyResult,
+    dtype: str,
+    lowered: Callable[[str], EnginePlan],
+) -> tuple[Question, ...]:
+    """The backend's own kernels (zentorch on Zen) or vLLM's generic ones for an unquantized model's linear layers,
+    where the backend chose itself and has a lowering: each candidate times what its backend's engine would run,
+    the lowering in a process started with that backend's environment (platform, preloads, OpenMP runtime)."""
+    entry = backend.entry
+    if entry is None or backend.requested != "auto" or model.quant is not None or not model.linear_shapes:
+        return ()
+    own = {d.name: str(d.value) for d in backend_decided.decisions if d.name == PREPACK_ENV}
+    candidates = [Candidate(entry.name, {"backend": entry.name}, entry.name, own)]
+    for name in entry.lowers_to:
+        plan = lowered(name)
+        if plan.ok:
+            candidates.append(Candidate(name, {"backend": name}, name, process_env=plan.env))
+    if len(candidates) < 2:
+        return ()
+    return (backend_question(entry.name, tuple(candidates), model.linear_shapes, dtype),)
+
+
+def _calibrated_backend(
+    table: BackendChoice, verdict: Verdict | None, hardware: HardwareFacts, software: SoftwareFacts
+) -> BackendChoice:
+    """The backend the calibration chose over the table's (only where the table chose itself, never the user)."""
+    if verdict is None or not verdict.settings or table.requested != "auto" or table.entry is None:
+        return table
+    chosen = choose_backend(hardware.cpu, software, verdict.settings["backend"])
+    if chosen.entry is None or chosen.name == table.name:
+        return table
+    why = (
+        f"calibrated on this machine: {chosen.name} ran the model's linear layers faster than {table.name} "
+        f"(calibration.backend); {chosen.reason}"
+    )
+    return replace(chosen, reason=why, requested="auto", calibrated=True)
 
 
 def _calibrated(result: PolicyResult, verdict: Verdict | None, user: frozenset[str]) -> PolicyResult:

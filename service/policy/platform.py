@@ -26,7 +26,7 @@ def choose_platform(backend: BackendChoice, environ: Mapping[str, str]) -> Polic
     if entry is None:  # no backend: the plan is refused before this
         return PolicyResult()
     short = entry.platform.rsplit(".", 1)[-1]
-    source: Source = "policy" if backend.requested == "auto" else "user"
+    source: Source = "calibration" if backend.calibrated else "policy" if backend.requested == "auto" else "user"
     decisions = [
         env(
             PLATFORM_ENV,

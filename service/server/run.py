@@ -94,11 +94,15 @@ def run(settings: Settings) -> int:
     choice = choose_model(settings, build_demo=True)
     report = build_report(settings, model=choice)
     if report.ok:
-        _preload_self(report.plan.env.get("LD_PRELOAD"), user_preload, reexecuted)
+        # Calibrated before the re-execution: a verdict can change the backend, and with it the preload. The
+        # re-executed process reads the stored timings (even under force: the first process has just timed).
+        mode = "auto" if reexecuted and settings.calibrate == "force" else settings.calibrate
         try:
-            report = calibrated_report(report, settings, choice, settings.calibrate)
+            report = calibrated_report(report, settings, choice, mode)
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             log.warning("calibration failed, the built-in table decides: %s", exc)
+        if report.ok:
+            _preload_self(report.plan.env.get("LD_PRELOAD"), user_preload, reexecuted)
     if choice.demo:
         log.warning(
             "DEMO MODEL: serving the built-in tiny random-weight model %r from %s. It answers gibberish; leave "

@@ -145,6 +145,13 @@ def host_report():
     return json.loads(res.stdout)
 
 
+def expected_backend(served: dict, host_report: dict) -> str:
+    """The backend a container should run: the host's own detection picks it, unless the container's calibration
+    (its first start times the model's layers) chose another, which its report then says."""
+    calibrated = next((d for d in served["decisions"] if d["setting"] == "calibration.backend"), None)
+    return calibrated["value"] if calibrated else host_report["backend"]["name"]
+
+
 @pytest.fixture(scope="session")
 def host_backend_without_zentorch():
     """The backend the service's own policy picks for this host's CPU in an image without zentorch."""

@@ -1,6 +1,7 @@
 """The calibration on the live CPU, whatever it is: `detect --calibrate` times the int4 kernels' candidates for the
 W4A16 demo model within its bound, a second run reuses the stored timings, and a server started on the same cache
-runs the kernel the calibration chose (read back from the engine's log)."""
+runs the kernel the calibration chose (read back from the engine's log); likewise the backend where it has a
+lowering (Zen), read back from every vLLM process."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pytest
 
 from harness.quantized_models import quantized_demo
 from service.demo_model import ensure_demo_model
+from service.policy.backends import ZEN_PLATFORM
 from service.policy.quant_kernels import KERNELS
-from tests.support.server import MODELS, REPO, service_env, start_service
+from tests.support.server import MODELS, REPO, process_states, service_env, start_service
 
 pytestmark = pytest.mark.engine
 
@@ -120,17 +122,91 @@ def test_each_question_of_this_cpu_is_timed_and_its_verdict_decides(tmp_path, mo
     path = ensure_demo_model(MODELS) if model == "demo" else quantized_demo(MODELS, model)
     env = service_env(tmp_path, model=str(path), calibrate="force")
     questions = {q["decision"]: q for q in _questions(env)}
-    decided = _decided(_detect_calibrate(env)[0])
+    report = _detect_calibrate(env)[0]
+    decided = _decided(report)
     assert {s.removeprefix("calibration.") for s in decided if s.startswith("calibration.")} == set(questions)
     for name, question in questions.items():
         verdict = decided[f"calibration.{name}"]
         chosen = next(c for c in question["candidates"] if c["name"] == verdict["value"])
         if name == "dtype":
             assert decided["engine.dtype"]["value"] == chosen["settings"]["dtype"]
+        elif name == "backend":
+            assert report["backend"]["name"] == chosen["settings"]["backend"]
+        elif name == "zentorch_weight_prepack" and report["backend"]["platform"] != ZEN_PLATFORM:
+            assert "env.VLLM_ZENTORCH_WEIGHT_PREPACK" not in decided  # the backend's verdict left zentorch
         elif name == "zentorch_weight_prepack":
             assert decided["env.VLLM_ZENTORCH_WEIGHT_PREPACK"]["value"] == chosen["env"]["VLLM_ZENTORCH_WEIGHT_PREPACK"]
         else:
             assert decided["quant.linear_kernel"]["value"] == chosen["kernel"]
+
+
+def test_the_engine_runs_the_backend_the_calibration_chose(tmp_path, server_logs):
+    """Where the backend has a lowering (zentorch or vLLM's generic kernels on Zen), the demo model's layers are timed
+    on both, the lowering in a process of its own; a server on that cache runs the backend chosen in every vLLM
+    process, with that backend's preload in its own."""
+    env = service_env(tmp_path, model=str(ensure_demo_model(MODELS)), calibrate="auto")
+    question = next((q for q in _questions(env) if q["decision"] == "backend"), None)
+    report = _detect_calibrate(env)[0]
+    if question is None:  # no lowering on this CPU's backend: nothing asked, nothing switched
+        assert "calibration.backend" not in _decided(report)
+        return
+    verdict = _decided(report)["calibration.backend"]
+    assert verdict["value"] == report["backend"]["name"]
+    assert "2 processes: another backend's candidates in their own" in verdict["reason"]
+    process = start_service(
+        server_logs / "calibrated-backend.log",
+        extra_env={"SERVICE_CACHE_DIR": str(tmp_path)},
+        name="calibrated-backend",
+        model=env["SERVICE_MODEL"],
+        kv_cache_gib="0.25",
+        calibrate="auto",
+    )
+    try:
+        served = httpx.get(f"{process.url}/v1/hardware", timeout=30).json()
+        log = process.log_tail(10**7)
+    finally:
+        process.close()
+    assert "calibration: reusing" in log and "round 1/" not in log
+    assert served["backend"] == report["backend"]
+    platform = served["backend"]["platform"]
+    states = process_states(log)
+    assert any(s["process"] == "EngineCore" for s in states), states
+    assert {(s["platform"], s["decided_platform"]) for s in states} == {(platform, platform)}, states
+    assert f"executing the service again with LD_PRELOAD={served['env']['LD_PRELOAD']}" in log
+
+
+def test_an_awq_checkpoints_kernels_are_timed_from_its_own_packing(tmp_path):
+    """An AWQ int4 config (its layers are built from the config; no weights needed): each candidate is built from
+    AutoAWQ's packing through vLLM's conversion at load, and computes what the reference does."""
+    model = tmp_path / "awq"
+    model.mkdir()
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": 512,
+        "intermediate_size": 1024,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True},
+    }
+    (model / "config.json").write_text(json.dumps(config))
+    env = service_env(tmp_path, model=str(model), calibrate="auto")
+    question = _question(env)
+    report = _detect_calibrate(env)[0]
+    if question is None:  # one int4 kernel on this CPU
+        assert "calibration.int4_kernel" not in _decided(report)
+        return
+    assert question["layout"] == "awq"
+    (stored,) = (tmp_path / "calibration").glob("*.json")
+    (answer,) = json.loads(stored.read_text())["answers"]
+    timings = {t["candidate"]: t for t in answer["timings"]}
+    assert set(timings) == {c["name"] for c in question["candidates"]}
+    for name, t in timings.items():
+        assert t.get("error") is None and t["max_rel_err"] < 0.05 and len(t["decode_s"]) == 7, (name, t)
+    assert _decided(report)["calibration.int4_kernel"]["value"] in timings
 
 
 def test_a_candidate_that_fails_is_excluded_and_the_others_are_timed():

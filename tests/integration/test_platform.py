@@ -22,18 +22,13 @@ from service.facts.software import read_software
 from service.patches import PatchStatus, needs_fxgraph_pickle_patch
 from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
 from service.policy.platform import PLATFORM_ENV
-from service.vllm_plugin import STATE_PREFIX
 from tests.integration.conftest import _start
 from tests.support.live_cpu import expected_platform
-from tests.support.server import MODELS, REPO, service_env
+from tests.support.server import MODELS, REPO, process_states, service_env
 
 pytestmark = pytest.mark.engine
 
 ZEN5_FIXTURE = REPO / "tests" / "fixtures" / "cpuinfo" / "epyc_9755_zen5.txt"
-
-
-def process_states(log: str) -> list[dict]:
-    return [json.loads(line.split(STATE_PREFIX, 1)[1]) for line in log.splitlines() if STATE_PREFIX in line]
 
 
 def check_running_platform(server, platform: str) -> None:

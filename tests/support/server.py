@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ import httpx
 
 from harness import REPO, ServerProcess, free_port, offline_env
 from service.demo_model import DEMO_NAME
+from service.vllm_plugin import STATE_PREFIX
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -80,3 +82,8 @@ def watch_until_exit(process: ServerProcess, since: float, deadline_s: float) ->
     except Exception:  # subprocess.TimeoutExpired: still running at the deadline
         code = None
     return Exit(health_503_after, code, time.monotonic() - since)
+
+
+def process_states(log: str) -> list[dict]:
+    """The state line each vLLM process logs from the service's general plugin (service/vllm_plugin.py)."""
+    return [json.loads(line.split(STATE_PREFIX, 1)[1]) for line in log.splitlines() if STATE_PREFIX in line]

@@ -4,6 +4,7 @@ the plan (never over a user's setting)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -159,9 +160,18 @@ def test_the_cache_key_follows_the_machine_and_the_question():
     assert key != cache_key(machine, (other,))
 
 
-def test_an_awq_or_8_bit_checkpoint_is_not_calibrated_yet(tmp_path):
+@pytest.mark.parametrize("cpu", [ZEN, AMX, AVX512])
+def test_an_awq_checkpoint_is_timed_in_its_own_layout(tmp_path, cpu):
     awq = dict(GPTQ, quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True})
-    assert plan_for(awq, AVX512, tmp_path).questions == ()
+    (q,) = plan_for(awq, cpu, tmp_path).questions
+    assert (q.decision, q.layout, q.symmetric, q.group_size) == ("int4_kernel", "awq", False, 128)
+    assert "auto-round" in {c.name for c in q.candidates}
+    # zero_point=false: vLLM's AWQ path still hands its kernels zero points, which the timing does not build
+    sym = dict(awq, quantization_config=dict(awq["quantization_config"], zero_point=False))
+    assert plan_for(sym, cpu, tmp_path).questions == ()
+
+
+def test_an_8_bit_weight_only_checkpoint_is_not_calibrated(tmp_path):
     w8 = ct_config({"num_bits": 8, "strategy": "channel"})
     assert plan_for(w8, ZEN, tmp_path).questions == ()
 
@@ -193,7 +203,7 @@ def test_without_native_bf16_the_dtype_is_asked_and_a_verdict_sets_it(tmp_path):
 def test_native_bf16_asks_no_dtype_and_zen_asks_about_zentorchs_prepack(tmp_path):
     assert all(q.decision != "dtype" for q in plan_for(LLAMA_BF16, ZEN, tmp_path).questions)
     assert plan_for(LLAMA_BF16, AMX, tmp_path).questions == ()
-    (q,) = plan_for(LLAMA_BF16, ZEN, tmp_path).questions
+    q, _ = plan_for(LLAMA_BF16, ZEN, tmp_path).questions
     assert (q.decision, q.default) == ("zentorch_weight_prepack", "prepacked")
     assert {c.name: dict(c.env) for c in q.candidates} == {
         "prepacked": {"VLLM_ZENTORCH_WEIGHT_PREPACK": "1"},
@@ -207,7 +217,35 @@ def test_native_bf16_asks_no_dtype_and_zen_asks_about_zentorchs_prepack(tmp_path
     user = plan_for(
         LLAMA_BF16, ZEN, tmp_path, verdicts={"zentorch_weight_prepack": verdict}, zentorch_weight_prepack=True
     )
-    assert (user.env["VLLM_ZENTORCH_WEIGHT_PREPACK"], user.questions) == ("1", ())
+    assert user.env["VLLM_ZENTORCH_WEIGHT_PREPACK"] == "1"
+    assert [q.decision for q in user.questions] == ["backend"]
+
+
+def test_zen_asks_zentorch_or_vllms_generic_kernels_and_a_verdict_lowers_the_backend(tmp_path):
+    p = plan_for(LLAMA_BF16, ZEN, tmp_path)
+    q = next(q for q in p.questions if q.decision == "backend")
+    assert (q.default, q.weights, q.act_dtype, q.min_gain) == ("zen", "dense", "bfloat16", 1.10)
+    zen, generic = q.candidates
+    assert (zen.name, dict(zen.env), dict(zen.process_env)) == ("zen", {"VLLM_ZENTORCH_WEIGHT_PREPACK": "1"}, {})
+    # The lowering is timed in a process started as its engine would be: vLLM's generic platform, its own preloads.
+    lowered = plan_for(LLAMA_BF16, ZEN, tmp_path, backend="avx512")
+    assert (generic.name, dict(generic.process_env)) == ("avx512", lowered.env)
+    assert generic.process_env["SERVICE_VLLM_PLATFORM"] == "vllm.platforms.cpu.CpuPlatform"
+    verdict = Verdict("backend", "avx512", generic.settings, "faster here", ())
+    chosen = plan_for(LLAMA_BF16, ZEN, tmp_path, verdicts={"backend": verdict})
+    assert (chosen.backend.name, chosen.backend.requested) == ("avx512", "auto")
+    assert "calibrated on this machine" in chosen.backend.reason
+    assert decision(chosen, "env.SERVICE_VLLM_PLATFORM").source == "calibration"
+    assert chosen.env["SERVICE_VLLM_PLATFORM"] == lowered.env["SERVICE_VLLM_PLATFORM"]
+    assert "VLLM_ZENTORCH_WEIGHT_PREPACK" not in chosen.env
+    assert decision(chosen, "calibration.backend").value == "avx512"
+    # Never over the user's backend; never for a quantized model (its kernels are their own question); only on a
+    # backend with a lowering.
+    user = plan_for(LLAMA_BF16, ZEN, tmp_path, verdicts={"backend": verdict}, backend="zen")
+    assert user.backend.name == "zen" and all(q.decision != "backend" for q in user.questions)
+    assert all(q.decision != "backend" for q in plan_for(W8A8_DYNAMIC, ZEN, tmp_path).questions)
+    for cpu in (AMX, AVX512, AVX2):
+        assert all(q.decision != "backend" for q in plan_for(LLAMA_BF16, cpu, tmp_path).questions)
 
 
 def test_zen_w8a8_asks_zentorch_or_onednn_and_a_verdict_sets_the_kernel(tmp_path):
@@ -226,6 +264,14 @@ def test_zen_w8a8_asks_zentorch_or_onednn_and_a_verdict_sets_the_kernel(tmp_path
         "zentorch-w8a8",
         "user",
     )
+
+
+def test_a_backend_switch_must_win_by_more_than_a_resolved_margin():
+    question = dataclasses.replace(QUESTION, decision="backend", min_gain=1.10)
+    small = decide(question, (Timing("a", rounds(1.05), rounds(10)), Timing("b", rounds(1.0), rounds(10))))
+    assert small.chosen == "a" and "is not surely above the x1.10 this decision must win by" in small.reason
+    large = decide(question, (Timing("a", rounds(1.5), rounds(10)), Timing("b", rounds(1.0), rounds(10))))
+    assert large.chosen == "b"
 
 
 def test_when_the_table_wins_its_lead_is_cited_with_its_interval():
