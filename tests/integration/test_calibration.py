@@ -140,23 +140,26 @@ def test_each_question_of_this_cpu_is_timed_and_its_verdict_decides(tmp_path, mo
             assert decided["quant.linear_kernel"]["value"] == chosen["kernel"]
 
 
-def test_the_engine_runs_the_backend_the_calibration_chose(tmp_path, server_logs):
-    """Where the backend has a lowering (zentorch or vLLM's generic kernels on Zen), the demo model's layers are timed
-    on both, the lowering in a process of its own; a server on that cache runs the backend chosen in every vLLM
-    process, with that backend's preload in its own."""
+def test_the_engine_runs_the_backend_and_dtype_the_calibration_chose(tmp_path, server_logs):
+    """The demo model's questions on the live CPU (the backend where it has a lowering, as on Zen, the lowering
+    timed in a process of its own; the dtype where bf16 is not native): a server on that cache runs what was chosen,
+    read back from every vLLM process (platform) and from vLLM's engine config (dtype), with the chosen backend's
+    preload in its own process."""
     env = service_env(tmp_path, model=str(ensure_demo_model(MODELS)), calibrate="auto")
-    question = next((q for q in _questions(env) if q["decision"] == "backend"), None)
+    questions = {q["decision"] for q in _questions(env)}
     report = _detect_calibrate(env)[0]
-    if question is None:  # no lowering on this CPU's backend: nothing asked, nothing switched
-        assert "calibration.backend" not in _decided(report)
+    decided = _decided(report)
+    assert {s.removeprefix("calibration.") for s in decided if s.startswith("calibration.")} == questions
+    if not questions & {"backend", "dtype"}:  # neither asked on this CPU: the table's backend and dtype stand
+        assert not report["backend"]["reason"].startswith("calibrated")
         return
-    verdict = _decided(report)["calibration.backend"]
-    assert verdict["value"] == report["backend"]["name"]
-    assert "2 processes: another backend's candidates in their own" in verdict["reason"]
+    if "backend" in questions:
+        assert decided["calibration.backend"]["value"] == report["backend"]["name"]
+        assert "2 processes: another backend's candidates in their own" in decided["calibration.backend"]["reason"]
     process = start_service(
-        server_logs / "calibrated-backend.log",
+        server_logs / "calibrated-demo.log",
         extra_env={"SERVICE_CACHE_DIR": str(tmp_path)},
-        name="calibrated-backend",
+        name="calibrated-demo",
         model=env["SERVICE_MODEL"],
         kv_cache_gib="0.25",
         calibrate="auto",
@@ -173,6 +176,7 @@ def test_the_engine_runs_the_backend_the_calibration_chose(tmp_path, server_logs
     assert any(s["process"] == "EngineCore" for s in states), states
     assert {(s["platform"], s["decided_platform"]) for s in states} == {(platform, platform)}, states
     assert f"executing the service again with LD_PRELOAD={served['env']['LD_PRELOAD']}" in log
+    assert f"dtype=torch.{decided['engine.dtype']['value']}," in log  # vLLM's engine config line
 
 
 def test_an_awq_checkpoints_kernels_are_timed_from_its_own_packing(tmp_path):
