@@ -3,7 +3,8 @@
 For each format (bf16 reference, W8A8 dynamic, W8A8 static, W4A16 group 128) of the ~0.5 B random Llama
 (harness/models.py, quantized by harness/quantized_models.py) and each kernel the machine can be steered to
 (VLLM_CPU_INT4_W4A8=0/1, ZentorchInt8ScaledMMLinearKernel on/off on Zen, the service's auto-round-lib int4 kernel
-via SERVICE_INT4_KERNEL), run vLLM's offline `LLM` in a fresh process (enforce_eager, batch 1) with the environment
+via SERVICE_INT4_KERNEL; for bf16, the backend's lowering and zentorch's prepack on Zen: the calibration's
+questions), run vLLM's offline `LLM` in a fresh process (enforce_eager, batch 1) with the environment
 the service's policy sets for that candidate, and measure:
 - decode tok/s at batch 1: (N tokens - 1 token) / (time(N) - time(1)) for one short prompt, greedy, ignore_eos;
 - prefill tok/s: prompt tokens / time of a 1-token generation of a long prompt (prefix caching off);
@@ -68,6 +69,12 @@ def candidates(backend: str, formats: list[str], corrupt: bool) -> list[Candidat
         if fmt == "w4a16" and not BACKENDS[backend].int4_kernel.auto_round:
             vllm = [Candidate(fmt, {"VLLM_CPU_INT4_W4A8": v}) for v in ("0", "1")] if backend in ("zen", "amx") else []
             out += [*(vllm or [Candidate(fmt, {})]), Candidate(fmt, {"SERVICE_INT4_KERNEL": "auto-round"})]
+        elif fmt == "bf16":  # the calibration's backend and prepack questions, where the backend has them
+            entry = BACKENDS[backend]
+            out.append(Candidate(fmt, {}))
+            out += [Candidate(fmt, {"SERVICE_BACKEND": low}) for low in entry.lowers_to]
+            if entry.decide is not None:
+                out.append(Candidate(fmt, {"SERVICE_ZENTORCH_WEIGHT_PREPACK": "false"}))
         elif fmt == "w8a8" and backend == "zen":
             out += [Candidate(fmt, {}), Candidate(fmt, {"VLLM_DISABLED_KERNELS": "ZentorchInt8ScaledMMLinearKernel"})]
         else:
@@ -97,9 +104,9 @@ def predicted_kernel(backend_name: str, directory: Path, env: dict[str, str]) ->
     from service.settings import Settings
 
     facts = inspect_model(str(directory)).quant
-    if facts is None:
-        return "bf16", {}
     settings = Settings(**{k.removeprefix("SERVICE_").lower(): v for k, v in env.items() if k.startswith("SERVICE_")})
+    if facts is None:
+        return _dense_plan(settings)
     plan = plan_quant(
         facts, BACKENDS[backend_name], "bfloat16", settings, env, auto_round_lib=read_software().auto_round_lib
     )
@@ -107,22 +114,29 @@ def predicted_kernel(backend_name: str, directory: Path, env: dict[str, str]) ->
     return (decided.value if decided else "refused: " + "; ".join(plan.errors)), plan.env
 
 
-def bytes_per_token(directory: Path) -> int:
-    """Bytes one decode step reads: every stored tensor (quantized values, scales, bf16 layers) but the input
-    embedding table, of which a step gathers one row (KV-cache reads at these lengths add well under 1%)."""
-    from safetensors import safe_open
+def _dense_plan(settings: Any) -> tuple[str, dict[str, str]]:
+    """An unquantized model's "kernel": the backend's GEMM dispatch (its vLLM platform, which the service's platform
+    plugin enforces from the environment) and the backend's own knobs (zentorch's prepack)."""
+    from service.facts.hardware import read_hardware
+    from service.facts.software import read_software
+    from service.policy.backend import choose_backend
+    from service.policy.platform import PLATFORM_ENV
 
-    total = 0
-    for shard in directory.glob("*.safetensors"):
-        with safe_open(str(shard), "pt") as f:
-            for name in f.keys():
-                if not name.endswith("embed_tokens.weight"):
-                    t = f.get_slice(name)
-                    n = 1
-                    for d in t.get_shape():
-                        n *= d
-                    total += n * {"BF16": 2, "F16": 2, "F32": 4, "I32": 4, "I64": 8, "I8": 1, "U8": 1}[t.get_dtype()]
-    return total
+    choice = choose_backend(read_hardware().cpu, read_software(), settings.backend)
+    if choice.entry is None:
+        return f"refused: {choice.reason}", {}
+    own = choice.entry.decide(settings, frozenset()).env if choice.entry.decide else {}
+    # VLLM_TARGET_DEVICE emptied as the policy does: vLLM takes "cpu" as its platform and never asks the plugin.
+    return f"{choice.name} GEMM", {PLATFORM_ENV: choice.entry.platform, "VLLM_TARGET_DEVICE": "", **own}
+
+
+def bytes_per_token(directory: Path) -> int:
+    """Bytes one decode step reads in the rows' bf16 (the service's model fact, service/facts/model.py)."""
+    from service.facts.model import inspect_model
+
+    reads = inspect_model(str(directory)).decode_reads
+    assert reads is not None, f"{directory} has no safetensors headers"
+    return reads.bytes_in(2)
 
 
 def compute_cpus() -> list[int]:
@@ -214,6 +228,7 @@ def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software
     from service.policy.backend import choose_backend
+    from service.policy.platform import PLATFORM_ENV
     from service.policy.quant_kernels import KERNELS
 
     hardware = read_hardware()
@@ -246,6 +261,8 @@ def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path
             continue
         logged = log.read_text(errors="replace")
         markers = [m for k in kernel.split("+") if k in KERNELS for m in KERNELS[k].log_markers]
+        if PLATFORM_ENV in policy_env:  # a dense row: every vLLM process ran the backend's platform
+            markers.append(f'"platform": "{policy_env[PLATFORM_ENV]}"')
         scheme = cand.format.removesuffix("-corrupt")
         quality = score(source, prompts, result["generated"], result["logprobs"])
         kernel = quality

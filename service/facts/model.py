@@ -18,6 +18,18 @@ Config = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
+class DecodeReads:
+    """The weights one decode step reads, from the checkpoint's tensor headers: every tensor but the input embedding
+    table (a step gathers one row of it), which counts where it is also the LM head (tied, no lm_head stored)."""
+
+    float_elements: int  # float tensors (layers kept in 16/32 bits, scales): the engine holds them in its dtype
+    packed_bytes: int  # integer tensors (quantized values, zero points): read as stored
+
+    def bytes_in(self, dtype_bytes: int) -> int:
+        return self.packed_bytes + self.float_elements * dtype_bytes
+
+
+@dataclass(frozen=True)
 class ModelFacts:
     path: str  # resolved local directory, or the GGUF file
     architecture: str  # first of config.architectures, e.g. "LlamaForCausalLM"
@@ -47,6 +59,7 @@ class ModelFacts:
     chat_template: ChatTemplateFacts | None = None  # read from the model directory (or the GGUF metadata)
     gguf: GgufFacts | None = None  # a GGUF file: what it holds; the engine loads a converted copy
     linear_shapes: tuple[tuple[int, int], ...] = ()  # (K, N) of the decoder's distinct linear layers (dense models)
+    decode_reads: DecodeReads | None = None  # None: no safetensors headers to read
 
     @property
     def quantization(self) -> str | None:
@@ -286,6 +299,38 @@ def _weight_bytes(directory: Path) -> int:
     return 0
 
 
+_FLOAT_TYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+_EMBEDDING = re.compile(r"(embed_tokens|wte|word_embeddings|tok_embeddings)\.weight$")
+
+
+def _decode_reads(directory: Path) -> DecodeReads | None:
+    """From the safetensors headers alone (the first 8 bytes give the JSON header's length)."""
+    tensors: dict[str, dict[str, Any]] = {}
+    try:
+        for shard in sorted(directory.glob("*.safetensors")):
+            with open(shard, "rb") as f:
+                length = int.from_bytes(f.read(8), "little")
+                if length > shard.stat().st_size - 8:
+                    return None  # a damaged shard: vLLM's loader says what is wrong with it
+                header = json.loads(f.read(length))
+            tensors |= {k: v for k, v in header.items() if k != "__metadata__"}
+    except (OSError, ValueError):
+        return None
+    if not tensors:
+        return None
+    tied = not any(name.endswith("lm_head.weight") for name in tensors)
+    floats = packed = 0
+    for name, meta in tensors.items():
+        if _EMBEDDING.search(name) and not tied:
+            continue
+        size = meta["data_offsets"][1] - meta["data_offsets"][0]
+        if meta["dtype"] in _FLOAT_TYPES:
+            floats += size // _FLOAT_TYPES[meta["dtype"]]
+        else:
+            packed += size
+    return DecodeReads(floats, packed)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Facts
 # ---------------------------------------------------------------------------------------------------------
@@ -312,6 +357,7 @@ def _gguf_model(gguf: GgufFacts) -> ModelFacts:
         facts,
         path=gguf.path,
         weight_bytes=gguf.parameters * 4,
+        decode_reads=DecodeReads(gguf.read_per_token_elements, 0),  # its converted copy is float
         chat_template=chat_template_facts("GGUF metadata" if template else None, template, gguf.added_tokens),
         gguf=gguf,
     )
@@ -353,6 +399,7 @@ def _facts_from_config(cfg: Config, directory: Path | None) -> ModelFacts:
         linear_num_key_heads=_int_or_none(lm, "linear_num_key_heads"),
         linear_num_value_heads=_int_or_none(lm, "linear_num_value_heads"),
         linear_conv_kernel_dim=_int_or_none(lm, "linear_conv_kernel_dim"),
+        decode_reads=_decode_reads(directory) if directory else None,
     )
 
 

@@ -156,10 +156,12 @@ def build_plan(
                 model.quant, entry, dtype, settings, environ, known_methods, software.auto_round_lib, calibrated
             )
 
+        reads = _read_per_token(model, dtype)
         results += [
             source.result,
             check_kernels(model, entry, dtype, hardware.cpu.isa),
-            quant(calibrated),
+            _citing_reads(quant(calibrated), reads),
+            PolicyResult.of(*reads),
         ]
         if model.quant is not None:
             int4 = int4_question(
@@ -304,6 +306,35 @@ def _prepack_question(model: ModelFacts, backend_decided: PolicyResult, dtype: s
     )
     default = "prepacked" if decided.value == "1" else "not-prepacked"
     return (dense_question("zentorch_weight_prepack", default, candidates, model.linear_shapes, dtype),)
+
+
+def _read_per_token(model: ModelFacts, dtype: str) -> tuple[Decision, ...]:
+    """The weight bytes one decode step reads, as the engine holds them: what bounds batch-1 decode on a CPU."""
+    reads = model.decode_reads
+    if reads is None:
+        return ()
+    total = reads.bytes_in(BYTES[dtype])
+    parts = [f"{reads.float_elements / 1e6:.1f} M float values (layers, scales) in {dtype}"]
+    if reads.packed_bytes:
+        parts.insert(0, f"{reads.packed_bytes / 1e6:.1f} MB of quantized values and zero points as stored")
+    why = (
+        f"one decode step reads {total / 1e6:.1f} MB of weights: {', '.join(parts)}; the input embedding table only "
+        "where it is also the LM head (a step gathers one row of it); from the checkpoint's tensor headers"
+    )
+    return (record("model", "read_per_token", total, why, "policy"),)
+
+
+def _citing_reads(result: PolicyResult, reads: tuple[Decision, ...]) -> PolicyResult:
+    """The kernel decision says how many bytes per token its kernel reads."""
+    if not reads:
+        return result
+    cite = f"; reads {reads[0].value / 1e6:.1f} MB of weights per decode token (model.read_per_token)"
+    return replace(
+        result,
+        decisions=tuple(
+            replace(d, reason=d.reason + cite) if d.setting == "quant.linear_kernel" else d for d in result.decisions
+        ),
+    )
 
 
 def _backend_question(

@@ -59,3 +59,32 @@ def test_the_services_int4_kernel_is_a_candidate_where_it_is_not_already_the_def
     ]
     assert w4a16("avx512") == ["w4a16", "w4a16 [SERVICE_INT4_KERNEL=auto-round]"]
     assert w4a16("avx2") == ["w4a16"]  # its default already
+
+
+def test_bf16_rows_cover_the_calibrations_backend_and_prepack_questions():
+    from bench.quant_kernels import candidates
+
+    def bf16(backend):
+        return [c.label for c in candidates(backend, ["bf16"], False)]
+
+    assert bf16("zen") == ["bf16", "bf16 [SERVICE_BACKEND=avx512]", "bf16 [SERVICE_ZENTORCH_WEIGHT_PREPACK=false]"]
+    assert bf16("amx") == bf16("avx512") == bf16("avx2") == ["bf16"]
+
+
+def test_a_dense_row_runs_the_platform_its_backend_names():
+    from bench.quant_kernels import _dense_plan
+    from service.facts.hardware import read_hardware
+    from service.facts.software import read_software
+    from service.policy.backend import choose_backend
+    from service.policy.platform import PLATFORM_ENV
+    from service.settings import Settings
+
+    live = choose_backend(read_hardware().cpu, read_software())  # the live CPU's, whatever it is
+    kernel, env = _dense_plan(Settings())
+    assert (kernel, env[PLATFORM_ENV]) == (f"{live.name} GEMM", live.platform)
+    for low in live.entry.lowers_to:
+        kernel, env = _dense_plan(Settings(backend=low))
+        assert (kernel, env[PLATFORM_ENV]) == (
+            f"{low} GEMM",
+            choose_backend(read_hardware().cpu, read_software(), low).platform,
+        )

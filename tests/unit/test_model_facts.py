@@ -270,3 +270,49 @@ def test_missing_directory_is_a_clear_error(tmp_path):
 def test_directory_without_config_is_rejected(tmp_path):
     with pytest.raises(ModelNotFound, match="no config.json"):
         inspect_model(str(tmp_path))
+
+
+def _checkpoint(directory: Path, tensors: dict) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    write_config(directory, {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8})
+    save_file(
+        {k: torch.zeros(shape, dtype=getattr(torch, t)) for k, (shape, t) in tensors.items()},
+        directory / "a.safetensors",
+    )
+    return directory
+
+
+def test_decode_reads_leave_out_the_embedding_table_unless_it_is_the_lm_head(tmp_path):
+    layers = {"model.layers.0.mlp.up_proj.weight": ((32, 16), "bfloat16"), "model.norm.weight": ((16,), "float32")}
+    embedding = {"model.embed_tokens.weight": ((100, 16), "bfloat16")}
+    untied = _checkpoint(tmp_path / "untied", {**layers, **embedding, "lm_head.weight": ((100, 16), "bfloat16")})
+    tied = _checkpoint(tmp_path / "tied", {**layers, **embedding})
+    assert inspect_model(str(untied)).decode_reads.float_elements == 32 * 16 + 16 + 100 * 16
+    assert inspect_model(str(tied)).decode_reads.float_elements == 32 * 16 + 16 + 100 * 16  # the table is the head
+    assert inspect_model(str(untied)).decode_reads.bytes_in(4) == (32 * 16 + 16 + 1600) * 4
+
+
+def test_decode_reads_count_quantized_values_as_stored(tmp_path):
+    reads = inspect_model(
+        str(
+            _checkpoint(
+                tmp_path / "q",
+                {
+                    "model.layers.0.mlp.up_proj.weight_packed": ((32, 2), "int32"),
+                    "model.layers.0.mlp.up_proj.weight_scale": ((32, 1), "bfloat16"),
+                    "model.embed_tokens.weight": ((100, 16), "bfloat16"),
+                    "lm_head.weight": ((100, 16), "bfloat16"),
+                },
+            )
+        )
+    ).decode_reads
+    assert (reads.packed_bytes, reads.float_elements) == (32 * 2 * 4, 32 + 1600)
+    assert reads.bytes_in(2) == 256 + 1632 * 2
+
+
+def test_decode_reads_of_a_damaged_shard_are_unknown(tmp_path):
+    directory = write_config(tmp_path / "bad", {"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    (directory / "a.safetensors").write_bytes(b"\xff" * 8 + b"{not json")
+    assert inspect_model(str(directory)).decode_reads is None

@@ -255,3 +255,22 @@ def test_a_context_past_the_models_positions_is_warned_about_before_start():
     )
     within = plan(model_name="llama-3.1-8b-instruct", max_model_len=4096)
     assert not any("max_position_embeddings" in w for w in within.warnings)
+
+
+def test_the_bytes_a_decode_step_reads_are_decided_in_the_engine_dtype_and_cited_by_the_kernel():
+    from service.facts.model import DecodeReads
+
+    facts = dataclasses.replace(
+        model("qwen2.5-7b-instruct-gptq-int4"),
+        decode_reads=DecodeReads(float_elements=1_000_000, packed_bytes=3_000_000),
+    )
+    p = build_plan(hw(), facts, software(True), Settings(), {})
+    reads = decision(p, "model.read_per_token")
+    dtype = decision(p, "engine.dtype").value
+    assert reads.value == 3_000_000 + 1_000_000 * {"bfloat16": 2, "float32": 4}[dtype]
+    assert f"in {dtype}" in reads.reason and "3.0 MB of quantized values" in reads.reason
+    assert decision(p, "quant.linear_kernel").reason.endswith(
+        f"reads {reads.value / 1e6:.1f} MB of weights per decode token (model.read_per_token)"
+    )
+    unknown = build_plan(hw(), dataclasses.replace(facts, decode_reads=None), software(True), Settings(), {})
+    assert unknown.find("model.read_per_token") is None
