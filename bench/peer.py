@@ -5,10 +5,8 @@ weights, with the same load and the same paired, restarted, interleaved method a
 from __future__ import annotations
 
 import functools
-import json
 import os
 import random
-import struct
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -107,18 +105,6 @@ def gguf_bytes_per_token(path: Path) -> int:
     finally:
         sys.path.pop(0)
     return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors if t.name != "token_embd.weight")
-
-
-def safetensors_bytes_per_token(model_dir: Path) -> int:
-    """The same for the service's model: every stored tensor but the input embedding table."""
-    total = 0
-    for f in model_dir.glob("*.safetensors"):
-        with open(f, "rb") as fh:
-            header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
-        for name, meta in header.items():
-            if name != "__metadata__" and name != "model.embed_tokens.weight":
-                total += meta["data_offsets"][1] - meta["data_offsets"][0]
-    return total
 
 
 def llama_server(gguf: Path, cpus: list[int], slots: int, log_path: Path) -> ServerProcess:
@@ -267,6 +253,8 @@ def run(ctx: Context, options: PeerOptions) -> Output:
                 )
                 live.append(ours)
                 ours_ready(ctx, lambda: None)(ours)
+                # What one decode step reads as the service holds the weights (its dtype may not be the file's).
+                peer["formats"][fmt]["read_per_token"] = ctx.reported.read_per_token
                 cpus = ctx.reported.engine_cpus
                 peer.update(engine_cpus=cpus, threads=len(cpus))
                 for c in opts.concurrencies:
@@ -344,9 +332,11 @@ def run(ctx: Context, options: PeerOptions) -> Output:
             if c1 is None:
                 continue
             for who, metrics, nbytes in (
-                (f"ours {fmt}", c1.candidate_metrics, safetensors_bytes_per_token(service_models[fmt])),
+                (f"ours {fmt}", c1.candidate_metrics, peer["formats"][fmt].get("read_per_token")),
                 (f"llama.cpp {fmt}", c1.baseline_metrics, gguf_bytes_per_token(ggufs[fmt])),
             ):
+                if not nbytes:  # a report without the figure (a model without safetensors headers)
+                    continue
                 d = DecodeResult(who, metrics["tpot_p50_ms"], bw["gbs"], nbytes)
                 peer["decode"].append(
                     {

@@ -51,6 +51,12 @@ class Reported:
         return sorted(c for rank in self.raw["threads"]["ranks"] for c in parse_cpulist(rank))
 
     @property
+    def read_per_token(self) -> int | None:
+        """The weight bytes one decode step reads, as the service decided them (model.read_per_token)."""
+        found = next((d for d in self.raw["decisions"] if d["setting"] == "model.read_per_token"), None)
+        return int(found["value"]) if found else None
+
+    @property
     def reserved_cpus(self) -> list[int]:
         return sorted(parse_cpulist(self.raw["threads"]["reserved"] or ""))
 

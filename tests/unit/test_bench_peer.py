@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-from safetensors.torch import save_file
-
 from bench import peer
 
 
@@ -33,16 +30,12 @@ def test_llama_server_sends_no_sse_ping_that_vllms_benchmark_client_would_misrea
     assert opt["--sse-ping-interval"] == "-1"
 
 
-def test_safetensors_bytes_per_token_leave_out_the_embedding_table(tmp_path):
-    save_file(
-        {
-            "model.embed_tokens.weight": torch.zeros(10, 4, dtype=torch.bfloat16),
-            "lm_head.weight": torch.zeros(10, 4, dtype=torch.bfloat16),
-            "model.layers.0.mlp.up_proj.weight": torch.zeros(8, 4, dtype=torch.int8),
-        },
-        str(tmp_path / "model.safetensors"),
-    )
-    assert peer.safetensors_bytes_per_token(tmp_path) == 10 * 4 * 2 + 8 * 4
+def test_ours_bytes_per_token_are_the_services_own_decision():
+    from bench.servers import Reported
+
+    decided = {"setting": "model.read_per_token", "value": 2_000_000_000, "reason": "in float32", "source": "policy"}
+    assert Reported({"decisions": [decided]}).read_per_token == 2_000_000_000
+    assert Reported({"decisions": []}).read_per_token is None
 
 
 def test_each_format_pairs_a_service_model_with_a_gguf_type():
