@@ -304,7 +304,9 @@ def test_zen_image_serves_and_explains(images, cache_volume, host_report):
     with running(f"{IMAGE}:vllm-openai-zen", cache_volume) as (name, base):
         hw = check_serving(name, base)
         log = logs(name)
-    assert hw["backend"]["name"] == host_report["backend"]["name"], hw["backend"]
+    # The demo model's first start calibrates: on a Zen host its tiny layers may run faster on vLLM's generic
+    # kernels, and the report then says so (the reason names zen either way).
+    assert hw["backend"]["name"] == expected_backend(hw, host_report), hw["backend"]
     if hw["backend"]["name"] != "zen":
         reason = hw["backend"]["reason"]
         assert "zen" in reason.lower(), reason
