@@ -45,6 +45,18 @@ def _detect_calibrate(env: dict) -> tuple[dict, str]:
     return json.loads(out.stdout), out.stderr
 
 
+def _start_calibrated(server_logs, name: str, cache, model: str):
+    """A server on `cache`, where `detect --calibrate` stored its timings (a warm start reads them)."""
+    return start_service(
+        server_logs / f"{name}.log",
+        extra_env={"SERVICE_CACHE_DIR": str(cache)},
+        name=name,
+        model=model,
+        kv_cache_gib="0.25",
+        calibrate="auto",
+    )
+
+
 def _decided(report: dict) -> dict:
     return {d["setting"]: d for d in report["decisions"]}
 
@@ -91,14 +103,7 @@ def test_the_engine_runs_the_kernel_the_calibration_chose(calibration, server_lo
         assert "calibration.int4_kernel" not in _decided(first)
         return
     chosen = next(c for c in question["candidates"] if c["name"] == _decided(first)["calibration.int4_kernel"]["value"])
-    process = start_service(
-        server_logs / "calibrated.log",
-        extra_env={"SERVICE_CACHE_DIR": str(cache)},
-        name="calibrated",
-        model=env["SERVICE_MODEL"],
-        kv_cache_gib="0.25",
-        calibrate="auto",
-    )
+    process = _start_calibrated(server_logs, "calibrated", cache, env["SERVICE_MODEL"])
     try:
         log = process.log_tail(10**7)
         assert "calibration: reusing" in log and "round 1/" not in log  # warm: the stored timings, no timing
@@ -156,14 +161,7 @@ def test_the_engine_runs_the_backend_and_dtype_the_calibration_chose(tmp_path, s
     if "backend" in questions:
         assert decided["calibration.backend"]["value"] == report["backend"]["name"]
         assert "2 processes: another backend's candidates in their own" in decided["calibration.backend"]["reason"]
-    process = start_service(
-        server_logs / "calibrated-demo.log",
-        extra_env={"SERVICE_CACHE_DIR": str(tmp_path)},
-        name="calibrated-demo",
-        model=env["SERVICE_MODEL"],
-        kv_cache_gib="0.25",
-        calibrate="auto",
-    )
+    process = _start_calibrated(server_logs, "calibrated-demo", tmp_path, env["SERVICE_MODEL"])
     try:
         served = httpx.get(f"{process.url}/v1/hardware", timeout=30).json()
         log = process.log_tail(10**7)
