@@ -66,9 +66,12 @@ def candidates(backend: str, formats: list[str], corrupt: bool) -> list[Candidat
 
     out = []
     for fmt in formats:
-        if fmt == "w4a16" and not BACKENDS[backend].int4_kernel.auto_round:
-            vllm = [Candidate(fmt, {"VLLM_CPU_INT4_W4A8": v}) for v in ("0", "1")] if backend in ("zen", "amx") else []
-            out += [*(vllm or [Candidate(fmt, {})]), Candidate(fmt, {"SERVICE_INT4_KERNEL": "auto-round"})]
+        if fmt == "w4a16":  # vLLM's int4 kernels (where the backend has them) and the service's
+            ours = [Candidate(fmt, {"SERVICE_INT4_KERNEL": k}) for k in ("auto-round", "ggml")]
+            if not isinstance(BACKENDS[backend].quant["w4a16"], str):
+                knob = [{"VLLM_CPU_INT4_W4A8": v} for v in ("0", "1")] if backend in ("zen", "amx") else [{}]
+                ours = [Candidate(fmt, {"SERVICE_INT4_KERNEL": "vllm", **k}) for k in knob] + ours
+            out += ours
         elif fmt == "bf16":  # the calibration's backend and prepack questions, where the backend has them
             entry = BACKENDS[backend]
             out.append(Candidate(fmt, {}))
@@ -108,7 +111,13 @@ def predicted_kernel(backend_name: str, directory: Path, env: dict[str, str]) ->
     if facts is None:
         return _dense_plan(settings)
     plan = plan_quant(
-        facts, BACKENDS[backend_name], "bfloat16", settings, env, auto_round_lib=read_software().auto_round_lib
+        facts,
+        BACKENDS[backend_name],
+        "bfloat16",
+        settings,
+        env,
+        auto_round_lib=read_software().auto_round_lib,
+        ggml_kernel=read_software().ggml_kernel,
     )
     decided = plan.find("quant.linear_kernel")
     return (decided.value if decided else "refused: " + "; ".join(plan.errors)), plan.env

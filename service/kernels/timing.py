@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from service.kernels import register_kernels
+from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 
 MAX_REL_ERR = 0.05  # of the reference output's largest magnitude: 16-bit rounding and int8 activations pass, a
 # wrong scale (x2) or layout does not
@@ -138,11 +139,16 @@ def _int8_runner(question: dict[str, Any], candidate: dict[str, Any], k: int, n:
 
 
 def _use_env(candidate: dict[str, Any]) -> None:
-    """The candidate's environment in place of the last one's (vLLM reads these when it picks and prepares)."""
+    """The candidate's environment in place of the last one's (vLLM reads these when it picks and prepares). A
+    service kernel an earlier candidate registered stays in vLLM's list for this process: disabled unless named."""
     for name in ("VLLM_CPU_INT4_W4A8", "VLLM_DISABLED_KERNELS", "VLLM_ZENTORCH_WEIGHT_PREPACK"):
         os.environ.pop(name, None)
     os.environ.update(candidate["env"])
-    register_kernels(candidate["env"].get("SERVICE_LINEAR_KERNELS", ""))
+    named = candidate["env"].get(KERNELS_ENV, "")
+    others = {k.vllm_class for k in KERNELS.values() if k.provider} - set(named.split(","))
+    disabled = [k for k in os.environ.get("VLLM_DISABLED_KERNELS", "").split(",") if k]
+    os.environ["VLLM_DISABLED_KERNELS"] = ",".join([*disabled, *sorted(others)])
+    register_kernels(named)
 
 
 def _dense_runner(question: dict[str, Any], candidate: dict[str, Any], k: int, n: int) -> tuple[Callable, str, Any]:

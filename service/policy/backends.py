@@ -60,15 +60,22 @@ class Int4Default:
 
 @dataclass(frozen=True)
 class Int4Kernel:
-    """Whose kernel runs int4 weight-only checkpoints unless the user says (int4_kernel): the service's
-    auto-round-lib kernel or vLLM's own."""
+    """Whose kernel runs int4 weight-only checkpoints unless the user says (int4_kernel): the first of `kernels`
+    that is installed ("vllm": vLLM's own; "ggml", "auto-round": the service's)."""
 
-    auto_round: bool
+    kernels: tuple[str, ...]
     why: str
     measured: tuple[str, ...] = ()  # the kernels whose measurements on this backend the reason cites
 
 
-VLLM_INT4 = Int4Kernel(False, "vLLM's int4 kernels by default", ("auto-round", "zentorch-woq", "wna16-vec"))
+VLLM_INT4 = Int4Kernel(("vllm",), "vLLM's int4 kernels by default", ("ggml-q4_0", "amx-w4a8", "wna16-amx"))
+# llama.cpp's peer runs ggml's int4 kernels on every CPU `make bench-peer` has met, reading at 58-69% of the read
+# ceiling where vLLM's int4 kernels read at 14-25% (docs/bench-history.md).
+GGML_INT4 = Int4Kernel(
+    ("ggml", "vllm"),
+    "the service's ggml kernel (llama.cpp's Q4_0 GEMV) by default: it decoded faster than vLLM's int4 kernels",
+    ("ggml-q4_0", "zentorch-woq", "wna16-vec"),
+)
 
 
 @dataclass(frozen=True)
@@ -168,10 +175,10 @@ BACKENDS: dict[str, Backend] = {
             ),
             w8a8_zentorch=True,
             int4_kernel=Int4Kernel(
-                False,
-                "vLLM's int4 kernels by default: zentorch's weight-only kernel decoded and prefilled faster than the "
-                "service's auto-round-lib kernel",
-                ("zentorch-woq", "auto-round"),
+                ("ggml", "vllm"),
+                "the service's ggml kernel (llama.cpp's Q4_0 GEMV) by default: it decoded faster than zentorch's "
+                "weight-only kernel and the service's auto-round-lib one",
+                ("ggml-q4_0", "zentorch-woq", "auto-round"),
             ),
             lowers_to=("avx512",),
             decide=_zentorch_prepack,
@@ -205,6 +212,7 @@ BACKENDS: dict[str, Backend] = {
             _GENERIC_QUANT,
             openmp="intel",
             dtype_class="avx512",
+            int4_kernel=GGML_INT4,
         ),
         Backend(
             "avx2",
@@ -221,7 +229,11 @@ BACKENDS: dict[str, Backend] = {
             },
             openmp="intel",
             dtype_class="avx2",
-            int4_kernel=Int4Kernel(True, "vLLM has no int4 kernel in its AVX2 build (_C_AVX2 lacks cpu_gemm_wna16)"),
+            int4_kernel=Int4Kernel(
+                ("ggml", "auto-round"),
+                "vLLM has no int4 kernel in its AVX2 build (_C_AVX2 lacks cpu_gemm_wna16): the service's ggml kernel "
+                "(llama.cpp's AVX2 Q4_0 GEMV), else auto-round-lib's",
+            ),
         ),
     )
 }

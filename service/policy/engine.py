@@ -153,7 +153,15 @@ def build_plan(
 
         def quant(calibrated: Mapping[str, Any]) -> PolicyResult:
             return plan_quant(
-                model.quant, entry, dtype, settings, environ, known_methods, software.auto_round_lib, calibrated
+                model.quant,
+                entry,
+                dtype,
+                settings,
+                environ,
+                known_methods,
+                software.auto_round_lib,
+                calibrated,
+                software.ggml_kernel,
             )
 
         reads = _read_per_token(model, dtype)
@@ -197,7 +205,7 @@ def _int4_options(user: frozenset[str], backend: Backend, method: str) -> list[t
         )
         for a in w4a8
     ]
-    return [*options, ("auto-round", {"int4_kernel": "auto-round"})]
+    return [*options, ("auto-round", {"int4_kernel": "auto-round"}), ("ggml", {"int4_kernel": "ggml"})]
 
 
 def _w8a8_options(

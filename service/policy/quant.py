@@ -18,12 +18,13 @@ from service.facts.quantization import QuantFacts
 from service.policy.backends import Backend
 from service.policy.decision import Decision, PolicyResult, Source, env, record
 from service.policy.quant_kernels import (
-    AUTO_ROUND,
     CONDITIONS,
     FALLBACK_WARNINGS,
     INT4_WEIGHT_ONLY,
     KERNELS,
     KERNELS_ENV,
+    OURS,
+    OURS_KERNELS,
     VLLM_INT4_KERNELS,
     Layer,
     Rule,
@@ -135,12 +136,16 @@ def _int4_knob(
 
 @dataclass(frozen=True)
 class Int4Choice:
-    """Whether the service's auto-round-lib kernel runs an int4 weight-only checkpoint, and why."""
+    """Whose kernel runs an int4 weight-only checkpoint ("vllm", or one of the service's: OURS), and why."""
 
-    auto_round: bool
+    kernel: str
     why: str
     source: Source
     error: str | None = None
+
+    @property
+    def ours(self) -> bool:
+        return self.kernel in OURS
 
 
 def _int4_kernel(
@@ -148,35 +153,40 @@ def _int4_kernel(
     backend: Backend,
     settings: Settings,
     user: frozenset[str],
-    auto_round_lib: str | None,
+    installed: Mapping[str, str | None],
     calibrated: Mapping[str, Any],
+    misfit: Callable[[str], str | None],
 ) -> Int4Choice | None:
     if facts.key not in INT4_WEIGHT_ONLY:
         return None
     if "int4_kernel" not in user and "int4_kernel" in calibrated:
-        ours = calibrated["int4_kernel"] == "auto-round"
-        why = f"calibrated on this machine (int4_kernel={calibrated['int4_kernel']})"
-        return Int4Choice(
-            ours, why, "calibration", "auto-round-lib is not installed" if ours and not auto_round_lib else None
-        )
+        kernel = calibrated["int4_kernel"]
+        why = f"calibrated on this machine (int4_kernel={kernel})"
+        missing = f"{OURS[kernel]} is not installed" if kernel in OURS and not installed.get(kernel) else None
+        return Int4Choice(kernel, why, "calibration", missing)
     requested = settings.int4_kernel if "int4_kernel" in user else "auto"
     if requested == "vllm":
-        return Int4Choice(False, "set by the user (int4_kernel=vllm)", "user")
-    if requested == "auto-round":
-        if auto_round_lib is None:
-            error = "int4_kernel=auto-round was set, but auto-round-lib is not installed (the service depends on it)"
-            return Int4Choice(False, "", "user", error)
-        return Int4Choice(True, f"set by the user (int4_kernel=auto-round, auto-round-lib {auto_round_lib})", "user")
+        return Int4Choice("vllm", "set by the user (int4_kernel=vllm)", "user")
+    if requested in OURS:
+        if not installed.get(requested):
+            error = f"int4_kernel={requested} was set, but {OURS[requested]} is not installed"
+            return Int4Choice("vllm", "", "user", error)
+        return Int4Choice(requested, f"set by the user (int4_kernel={requested}, {installed[requested]})", "user")
     default = backend.int4_kernel
     why = default.why + (f" -- {cite(backend.name, 'w4a16', default.measured)}" if default.measured else "")
-    if default.auto_round and auto_round_lib is None:
-        return Int4Choice(False, f"{why}, but auto-round-lib (the service's int4 kernel) is not installed", "policy")
-    if default.auto_round:
-        why += f": the service's kernel (auto-round-lib {auto_round_lib})"
-    return Int4Choice(default.auto_round, why, "policy")
+    for kernel in default.kernels:
+        if kernel == "vllm":
+            return Int4Choice("vllm", why, "policy")
+        if not installed.get(kernel):
+            why += f"; {OURS[kernel]} is not installed"
+        elif layers := misfit(kernel):
+            why += f"; not {kernel}, which does not run {layers}"
+        else:
+            return Int4Choice(kernel, f"{why}: the service's kernel ({installed[kernel]})", "policy")
+    return Int4Choice("vllm", why, "policy")  # the backend's own table, which says what it lacks
 
 
-def _auto_round_decisions(choice: Int4Choice, environ: Mapping[str, str]) -> tuple[Decision, ...]:
+def _handover_decisions(choice: Int4Choice, environ: Mapping[str, str]) -> tuple[Decision, ...]:
     """Register the service's kernel in every vLLM process, and take vLLM's own int4 kernels out of its way."""
     name = "VLLM_DISABLED_KERNELS"
     already = [k for k in environ.get(name, "").split(",") if k]
@@ -184,7 +194,7 @@ def _auto_round_decisions(choice: Int4Choice, environ: Mapping[str, str]) -> tup
     return (
         env(
             KERNELS_ENV,
-            KERNELS["auto-round"].vllm_class,
+            KERNELS[OURS_KERNELS[choice.kernel][0].kernel].vllm_class,
             f"{choice.why}; the service's vLLM plugin registers it in every vLLM process",
             choice.source,
         ),
@@ -249,6 +259,7 @@ def plan_quant(
     known_methods: frozenset[str] | None = None,  # the installed vLLM's quantization methods (None: not checked)
     auto_round_lib: str | None = None,  # the installed auto-round-lib's version (the service's int4 kernel)
     calibrated: Mapping[str, Any] | None = None,  # settings the calibration chose on this machine (policy/calibration)
+    ggml_kernel: str | None = None,  # what the service's ggml kernel was built from, if it is built
 ) -> PolicyResult:
     if facts is None or backend is None:
         return PolicyResult()
@@ -259,10 +270,23 @@ def plan_quant(
     for refused, message in REFUSALS:
         if refused(facts):
             return PolicyResult.of(fmt, errors=["quantized model: " + message.format(**vars(facts), key=facts.key)])
-    choice = _int4_kernel(facts, backend, settings, user, auto_round_lib, calibrated or {})
+    installed = {"auto-round": auto_round_lib and f"auto-round-lib {auto_round_lib}", "ggml": ggml_kernel}
+
+    def misfit(kernel: str) -> str | None:
+        """The layers none of the kernel's candidates runs, said as the policy's refusal would."""
+        layers = [Layer(facts, shape, dtype or "bfloat16", False, False) for shape in facts.linear_shapes or (None,)]
+        out = [
+            f"{layer.shape.name if layer.shape else 'all layers'} ({'; '.join(why)})"
+            for layer in layers
+            for chosen, why in [_choose(OURS_KERNELS[kernel], layer)]
+            if chosen is None
+        ]
+        return ", ".join(out) or None
+
+    choice = _int4_kernel(facts, backend, settings, user, installed, calibrated or {}, misfit)
     if choice and choice.error:
         return PolicyResult.of(fmt, errors=[f"quantized model ({describe(facts)}): {choice.error}"])
-    rules = AUTO_ROUND if choice and choice.auto_round else backend.quant.get(facts.key)
+    rules = OURS_KERNELS[choice.kernel] if choice and choice.ours else backend.quant.get(facts.key)
     if isinstance(rules, str):
         why_not_ours = f" ({choice.why})" if choice else ""
         return PolicyResult.of(
@@ -277,7 +301,7 @@ def plan_quant(
             fmt, record("quant", "linear_kernel", "vllm-auto", warning, "default"), warnings=[warning]
         )
 
-    ours = choice is not None and choice.auto_round
+    ours = choice is not None and choice.ours
     int4 = Knob(True) if ours else _int4_knob(facts, backend, settings, user, environ, calibrated or {})
     w8a8 = _w8a8_knob(facts, backend, settings, user, environ, calibrated or {})
     shapes = facts.linear_shapes or (None,)
@@ -293,7 +317,7 @@ def plan_quant(
             continue
         chosen.setdefault(kernel, []).append(label)
         why_not.setdefault(kernel, passed_over)
-    handover = _auto_round_decisions(choice, environ) if choice and choice.auto_round else ()
+    handover = _handover_decisions(choice, environ) if choice and choice.ours else ()
     knobs = (fmt, int4.decision, w8a8.decision, *handover)
     if refused_layers:
         error = (

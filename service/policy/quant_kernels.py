@@ -88,6 +88,20 @@ KERNELS: dict[str, Kernel] = {
         ("Using ArkWNA16LinearKernel",),
         provider="service.kernels.ark_wna16",
     ),
+    "ggml-q4_0": Kernel(
+        "GgmlLinearKernel",
+        "ggml's Q4_0 matmul (llama.cpp's CPU kernels, repacked 8x8 for AVX2 / AVX-512 at load): symmetric int4 "
+        "weights x activations quantized per 32-block to int8",
+        ("Using GgmlLinearKernel",),
+        provider="service.kernels.ggml_linear",
+    ),
+    "ggml-q4_1": Kernel(
+        "GgmlLinearKernel",
+        "ggml's Q4_1 matmul (llama.cpp's CPU kernels, not repacked): int4 weights with zero points x activations "
+        "quantized per 32-block to int8",
+        ("Using GgmlLinearKernel",),
+        provider="service.kernels.ggml_linear",
+    ),
     "amx-fp8": Kernel(
         "CPUFP8W8A8ScaledMMLinearKernel",
         "AMX fp8 GEMM (fp8_scaled_mm_cpu)",
@@ -157,6 +171,10 @@ CONDITIONS: dict[str, tuple[Callable[[Layer], bool], str]] = {
         _shape(lambda c, s: ark_shape_fits(s.in_features, s.out_features, c.group or s.in_features)[0]),
         "an input size that is a multiple of 32 and of the group size, and an output size that is a multiple of 8",
     ),
+    "ggml_blocks": (
+        _shape(lambda c, s: s.in_features % 32 == 0 and (c.group or 0) % 32 == 0),
+        "an input size and a group size that are multiples of ggml's 32-wide blocks",
+    ),
     "amx_int8_shape": (
         _shape(lambda c, s: s.in_features % 32 == 0 and s.out_features % 16 == 0),
         "input size a multiple of 32 and output size a multiple of 16",
@@ -188,7 +206,12 @@ W4A16_ZEN = (
     Rule(("zentorch_group",), "zentorch-woq"),
     Rule(("wna16_shape",), "wna16-vec"),
 )
-AUTO_ROUND = (Rule(("ark_shape",), "auto-round"),)  # the service's kernel: it runs alone, vLLM's are disabled
+# The service's kernels: each runs alone, vLLM's int4 kernels are disabled.
+AUTO_ROUND = (Rule(("ark_shape",), "auto-round"),)
+GGML = (Rule(("ggml_blocks", "symmetric_weights"), "ggml-q4_0"), Rule(("ggml_blocks",), "ggml-q4_1"))
+# int4_kernel's values for the service's kernels: what must be installed for each, and its candidates.
+OURS = {"auto-round": "auto-round-lib (the service depends on it)", "ggml": "the service's ggml kernel (make kernels)"}
+OURS_KERNELS = {"auto-round": AUTO_ROUND, "ggml": GGML}
 FP8_AMX = (Rule((), "amx-fp8"),)
 FP8_TORCH = (Rule((), "torch-fp8"),)
 

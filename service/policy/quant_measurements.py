@@ -59,6 +59,12 @@ ZEN4 = Machine(
     "python bench/quant_kernels.py --formats bf16,w4a16 --reps 3, 2026-11-25 22:03, quiet machine",
 )
 
+ZEN4_GGML = Machine(
+    "AMD EPYC Zen 4 KVM guest (1 compute core)",
+    "zen",
+    "python bench/quant_kernels.py --formats w4a16 --reps 3, 2026-11-26 04:56, quiet machine",
+)
+
 MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(EMERALD_RAPIDS_NO_AMX, "bf16", "bf16", "", 8.0, 71.0, (7.7, 8.7), (68.0, 72.0)),
     Measurement(EMERALD_RAPIDS_NO_AMX, "w8a8", "onednn-w8a8", "", 17.0, 291.0, (15.2, 17.3), (248.0, 314.0)),
@@ -80,9 +86,14 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(ZEN5, "w4a16", "zentorch-woq", "VLLM_CPU_INT4_W4A8=0", 30.9, 405.0, (28.5, 31.0), (385.0, 410.0)),
     Measurement(ZEN5, "w4a16", "zentorch-da8w4", "VLLM_CPU_INT4_W4A8=1", 16.6, 577.0, (15.6, 19.6), (526.0, 582.0)),
     Measurement(ZEN4, "bf16", "bf16", "zentorch", 17.7, 197.0, (17.3, 17.9), (194.0, 199.0)),
-    Measurement(ZEN4, "w4a16", "zentorch-woq", "VLLM_CPU_INT4_W4A8=0", 16.0, 193.0, (14.9, 16.5), (185.0, 199.0)),
-    Measurement(ZEN4, "w4a16", "zentorch-da8w4", "VLLM_CPU_INT4_W4A8=1", 14.1, 304.0, (14.0, 18.2), (299.0, 309.0)),
-    Measurement(ZEN4, "w4a16", "auto-round", "SERVICE_INT4_KERNEL=auto-round", 11.0, 94.0, (10.6, 11.3), (90.0, 97.0)),
+    Measurement(ZEN4_GGML, "w4a16", "ggml-q4_0", "SERVICE_INT4_KERNEL=ggml", 45.5, 127.0, (44.3, 46.2), (127.0, 127.0)),
+    Measurement(ZEN4_GGML, "w4a16", "zentorch-woq", "VLLM_CPU_INT4_W4A8=0", 18.0, 202.0, (17.9, 18.8), (198.0, 203.0)),
+    Measurement(
+        ZEN4_GGML, "w4a16", "zentorch-da8w4", "VLLM_CPU_INT4_W4A8=1", 16.6, 313.0, (15.3, 22.2), (305.0, 314.0)
+    ),
+    Measurement(
+        ZEN4_GGML, "w4a16", "auto-round", "SERVICE_INT4_KERNEL=auto-round", 12.0, 99.0, (10.5, 12.3), (98.0, 101.0)
+    ),
 )
 
 

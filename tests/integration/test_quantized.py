@@ -19,11 +19,13 @@ import pytest
 from harness.quant_quality import QUALITY_TOKENS, greedy_with, prompt_ids, score
 from harness.quantized_models import dequantized_state, quantized_demo
 from service.demo_model import ensure_demo_model
+from service.facts.hardware import read_hardware
 from service.facts.model import inspect_model
 from service.facts.software import read_software
+from service.policy.backend import choose_backend
 from service.policy.backends import BACKENDS
 from service.policy.quant import plan_quant
-from service.policy.quant_kernels import KERNELS
+from service.policy.quant_kernels import KERNELS, OURS_KERNELS
 from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.vllm_plugin import STATE_PREFIX
@@ -32,7 +34,12 @@ from tests.support.server import MODELS
 
 SCHEMES = ("w8a8", "w4a16")
 # Served variants: (scheme, the service settings it is started with).
-VARIANTS = {"w8a8": ("w8a8", {}), "w4a16": ("w4a16", {}), "w4a16-auto-round": ("w4a16", {"int4_kernel": "auto-round"})}
+VARIANTS = {
+    "w8a8": ("w8a8", {}),
+    "w4a16": ("w4a16", {}),
+    "w4a16-auto-round": ("w4a16", {"int4_kernel": "auto-round"}),
+    "w4a16-vllm": ("w4a16", {"int4_kernel": "vllm"}),
+}
 
 
 # The op each scheme's CPU kernel calls (vLLM's _C kernel builds; zentorch on Zen runs only where _C, which has
@@ -112,16 +119,29 @@ def test_each_scheme_starts_where_a_kernel_runs_it(variant, started, live_kernel
     at its first forward pass."""
     server = started(variant)
     scheme, settings = VARIANTS[variant]
-    ours = scheme == "w4a16" and read_software().auto_round_lib is not None
-    if ours and (settings or KERNEL_OPS[scheme] not in live_kernel_ops):
+    ours = _services_kernel(scheme, settings)
+    if ours:
         assert not isinstance(server, Refusal), server.log
-        assert "ArkWNA16LinearKernel" in server.process.log_tail(10**7)
-    elif KERNEL_OPS[scheme] in live_kernel_ops and not settings:
+        assert f"Using {ours}" in server.process.log_tail(10**7)
+    elif KERNEL_OPS[scheme] in live_kernel_ops:
         assert not isinstance(server, Refusal), server.log
     else:
         assert isinstance(server, Refusal), f"{variant} started without a kernel for it"
         assert KERNEL_OPS[scheme] in server.log.split(REFUSED, 1)[1] or "auto-round-lib" in server.log
         assert "Starting to load model" not in server.log
+
+
+def _services_kernel(scheme: str, settings: dict) -> str | None:
+    """The service's kernel the policy hands to vLLM for this variant on the live CPU, with what is installed here
+    (the live backend's default order, or the user's int4_kernel), or None for vLLM's own."""
+    if scheme != "w4a16":
+        return None
+    sw = read_software()
+    installed = {"ggml": sw.ggml_kernel, "auto-round": sw.auto_round_lib}
+    wanted = settings.get("int4_kernel")
+    order = (wanted,) if wanted else choose_backend(read_hardware().cpu, sw).entry.int4_kernel.kernels  # type: ignore[union-attr]
+    kernel = next((k for k in order if k == "vllm" or installed.get(k)), None)
+    return KERNELS[OURS_KERNELS[kernel][0].kernel].vllm_class if kernel in OURS_KERNELS else None
 
 
 def _decisions(server) -> tuple[dict, dict]:
@@ -150,6 +170,7 @@ def test_the_engine_runs_the_kernel_the_policy_names_for_the_live_backend(quanti
         Settings(**quantized_server.settings),
         {},
         auto_round_lib=read_software().auto_round_lib,
+        ggml_kernel=read_software().ggml_kernel,
     )
     kernel = expected.find("quant.linear_kernel").value
     assert decided["quant.linear_kernel"]["value"] == kernel

@@ -14,7 +14,9 @@ SYSFS = FIXTURES / "sysfs"
 MODELS = FIXTURES / "models"
 
 
-def software(zentorch_usable: bool = True, auto_round_lib: str | None = "0.16.0") -> SoftwareFacts:
+def software(
+    zentorch_usable: bool = True, auto_round_lib: str | None = "0.16.0", ggml_kernel: str | None = None
+) -> SoftwareFacts:
     reason = "zentorch 2.13.0.1 matches torch 2.13.0+cpu" if zentorch_usable else "zentorch is not installed"
     return SoftwareFacts(
         service="0.1.0",
@@ -24,6 +26,7 @@ def software(zentorch_usable: bool = True, auto_round_lib: str | None = "0.16.0"
         zentorch_usable=zentorch_usable,
         zentorch_reason=reason,
         auto_round_lib=auto_round_lib,
+        ggml_kernel=ggml_kernel,
     )
 
 

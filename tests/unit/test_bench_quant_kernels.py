@@ -46,19 +46,20 @@ def test_quantized_kernel_table_flags_a_corrupted_copy_that_passes_and_an_unconf
     assert "11.2 GB/s on CPU(s) [1]" in heading(report) and "median [min-max] of 3 repetitions" in heading(report)
 
 
-def test_the_services_int4_kernel_is_a_candidate_where_it_is_not_already_the_default():
+def test_w4a16_rows_cover_vllms_int4_kernels_and_the_services():
     from bench.quant_kernels import candidates
 
     def w4a16(backend):
         return [c.label for c in candidates(backend, ["w4a16"], False)]
 
+    ours = ["w4a16 [SERVICE_INT4_KERNEL=auto-round]", "w4a16 [SERVICE_INT4_KERNEL=ggml]"]
     assert w4a16("zen") == [
-        "w4a16 [VLLM_CPU_INT4_W4A8=0]",
-        "w4a16 [VLLM_CPU_INT4_W4A8=1]",
-        "w4a16 [SERVICE_INT4_KERNEL=auto-round]",
+        "w4a16 [SERVICE_INT4_KERNEL=vllm,VLLM_CPU_INT4_W4A8=0]",
+        "w4a16 [SERVICE_INT4_KERNEL=vllm,VLLM_CPU_INT4_W4A8=1]",
+        *ours,
     ]
-    assert w4a16("avx512") == ["w4a16", "w4a16 [SERVICE_INT4_KERNEL=auto-round]"]
-    assert w4a16("avx2") == ["w4a16"]  # its default already
+    assert w4a16("avx512") == ["w4a16 [SERVICE_INT4_KERNEL=vllm]", *ours]
+    assert w4a16("avx2") == ours  # vLLM has no int4 kernel there
 
 
 def test_bf16_rows_cover_the_calibrations_backend_and_prepack_questions():

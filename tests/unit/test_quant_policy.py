@@ -56,7 +56,15 @@ W8A8_STATIC = ct_config(
 )
 
 
-def quant_plan(config: dict, cpu: str, tmp_path, env=None, auto_round_lib: str | None = "0.16.0", **settings):
+def quant_plan(
+    config: dict,
+    cpu: str,
+    tmp_path,
+    env=None,
+    auto_round_lib: str | None = "0.16.0",
+    ggml_kernel: str | None = None,
+    **settings,
+):
     d = tmp_path / "m"
     d.mkdir(exist_ok=True)
     (d / "config.json").write_text(
@@ -73,7 +81,7 @@ def quant_plan(config: dict, cpu: str, tmp_path, env=None, auto_round_lib: str |
     return build_plan(
         hw(cpu, memory=256 * GiB),
         inspect_model(str(d)),
-        software(True, auto_round_lib),
+        software(True, auto_round_lib, ggml_kernel),
         load_settings(**settings),
         env or {},
     )
@@ -266,7 +274,7 @@ def test_int4_on_avx2_runs_the_services_kernel(tmp_path, method):
 @pytest.mark.parametrize(
     ("settings", "library", "expected"),
     [
-        ({}, None, "auto-round-lib (the service's int4 kernel) is not installed"),
+        ({}, None, "auto-round-lib (the service depends on it) is not installed"),
         ({"int4_kernel": "vllm"}, "0.16.0", "set by the user (int4_kernel=vllm)"),
     ],
 )
@@ -373,3 +381,51 @@ def test_zen_keeps_vllms_int4_kernel_where_the_service_kernel_measured_slower(tm
         assert theirs.decode_tok_s > m.decode_tok_s
         assert f"measured on {m.machine.name}" in d.reason
         assert m.describe() in d.reason and theirs.describe() in d.reason
+
+
+GGML = "ggml from llama-cpp-python 0.3.36"
+
+
+@pytest.mark.parametrize("cpu", [ZEN, AVX512, AVX2])
+@pytest.mark.parametrize("method", ["compressed-tensors", "gptq"])
+def test_symmetric_int4_runs_ggmls_q4_0_kernel_where_it_is_built(tmp_path, cpu, method):
+    """llama.cpp's Q4_0 GEMV read the weights faster than vLLM's int4 kernels and auto-round-lib's on the CPUs
+    measured: where the service's ggml kernel is built, it runs, registered by the plugin, vLLM's out of its way."""
+    p = quant_plan(int4_config(method), cpu, tmp_path, ggml_kernel=GGML)
+    assert not p.errors and kernel(p) == "ggml-q4_0"
+    env = handed_over(p)
+    assert env["SERVICE_LINEAR_KERNELS"] == "GgmlLinearKernel"
+    assert "ZentorchWNA16LinearKernel" in env["VLLM_DISABLED_KERNELS"].split(",")
+    reason = decision(p, "quant.linear_kernel").reason
+    assert GGML in reason  # what runs, and the measurement it rests on where one was taken
+    assert ("ggml-q4_0: decode 45.5" in reason) == (cpu == ZEN), reason
+
+
+def test_int4_with_zero_points_runs_ggmls_q4_1_kernel(tmp_path):
+    p = quant_plan(int4_config("awq"), ZEN, tmp_path, ggml_kernel=GGML)
+    assert not p.errors and kernel(p) == "ggml-q4_1"
+
+
+def test_amx_keeps_vllms_int4_kernels_unless_asked(tmp_path):
+    """vLLM's AMX W4A8 kernel has not been measured against ggml's: the table keeps vLLM's, the user (or the
+    calibration) may pick ggml's."""
+    assert kernel(quant_plan(W4A16, AMX, tmp_path, ggml_kernel=GGML)) == "amx-w4a8"
+    p = quant_plan(W4A16, AMX, tmp_path, ggml_kernel=GGML, int4_kernel="ggml")
+    assert kernel(p) == "ggml-q4_0" and decision(p, "quant.linear_kernel").source == "user"
+
+
+def test_groups_ggml_cannot_hold_fall_back_to_the_next_kernel_with_the_reason(tmp_path):
+    config = ct_config({"num_bits": 4, "strategy": "group", "group_size": 16})
+    p = quant_plan(config, ZEN, tmp_path, ggml_kernel=GGML)
+    assert kernel(p) == "zentorch-woq"
+    assert "not ggml, which does not run" in decision(p, "quant.linear_kernel").reason
+    avx2 = quant_plan(config, AVX2, tmp_path, ggml_kernel=GGML)
+    assert kernel(avx2) == "auto-round"  # AVX2's next: vLLM has no int4 kernel there
+
+
+def test_without_the_ggml_build_the_table_says_so_and_runs_the_next(tmp_path):
+    p = quant_plan(W4A16, AVX2, tmp_path)
+    assert kernel(p) == "auto-round"
+    assert "the service's ggml kernel (make kernels) is not installed" in decision(p, "quant.linear_kernel").reason
+    asked = quant_plan(W4A16, ZEN, tmp_path, int4_kernel="ggml")
+    assert any("int4_kernel=ggml" in e and "make kernels" in e for e in asked.errors), asked.errors

@@ -1,0 +1,158 @@
+// ggml's CPU matrix multiplication (llama.cpp's kernels) as a torch op: service_ggml::linear.
+//
+// A weight goes into ggml once, at load, as ggml blocks (Q4_0, Q4_1, Q8_0, BF16). Q4_0 goes through ggml's CPU_REPACK
+// buffer, which interleaves it for the 8x8 GEMV/GEMM that llama.cpp runs on AVX2 and AVX-512. The weight is split by
+// output rows into one slice per torch thread. Each call runs the slices in torch's own thread pool
+// (at::parallel_for), and each slice is a one-thread ggml graph: ggml starts no threads of its own, and the engine
+// keeps the thread binding it was given.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+
+namespace {
+
+struct Weight {
+  ggml_context* ctx = nullptr;
+  ggml_backend_buffer_t buffer = nullptr;
+  std::vector<ggml_tensor*> slices;
+  std::vector<int64_t> first_row;
+  int64_t k = 0, n = 0;
+  bool repacked = false;
+};
+
+std::mutex registry_lock;
+std::vector<std::unique_ptr<Weight>> registry;  // lives as long as the process: vLLM never unloads a model
+
+// ggml logs each tensor it repacks; only its warnings and errors reach the engine's log.
+void quiet_log(ggml_log_level level, const char* text, void*) {
+  if (level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+}
+
+void init() {
+  static const bool done = [] {
+    ggml_log_set(quiet_log, nullptr);
+    ggml_cpu_init();
+    return true;
+  }();
+  (void)done;
+}
+
+ggml_backend_buffer_type_t repack_buffer_type() {
+  static ggml_backend_buffer_type_t found = [] {
+    init();
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    auto get = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
+        ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts"));
+    for (auto* b = get ? get(dev) : nullptr; b && *b; ++b)
+      if (std::string(ggml_backend_buft_name(*b)) == "CPU_REPACK") return *b;
+    return static_cast<ggml_backend_buffer_type_t>(nullptr);
+  }();
+  return found;
+}
+
+// Q4_0 is the one type of these that ggml repacks on x86, and only in slices of whole 8-row groups.
+bool repackable(ggml_type type, const std::vector<int64_t>& rows) {
+  if (type != GGML_TYPE_Q4_0 || !ggml_cpu_has_avx2() || repack_buffer_type() == nullptr) return false;
+  for (int64_t r : rows)
+    if (r % 8) return false;
+  return true;
+}
+
+}  // namespace
+
+// blocks: uint8 [n, row bytes] in ggml's layout of `type`; returns a handle for `linear`.
+int64_t load(const at::Tensor& blocks, int64_t type, int64_t k, int64_t n, int64_t parts) {
+  init();
+  auto t = static_cast<ggml_type>(type);
+  const size_t row = ggml_row_size(t, k);
+  TORCH_CHECK(blocks.dtype() == at::kByte && blocks.is_contiguous() && blocks.dim() == 2, "blocks: contiguous uint8 2-D");
+  TORCH_CHECK(blocks.size(0) == n && static_cast<size_t>(blocks.size(1)) == row, "blocks: ", blocks.sizes(),
+              " for ", n, " rows of ", row, " bytes");
+  std::vector<int64_t> rows;
+  const int64_t per = ((n + parts - 1) / parts + 7) / 8 * 8;
+  for (int64_t r = 0; r < n; r += per) rows.push_back(std::min(per, n - r));
+  auto w = std::make_unique<Weight>();
+  w->k = k;
+  w->n = n;
+  w->repacked = repackable(t, rows);
+  w->ctx = ggml_init({ggml_tensor_overhead() * rows.size() + 256, nullptr, true});
+  int64_t first = 0;
+  for (int64_t r : rows) {
+    w->slices.push_back(ggml_new_tensor_2d(w->ctx, t, k, r));
+    w->first_row.push_back(first);
+    first += r;
+  }
+  w->buffer = ggml_backend_alloc_ctx_tensors_from_buft(
+      w->ctx, w->repacked ? repack_buffer_type() : ggml_backend_cpu_buffer_type());
+  TORCH_CHECK(w->buffer != nullptr, "ggml could not allocate ", blocks.numel(), " bytes");
+  const auto* src = static_cast<const uint8_t*>(blocks.data_ptr());
+  for (size_t s = 0; s < rows.size(); ++s)
+    ggml_backend_tensor_set(w->slices[s], src + w->first_row[s] * row, 0, ggml_nbytes(w->slices[s]));
+  std::lock_guard<std::mutex> guard(registry_lock);
+  registry.push_back(std::move(w));
+  return static_cast<int64_t>(registry.size()) - 1;
+}
+
+bool repacked(int64_t handle) { return registry.at(handle)->repacked; }
+
+// x: [m, k] in any float dtype -> [m, n] in x's dtype.
+at::Tensor linear(const at::Tensor& x, int64_t handle, int64_t n, const c10::optional<at::Tensor>& bias) {
+  const Weight* w;
+  {
+    std::lock_guard<std::mutex> guard(registry_lock);
+    w = registry.at(handle).get();
+  }
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w->k && n == w->n, "x ", x.sizes(), " for a ", w->n, "x", w->k, " weight");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const int64_t m = xf.size(0);
+  at::Tensor y = at::empty({m, w->n}, xf.options());
+  const int64_t slices = static_cast<int64_t>(w->slices.size());
+  at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<uint8_t> meta(ggml_tensor_overhead() * 4 + ggml_graph_overhead_custom(4, false) + 1024);
+    thread_local std::vector<uint8_t> work;
+    thread_local std::vector<float> out;
+    for (int64_t s = begin; s < end; ++s) {
+      ggml_tensor* weight = w->slices[s];
+      const int64_t rows = weight->ne[1];
+      out.resize(static_cast<size_t>(rows * m));
+      ggml_context* ctx = ggml_init({meta.size(), meta.data(), true});
+      ggml_tensor* in = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->k, m);
+      in->data = xf.data_ptr<float>();
+      ggml_tensor* product = ggml_mul_mat(ctx, weight, in);
+      product->data = out.data();
+      ggml_cgraph* graph = ggml_new_graph_custom(ctx, 4, false);
+      ggml_build_forward_expand(graph, product);
+      ggml_cplan plan = ggml_graph_plan(graph, 1, nullptr);
+      if (work.size() < plan.work_size) work.resize(plan.work_size);
+      plan.work_data = work.data();
+      const ggml_status status = ggml_graph_compute(graph, &plan);
+      ggml_free(ctx);
+      TORCH_CHECK(status == GGML_STATUS_SUCCESS, "ggml_graph_compute failed: ", ggml_status_to_string(status));
+      float* dst = y.data_ptr<float>() + w->first_row[s];
+      for (int64_t i = 0; i < m; ++i) std::memcpy(dst + i * w->n, out.data() + i * rows, rows * sizeof(float));
+    }
+  });
+  if (bias.has_value()) y.add_(bias->to(at::kFloat));
+  return y.to(x.scalar_type());
+}
+
+// load and repacked run at load time, outside any graph; linear is the one torch.compile traces (its fake
+// implementation is in ggml_linear.py).
+TORCH_LIBRARY(service_ggml, m) {
+  m.def("load(Tensor blocks, int type, int k, int n, int parts) -> int", &load);
+  m.def("repacked(int handle) -> bool", &repacked);
+  m.def("linear(Tensor x, int handle, int n, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(service_ggml, CPU, m) { m.impl("linear", &linear); }

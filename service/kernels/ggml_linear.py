@@ -1,0 +1,169 @@
+"""An int4 linear kernel the service hands to vLLM: ggml's CPU matrix multiplication, the kernels llama.cpp runs.
+Built at setup from the llama.cpp source that the bench's peer also builds (`make kernels`: ggml_build.py), and
+called through the torch op `service_ggml::linear` (ggml_linear.cpp), with a fake implementation so torch.compile
+traces through it.
+
+Symmetric int4 weights (compressed-tensors W4A16, GPTQ) are Q4_0 blocks already: the stored nibble minus 8, times a
+scale per 32 inputs. So they go into ggml's layout at load without a float round trip: the nibbles are regrouped and
+the group's scale is repeated for each of its 32-wide blocks, as fp16. ggml repacks Q4_0 for its 8x8 AVX2 / AVX-512
+GEMV. Weights with zero points (AWQ, asymmetric W4A16) become Q4_1 blocks (scale and minimum -zero*scale), which ggml
+does not repack. Activations are quantized per 32-block to int8 by ggml, as llama.cpp does. Each tensor-parallel
+rank converts its own partition. The service's vLLM plugin registers the kernel in each vLLM process (vLLM's
+`register_linear_kernel`) when the policy decided it (service/policy/quant.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+from service.facts.software import GGML_KERNEL_LIBRARY, ggml_kernel_built
+from service.kernels.ark_wna16 import groups_first, to_input_packed
+from service.policy.quant_kernels import KERNELS
+
+if TYPE_CHECKING:
+    import torch
+
+KERNEL_NAME = KERNELS["ggml-q4_0"].vllm_class
+BLOCK = 32  # inputs per ggml Q4_0 / Q4_1 block
+Q4_0, Q4_1 = 2, 3  # ggml_type values (ggml.h)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """int32 words of eight 4-bit values (lowest nibble first) along the last dim -> uint8 values, eight times as
+    many."""
+    import torch
+
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    nibbles = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & 0xF
+    return nibbles.reshape(*packed.shape[:-1], -1).to(torch.uint8)
+
+
+def _per_block(groups: torch.Tensor, k: int) -> torch.Tensor:
+    """[n, groups] -> [n, k / 32]: a group's value for each 32-wide block it covers."""
+    return groups.repeat_interleave(k // BLOCK // groups.shape[1], dim=1)
+
+
+def _nibbles(q: torch.Tensor) -> torch.Tensor:
+    """[n, k] 4-bit values -> [n, k / 32, 16] bytes: element j of a block in the low nibble, j + 16 in the high."""
+    import torch
+
+    blocks = q.reshape(q.shape[0], -1, BLOCK)
+    return (blocks[..., :16] | (blocks[..., 16:] << 4)).to(torch.uint8)
+
+
+def _fp16_bytes(values: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return values.to(torch.float16).contiguous().view(torch.uint8).reshape(*values.shape, 2)
+
+
+def q4_0_blocks(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Unsigned nibbles [n, k] (value = nibble - 8) and scales [n, groups] -> ggml Q4_0 rows, uint8 [n, k / 32 * 18]:
+    per block, the fp16 scale then 16 bytes of nibbles."""
+    import torch
+
+    n, k = q.shape
+    return torch.cat([_fp16_bytes(_per_block(scales, k)), _nibbles(q)], dim=-1).reshape(n, -1)
+
+
+def q4_1_blocks(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """Nibbles [n, k] with zero points and scales [n, groups] (value = (nibble - zero) * scale) -> ggml Q4_1 rows,
+    uint8 [n, k / 32 * 20]: per block, the fp16 scale, the fp16 minimum (-zero * scale), then the nibbles."""
+    import torch
+
+    n, k = q.shape
+    scales = scales.float()
+    minimum = -zeros.float() * scales
+    head = [_fp16_bytes(_per_block(scales, k)), _fp16_bytes(_per_block(minimum, k))]
+    return torch.cat([*head, _nibbles(q)], dim=-1).reshape(n, -1)
+
+
+def available() -> bool:
+    return ggml_kernel_built() is not None
+
+
+@functools.cache
+def load_library() -> None:
+    """The op library, and the fake implementation torch.compile traces with (output shape only)."""
+    import torch
+
+    torch.ops.load_library(str(GGML_KERNEL_LIBRARY))
+
+    @torch.library.register_fake("service_ggml::linear")
+    def _(x: torch.Tensor, handle: int, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+        return x.new_empty((x.shape[0], n))
+
+
+def blocks_of(layer_q: torch.Tensor, layer_s: torch.Tensor, layer_zp: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    """A layer's int4 parameters (vLLM's, as the checkpoint stored them) -> ggml rows [out, bytes] and their type."""
+    q = unpack_int4(to_input_packed(layer_q).t().contiguous())  # [out, in]
+    scales = groups_first(layer_s).t()  # [out, groups]
+    if layer_zp is None:
+        return q4_0_blocks(q, scales), Q4_0
+    zeros = unpack_int4(groups_first(layer_zp)).t()  # [groups, out] packed along out -> [out, groups]
+    return q4_1_blocks(q, scales, zeros), Q4_1
+
+
+@functools.cache
+def kernel_class() -> type:
+    """The MPLinearKernel subclass, built on demand (once): importing vLLM is for vLLM's processes only."""
+    import torch
+    from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import (
+        MPLinearKernel,
+        MPLinearLayerConfig,
+    )
+    from vllm.scalar_type import scalar_types
+
+    class GgmlLinearKernel(MPLinearKernel):
+        @classmethod
+        def get_min_capability(cls) -> int:
+            return -1  # vLLM's CPU platform reports no capability
+
+        @classmethod
+        def can_implement(cls, c: MPLinearLayerConfig) -> tuple[bool, str | None]:
+            if c.weight_type not in (scalar_types.uint4b8, scalar_types.uint4):
+                return False, f"ggml is wired for 4-bit weights here, not {c.weight_type}"
+            if c.weight_type == scalar_types.uint4 and not c.zero_points:
+                return False, "unsigned 4-bit weights without zero points"
+            k, _ = c.partition_weight_shape
+            group = k if c.group_size == -1 else c.group_size
+            if k % BLOCK or group % BLOCK:
+                return False, f"input size {k} and group size {group} must be multiples of ggml's 32-wide blocks"
+            if not available():
+                return False, "the service's ggml kernel is not built (make kernels)"
+            return True, None
+
+        def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+            load_library()
+            k, n = self.config.partition_weight_shape
+            zp = getattr(layer, self.w_zp_name) if self.config.zero_points and self.w_zp_name else None
+            with torch.no_grad():
+                blocks, ggml_type = blocks_of(getattr(layer, self.w_q_name), getattr(layer, self.w_s_name), zp)
+            parts = torch.get_num_threads()  # one slice per thread of this worker's pool
+            layer.ggml_args = (torch.ops.service_ggml.load(blocks, ggml_type, k, n, parts), n)
+            # The blocks live in ggml's buffer now; the checkpoint's tensors are dropped.
+            for name in (self.w_q_name, self.w_s_name, self.w_zp_name):
+                if name and getattr(layer, name, None) is not None:
+                    setattr(layer, name, None)
+
+        def apply_weights(
+            self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+        ) -> torch.Tensor:
+            handle, n = layer.ggml_args
+            out = torch.ops.service_ggml.linear(x.reshape(-1, x.shape[-1]), handle, n, bias)
+            return out.reshape(*x.shape[:-1], n)
+
+    GgmlLinearKernel.__name__ = GgmlLinearKernel.__qualname__ = KERNEL_NAME
+    return GgmlLinearKernel
+
+
+def register() -> None:
+    """Add the kernel to vLLM's CPU candidates in this process (vLLM's own registration API)."""
+    from vllm.model_executor.kernels.linear import _POSSIBLE_KERNELS, register_linear_kernel
+    from vllm.platforms import PlatformEnum
+
+    if not available():
+        raise ImportError("the service's ggml kernel is not built (make kernels)")
+    if kernel_class() not in _POSSIBLE_KERNELS.get(PlatformEnum.CPU, []):  # once per process
+        register_linear_kernel(kernel_class(), PlatformEnum.CPU)
