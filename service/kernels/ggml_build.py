@@ -23,9 +23,11 @@ def build(tree: Path, ggml_build: Path, built_from: str) -> None:
         name=GGML_KERNEL_LIBRARY.stem,
         sources=[str(SOURCE)],
         extra_include_paths=[str((tree / "ggml" / "include").resolve())],
-        extra_cflags=["-O3"],
+        # -fopenmp: at::parallel_for is OpenMP in torch's headers; without it the slices run one after the other.
+        # The library then shares torch's libgomp (same soname, already loaded), so its threads are the engine's.
+        extra_cflags=["-O3", "-march=native", "-fopenmp"],
         # rpath: the library finds ggml where it was built, in every vLLM process, without LD_LIBRARY_PATH
-        extra_ldflags=[f"-L{libraries}", "-lggml", "-lggml-cpu", "-lggml-base", f"-Wl,-rpath,{libraries}"],
+        extra_ldflags=[f"-L{libraries}", "-lggml", "-lggml-cpu", "-lggml-base", f"-Wl,-rpath,{libraries}", "-fopenmp"],
         build_directory=str(GGML_KERNEL_LIBRARY.parent),
         is_python_module=False,
     )

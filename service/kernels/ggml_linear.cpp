@@ -1,10 +1,10 @@
 // ggml's CPU matrix multiplication (llama.cpp's kernels) as a torch op: service_ggml::linear.
 //
-// A weight goes into ggml once, at load, as ggml blocks (Q4_0, Q4_1, Q8_0, BF16). Q4_0 goes through ggml's CPU_REPACK
-// buffer, which interleaves it for the 8x8 GEMV/GEMM that llama.cpp runs on AVX2 and AVX-512. The weight is split by
-// output rows into one slice per torch thread. Each call runs the slices in torch's own thread pool
-// (at::parallel_for), and each slice is a one-thread ggml graph: ggml starts no threads of its own, and the engine
-// keeps the thread binding it was given.
+// A weight goes into ggml once, at load, as ggml blocks (Q4_0, Q4_1). Q4_0 goes through ggml's CPU_REPACK buffer,
+// which interleaves it for the 8x8 GEMV/GEMM that llama.cpp runs on AVX2 and AVX-512. The weight is split by output
+// rows into one slice per torch thread. Each call runs the slices in torch's own thread pool (at::parallel_for), and
+// each slice is a one-thread ggml graph: ggml starts no threads of its own, and the engine keeps its thread binding.
+// From `dense_from` rows on (prefill), the slices are dequantized instead and multiplied by torch's GEMM.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <torch/torch.h>
@@ -106,18 +106,83 @@ int64_t load(const at::Tensor& blocks, int64_t type, int64_t k, int64_t n, int64
 
 bool repacked(int64_t handle) { return registry.at(handle)->repacked; }
 
-// x: [m, k] in any float dtype -> [m, n] in x's dtype.
-at::Tensor linear(const at::Tensor& x, int64_t handle, int64_t n, const c10::optional<at::Tensor>& bias) {
+// Rows [first, first + rows) of slice `s` as floats [rows, k]. ggml's repacked Q4_0 (block_q4_0x8, repack.cpp
+// make_block_q4_0x8) holds 8 rows per block: their 8 scales, then 16 chunks of 8 bytes, chunk c from row c % 8 at
+// byte offset (c / 8) * 8 of its 16, each nibble stored xor 8. Other types go through ggml's own to_float.
+void dequantize_rows(const Weight* w, int64_t s, int64_t first, int64_t rows, float* dst) {
+  const ggml_tensor* t = w->slices[s];
+  const int64_t k = w->k, blocks = k / 32;
+  if (!w->repacked) {
+    const size_t row_bytes = ggml_row_size(t->type, k);
+    const auto to_float = ggml_get_type_traits(t->type)->to_float;
+    for (int64_t r = 0; r < rows; ++r)
+      to_float(static_cast<const uint8_t*>(t->data) + (first + r) * row_bytes, dst + r * k, k);
+    return;
+  }
+  constexpr size_t group_bytes = 8 * sizeof(ggml_fp16_t) + 128;  // sizeof(block_q4_0x8)
+  for (int64_t r = first; r < first + rows; ++r) {
+    const int64_t group = r / 8, lane = r % 8;
+    float* out = dst + (r - first) * k;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* block = static_cast<const uint8_t*>(t->data) + (group * blocks + b) * group_bytes;
+      const float d = c10::Half(reinterpret_cast<const uint16_t*>(block)[lane], c10::Half::from_bits());  // inline
+      // Copies: bytes may alias the floats written, which would keep the compiler from vectorizing the loop.
+      uint8_t low[8], high[8];  // bytes 0-7 and 8-15 of the row's 16
+      std::memcpy(low, block + 8 * sizeof(ggml_fp16_t) + lane * 8, 8);
+      std::memcpy(high, block + 8 * sizeof(ggml_fp16_t) + 64 + lane * 8, 8);
+      float* o = out + b * 32;
+      for (int j = 0; j < 8; ++j) {
+        o[j] = static_cast<float>(((low[j] & 15) ^ 8) - 8) * d;
+        o[8 + j] = static_cast<float>(((high[j] & 15) ^ 8) - 8) * d;
+        o[16 + j] = static_cast<float>(((low[j] >> 4) ^ 8) - 8) * d;
+        o[24 + j] = static_cast<float>(((high[j] >> 4) ^ 8) - 8) * d;
+      }
+    }
+  }
+}
+
+// Each slice in chunks of rows: dequantized to floats, converted to x's dtype, multiplied by torch's GEMM.
+void dense(const Weight* w, const at::Tensor& x, at::Tensor& y) {
+  const int64_t slices = static_cast<int64_t>(w->slices.size());
+  at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
+    constexpr int64_t chunk = 512;
+    at::Tensor floats = at::empty({chunk, w->k}, x.options().dtype(at::kFloat));
+    at::Tensor weight = at::empty({chunk, w->k}, x.options());
+    for (int64_t s = begin; s < end; ++s) {
+      const int64_t rows = w->slices[s]->ne[1];
+      for (int64_t first = 0; first < rows; first += chunk) {
+        const int64_t count = std::min(chunk, rows - first);
+        dequantize_rows(w, s, first, count, floats.data_ptr<float>());
+        at::Tensor part = weight.narrow(0, 0, count);
+        part.copy_(floats.narrow(0, 0, count));
+        y.narrow(1, w->first_row[s] + first, count).copy_(at::matmul(x, part.t()));
+      }
+    }
+  });
+}
+
+// x: [m, k] in any float dtype -> [m, n] in x's dtype. From `dense_from` rows on, each slice is dequantized in
+// chunks to x's dtype and multiplied by torch's GEMM (oneDNN), which is faster than ggml's int8 dot products once the
+// weight's reads are shared by enough rows.
+at::Tensor linear(const at::Tensor& x, int64_t handle, int64_t n, const c10::optional<at::Tensor>& bias,
+                  int64_t dense_from) {
   const Weight* w;
   {
     std::lock_guard<std::mutex> guard(registry_lock);
     w = registry.at(handle).get();
   }
   TORCH_CHECK(x.dim() == 2 && x.size(1) == w->k && n == w->n, "x ", x.sizes(), " for a ", w->n, "x", w->k, " weight");
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const int64_t m = xf.size(0);
-  at::Tensor y = at::empty({m, w->n}, xf.options());
+  const int64_t m = x.size(0);
   const int64_t slices = static_cast<int64_t>(w->slices.size());
+  if (dense_from > 0 && m >= dense_from) {
+    const at::Tensor xc = x.contiguous();
+    at::Tensor y = at::empty({m, w->n}, x.options());
+    dense(w, xc, y);
+    if (bias.has_value()) y.add_(*bias);
+    return y;
+  }
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor y = at::empty({m, w->n}, xf.options());
   at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<uint8_t> meta(ggml_tensor_overhead() * 4 + ggml_graph_overhead_custom(4, false) + 1024);
     thread_local std::vector<uint8_t> work;
@@ -152,7 +217,7 @@ at::Tensor linear(const at::Tensor& x, int64_t handle, int64_t n, const c10::opt
 TORCH_LIBRARY(service_ggml, m) {
   m.def("load(Tensor blocks, int type, int k, int n, int parts) -> int", &load);
   m.def("repacked(int handle) -> bool", &repacked);
-  m.def("linear(Tensor x, int handle, int n, Tensor? bias) -> Tensor");
+  m.def("linear(Tensor x, int handle, int n, Tensor? bias, int dense_from) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(service_ggml, CPU, m) { m.impl("linear", &linear); }

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 KERNEL_NAME = KERNELS["ggml-q4_0"].vllm_class
 BLOCK = 32  # inputs per ggml Q4_0 / Q4_1 block
 Q4_0, Q4_1 = 2, 3  # ggml_type values (ggml.h)
+# From this many rows (prefill) on, the weight is dequantized in chunks and multiplied by torch's GEMM instead:
+# measured on a Zen 4 (docs/quantization.md, "prefill").
+DENSE_FROM_ROWS = 128
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
@@ -91,7 +94,7 @@ def load_library() -> None:
     torch.ops.load_library(str(GGML_KERNEL_LIBRARY))
 
     @torch.library.register_fake("service_ggml::linear")
-    def _(x: torch.Tensor, handle: int, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    def _(x: torch.Tensor, handle: int, n: int, bias: torch.Tensor | None, dense_from: int) -> torch.Tensor:
         return x.new_empty((x.shape[0], n))
 
 
@@ -151,7 +154,7 @@ def kernel_class() -> type:
             self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
         ) -> torch.Tensor:
             handle, n = layer.ggml_args
-            out = torch.ops.service_ggml.linear(x.reshape(-1, x.shape[-1]), handle, n, bias)
+            out = torch.ops.service_ggml.linear(x.reshape(-1, x.shape[-1]), handle, n, bias, DENSE_FROM_ROWS)
             return out.reshape(*x.shape[:-1], n)
 
     GgmlLinearKernel.__name__ = GgmlLinearKernel.__qualname__ = KERNEL_NAME

@@ -1,0 +1,65 @@
+"""Where the service's ggml int4 kernel should hand a batch to torch's GEMM: ggml's int8 dot products against
+dequantize-then-GEMM, per number of rows, on the bench model's fused shapes in Q4_0.
+
+  .venv/bin/python -m bench.ggml_prefill [--threads 1] [--reps 20]
+
+Why: ggml's repacked Q4_0 matmul reads the weights once per call, which wins at decode (few rows); torch's bf16 GEMM
+computes faster per row once enough rows share the weights' reads, even after dequantizing the blocks per call.
+The crossover is service/kernels/ggml_linear.py's DENSE_FROM_ROWS. One process, `--threads` torch threads, one
+weight slice per thread as the engine loads them, random nibbles and scales (the kernel's speed does not depend on
+them); each row count runs both paths in turn and prints ms per pass over the 4 shapes and their output agreement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+SHAPES = ((3072, 2048), (2048, 2048), (11264, 2048), (2048, 5632))  # (N, K): qkv, o, gate_up, down
+ROWS = (1, 8, 16, 32, 64, 128, 256, 512)
+
+
+def _ms(run: Callable[[], object], reps: int) -> float:
+    run()
+    start = time.perf_counter()
+    for _ in range(reps):
+        run()
+    return (time.perf_counter() - start) / reps * 1e3
+
+
+def main() -> None:
+    import torch
+
+    from service.kernels.ggml_linear import DENSE_FROM_ROWS, Q4_0, load_library, q4_0_blocks
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=20)
+    args = parser.parse_args()
+    load_library()
+    torch.set_num_threads(args.threads)
+    ops = torch.ops.service_ggml
+    weights = []
+    for n, k in SHAPES:
+        q = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+        weights.append((ops.load(q4_0_blocks(q, torch.rand(n, k // 128) * 0.01), Q4_0, k, n, args.threads), n, k))
+    print(f"threads {args.threads}; the service hands over from {DENSE_FROM_ROWS} rows")
+    for rows in ROWS:
+        xs = [torch.randn(rows, k, dtype=torch.bfloat16) for _, _, k in weights]
+
+        def run(dense_from: int, xs: list = xs) -> list:
+            return [ops.linear(x, h, n, None, dense_from) for x, (h, n, _) in zip(xs, weights, strict=True)]
+
+        reps = max(2, args.reps * 4 // rows)
+        ggml, dense = _ms(lambda: run(0), reps), _ms(lambda: run(1), reps)
+        a, b = run(0)[2].float(), run(1)[2].float()
+        agree = ((a - b).abs().max() / b.abs().max()).item()
+        print(
+            f"rows {rows:4d}: ggml {ggml:7.1f} ms, dequantize + GEMM {dense:7.1f} ms "
+            f"(x{ggml / dense:.2f}), max difference {agree:.4f} of the largest output"
+        )
+
+
+if __name__ == "__main__":
+    main()

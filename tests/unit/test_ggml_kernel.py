@@ -1,0 +1,46 @@
+"""The service's ggml op (built by `make kernels`, part of setup) on small weights, against the exact dequantization:
+ggml's int8-activation path (repacked Q4_0, plain Q4_1) and the prefill path that dequantizes the (repacked) blocks
+and runs torch's GEMM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from service.kernels.ggml_linear import Q4_0, Q4_1, load_library, q4_0_blocks, q4_1_blocks
+
+N, K, GROUP = 48, 256, 64  # N: whole 8-row groups per slice, so ggml repacks Q4_0
+
+
+@pytest.fixture(scope="module")
+def ops():
+    load_library()
+    return torch.ops.service_ggml
+
+
+def _weight(kind: int):
+    g = torch.Generator().manual_seed(1)
+    q = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
+    scales = (torch.rand(N, K // GROUP, generator=g) * 0.02 + 0.001).to(torch.float16).float()
+    zeros = torch.randint(0, 16, (N, K // GROUP), generator=g)
+    if kind == Q4_0:
+        return q4_0_blocks(q, scales), (q.float() - 8) * scales.repeat_interleave(GROUP, 1)
+    dequant = (q.float() - zeros.repeat_interleave(GROUP, 1)) * scales.repeat_interleave(GROUP, 1)
+    return q4_1_blocks(q, scales, zeros), dequant
+
+
+@pytest.mark.parametrize("kind", [Q4_0, Q4_1])
+@pytest.mark.parametrize("rows", [1, 5, 70])
+@pytest.mark.parametrize("dense_from", [0, 1])
+def test_both_paths_match_the_exact_dequantization(ops, kind, rows, dense_from):
+    blocks, dequant = _weight(kind)
+    handle = ops.load(blocks, kind, K, N, 2)
+    assert ops.repacked(handle) == (kind == Q4_0)
+    x = torch.randn(rows, K, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    bias = torch.randn(N).to(torch.bfloat16)
+    got = ops.linear(x, handle, N, bias, dense_from)
+    expected = x.float() @ dequant.t() + bias.float()
+    assert got.dtype == x.dtype and got.shape == (rows, N)
+    # int8 activations (ggml) or bf16 weights (dense) round; a wrong nibble order or scale is far off
+    err = ((got.float() - expected).abs().max() / expected.abs().max()).item()
+    assert err < 0.02, err
