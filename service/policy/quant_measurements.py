@@ -62,7 +62,7 @@ ZEN4 = Machine(
 ZEN4_GGML = Machine(
     "AMD EPYC Zen 4 KVM guest (1 compute core)",
     "zen",
-    "python bench/quant_kernels.py --formats w4a16 --reps 3, 2026-11-26 04:56, quiet machine",
+    "python bench/quant_kernels.py --formats w4a16 --reps 3, 2026-11-26 05:23, quiet machine",
 )
 
 MEASUREMENTS: tuple[Measurement, ...] = (
@@ -86,13 +86,13 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(ZEN5, "w4a16", "zentorch-woq", "VLLM_CPU_INT4_W4A8=0", 30.9, 405.0, (28.5, 31.0), (385.0, 410.0)),
     Measurement(ZEN5, "w4a16", "zentorch-da8w4", "VLLM_CPU_INT4_W4A8=1", 16.6, 577.0, (15.6, 19.6), (526.0, 582.0)),
     Measurement(ZEN4, "bf16", "bf16", "zentorch", 17.7, 197.0, (17.3, 17.9), (194.0, 199.0)),
-    Measurement(ZEN4_GGML, "w4a16", "ggml-q4_0", "SERVICE_INT4_KERNEL=ggml", 45.5, 127.0, (44.3, 46.2), (127.0, 127.0)),
-    Measurement(ZEN4_GGML, "w4a16", "zentorch-woq", "VLLM_CPU_INT4_W4A8=0", 18.0, 202.0, (17.9, 18.8), (198.0, 203.0)),
+    Measurement(ZEN4_GGML, "w4a16", "ggml-q4_0", "SERVICE_INT4_KERNEL=ggml", 45.4, 172.0, (44.1, 45.9), (172.0, 173.0)),
+    Measurement(ZEN4_GGML, "w4a16", "zentorch-woq", "VLLM_CPU_INT4_W4A8=0", 18.7, 203.0, (17.6, 18.9), (200.0, 204.0)),
     Measurement(
-        ZEN4_GGML, "w4a16", "zentorch-da8w4", "VLLM_CPU_INT4_W4A8=1", 16.6, 313.0, (15.3, 22.2), (305.0, 314.0)
+        ZEN4_GGML, "w4a16", "zentorch-da8w4", "VLLM_CPU_INT4_W4A8=1", 16.0, 306.0, (15.7, 18.8), (306.0, 309.0)
     ),
     Measurement(
-        ZEN4_GGML, "w4a16", "auto-round", "SERVICE_INT4_KERNEL=auto-round", 12.0, 99.0, (10.5, 12.3), (98.0, 101.0)
+        ZEN4_GGML, "w4a16", "auto-round", "SERVICE_INT4_KERNEL=auto-round", 11.5, 96.0, (11.5, 11.6), (94.0, 96.0)
     ),
 )
 

@@ -3,8 +3,8 @@
 Paths: each backend the live CPU runs (vLLM's own checks: zen where vLLM would pick ZenCpuPlatform, and then the
 generic avx512 platform too; else amx / avx512 / avx2), in fp32 and, where the CPU computes it natively, bf16; and
 W8A8 and W4A16 copies made from the model by round-to-nearest (harness/quantized_models.py), on the policy's
-backend and dtype (refused where this CPU's vLLM build lacks the kernel), the W4A16 copy also on the service's own
-int4 kernel (auto-round-lib) where it is not already the policy's. One service per path, in turn.
+backend and dtype (refused where this CPU's vLLM build lacks the kernel), the W4A16 copy also on every other int4
+kernel this CPU runs (the service's ggml and auto-round-lib ones, vLLM's). One service per path, in turn.
 
 Each path is held to the weights it serves: transformers' fp32 forward on the same weights (the model's fp32
 dequantized GGUF; a quantized copy's own dequantized values, with W8A8's int8 per-token activations) is its
@@ -40,6 +40,8 @@ from openai import OpenAI
 
 from harness.perplexity import perplexity, reference_logprobs, served_logprobs, text_ids
 from harness.quantized_models import dequantized_state, dynamic_int8_inputs, ensure_quantized, quantized_layers
+from service.facts.software import read_software
+from service.policy.backends import BACKENDS
 from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import build_report, choose_model
@@ -92,8 +94,14 @@ def live_paths() -> list[Path_]:
     dtypes = ["float32", "bfloat16"] if native_bf16 else ["float32"]
     paths = [Path_(f"{b}-{d}", {"backend": b, "dtype": d}) for b in backends for d in dtypes]
     quantized = [Path_(scheme, {}, scheme) for scheme in ("w8a8", "w4a16-g64")]
-    if backend != "avx2":  # on avx2 the policy's w4a16 path already is the service's kernel
-        quantized.append(Path_("w4a16-g64-auto-round", {"int4_kernel": "auto-round"}, "w4a16-g64"))
+    # The other int4 kernels this CPU runs, besides the policy's (the first of the backend's order installed here).
+    software = read_software()
+    installed = {"ggml": software.ggml_kernel, "auto-round": software.auto_round_lib, "vllm": backend != "avx2"}
+    order = BACKENDS[backend].int4_kernel.kernels
+    default = next((k for k in order if installed.get(k)), "vllm")
+    for kernel in ("ggml", "auto-round", "vllm"):
+        if kernel != default and installed[kernel]:
+            quantized.append(Path_(f"w4a16-g64-{kernel}", {"int4_kernel": kernel}, "w4a16-g64"))
     return paths + quantized
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
-from service.facts.software import installed_version, read_software, zentorch_usability
+from service.facts.software import cpu_flags_key, installed_version, read_software, zentorch_usability
 
 
 @pytest.mark.parametrize(
@@ -59,3 +61,19 @@ def test_read_software_in_this_environment():
     assert facts.zentorch_reason == "zentorch 2.13.0.1 matches torch 2.13.0+cpu (both 2.13)"
     # Decided from metadata and build info, without the slow import.
     assert ("zentorch" in sys.modules) == zentorch_was_loaded
+
+
+@pytest.mark.parametrize("name", ["epyc_9654_zen4.txt", "xeon_8480_sapphirerapids.txt", "epyc_7763_zen3.txt"])
+def test_the_ggml_kernels_cpu_key_is_the_one_make_builds_under(name):
+    """mk/kernels.mk names the build directory with `grep -m1 '^flags' | md5sum`; the service must look in the same."""
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "cpuinfo" / name
+    shell = subprocess.run(
+        f"grep -m1 '^flags' {path} | md5sum | cut -c1-12", shell=True, capture_output=True, text=True, check=True
+    )
+    assert cpu_flags_key(path) == shell.stdout.strip()
+
+
+def test_cpus_with_other_instruction_sets_get_other_ggml_builds():
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "cpuinfo"
+    keys = {cpu_flags_key(fixtures / n) for n in ("epyc_9654_zen4.txt", "epyc_7763_zen3.txt", "epyc_9755_zen5.txt")}
+    assert len(keys) == 3
