@@ -18,6 +18,7 @@ import functools
 import importlib.util
 from typing import TYPE_CHECKING
 
+from service.kernels.int4_layer import groups_first, int4_kernel_base, to_input_packed
 from service.policy.quant_kernels import KERNELS, ark_shape_fits
 
 if TYPE_CHECKING:
@@ -30,43 +31,17 @@ def available() -> bool:
     return importlib.util.find_spec("auto_round_kernel") is not None
 
 
-def to_input_packed(param: torch.Tensor) -> torch.Tensor:
-    """[in // 8, out] int32 words packed along the input dimension (GPTQ's layout; compressed-tensors stores the
-    transpose)."""
-    assert param.packed_dim == param.input_dim, "int4 weights packed along the output dimension"
-    return param.data.t() if param.input_dim == 1 else param.data
-
-
-def groups_first(param: torch.Tensor) -> torch.Tensor:
-    """Scales or packed zero points as [groups, out] (compressed-tensors stores them output-first)."""
-    return param.data.t() if param.output_dim == 0 else param.data
-
-
 @functools.cache
 def kernel_class() -> type:
     """The MPLinearKernel subclass, built on demand (once): importing vLLM is for vLLM's processes only."""
     import torch
-    from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import (
-        MPLinearKernel,
-        MPLinearLayerConfig,
-    )
     from vllm.model_executor.layers.quantization.inc.schemes.inc_ark_ops import ark_ops
     from vllm.model_executor.layers.quantization.utils import replace_parameter
-    from vllm.scalar_type import scalar_types
 
-    class ArkWNA16LinearKernel(MPLinearKernel):
+    class ArkWNA16LinearKernel(int4_kernel_base()):  # type: ignore[misc]
         @classmethod
-        def get_min_capability(cls) -> int:
-            return -1  # vLLM's CPU platform reports no capability
-
-        @classmethod
-        def can_implement(cls, c: MPLinearLayerConfig) -> tuple[bool, str | None]:
-            if c.weight_type not in (scalar_types.uint4b8, scalar_types.uint4):
-                return False, f"ARK is wired for 4-bit weights here, not {c.weight_type}"
-            if c.weight_type == scalar_types.uint4 and not c.zero_points:
-                return False, "unsigned 4-bit weights without zero points"
-            k, n = c.partition_weight_shape
-            fits, why = ark_shape_fits(k, n, k if c.group_size == -1 else c.group_size)
+        def fits(cls, k: int, n: int, group: int) -> tuple[bool, str | None]:
+            fits, why = ark_shape_fits(k, n, group)
             if not fits:
                 return False, why
             if not available():

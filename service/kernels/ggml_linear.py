@@ -18,7 +18,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from service.facts.software import GGML_KERNEL_LIBRARY, ggml_kernel_built
-from service.kernels.ark_wna16 import groups_first, to_input_packed
+from service.kernels.int4_layer import groups_first, int4_kernel_base, to_input_packed
 from service.policy.quant_kernels import KERNELS
 
 if TYPE_CHECKING:
@@ -112,25 +112,10 @@ def blocks_of(layer_q: torch.Tensor, layer_s: torch.Tensor, layer_zp: torch.Tens
 def kernel_class() -> type:
     """The MPLinearKernel subclass, built on demand (once): importing vLLM is for vLLM's processes only."""
     import torch
-    from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import (
-        MPLinearKernel,
-        MPLinearLayerConfig,
-    )
-    from vllm.scalar_type import scalar_types
 
-    class GgmlLinearKernel(MPLinearKernel):
+    class GgmlLinearKernel(int4_kernel_base()):  # type: ignore[misc]
         @classmethod
-        def get_min_capability(cls) -> int:
-            return -1  # vLLM's CPU platform reports no capability
-
-        @classmethod
-        def can_implement(cls, c: MPLinearLayerConfig) -> tuple[bool, str | None]:
-            if c.weight_type not in (scalar_types.uint4b8, scalar_types.uint4):
-                return False, f"ggml is wired for 4-bit weights here, not {c.weight_type}"
-            if c.weight_type == scalar_types.uint4 and not c.zero_points:
-                return False, "unsigned 4-bit weights without zero points"
-            k, _ = c.partition_weight_shape
-            group = k if c.group_size == -1 else c.group_size
+        def fits(cls, k: int, n: int, group: int) -> tuple[bool, str | None]:
             if k % BLOCK or group % BLOCK:
                 return False, f"input size {k} and group size {group} must be multiples of ggml's 32-wide blocks"
             if not available():
