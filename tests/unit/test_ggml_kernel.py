@@ -9,6 +9,8 @@ import torch
 
 from service.kernels.ggml_linear import Q4_0, Q4_1, load_library, q4_0_blocks, q4_1_blocks
 
+pytestmark = pytest.mark.kernels
+
 N, K, GROUP = 48, 256, 64  # N: whole 8-row groups per slice, so ggml repacks Q4_0
 
 
