@@ -1,8 +1,8 @@
 """Quantized models served end to end: the demo model quantized at test time (W8A8 and W4A16, compressed-tensors),
 served by `python -m service serve`, asked through the official `openai` client; the kernel the running engine
 logged is the one the policy names for the live backend; the outputs agree with the bf16 source. W4A16 is served
-twice: with the policy's kernel, and with the service's own (auto-round-lib, SERVICE_INT4_KERNEL=auto-round), which
-is the policy's on CPUs whose vLLM kernel build has no int4 op (AVX2)."""
+twice: with the policy's kernel (the service's ggml kernel where `make kernels` built it), and with auto-round-lib's
+(SERVICE_INT4_KERNEL=auto-round)."""
 
 from __future__ import annotations
 
@@ -34,11 +34,13 @@ from tests.support.server import MODELS
 
 SCHEMES = ("w8a8", "w4a16")
 # Served variants: (scheme, the service settings it is started with).
+# Each variant's server lives for the session (the tests below share it): three at once is what the build
+# machines' memory holds beside the rest of the suite. vLLM's own int4 kernel, where it is not the policy's, is served
+# by test_real_model_quality.py (one server at a time).
 VARIANTS = {
     "w8a8": ("w8a8", {}),
     "w4a16": ("w4a16", {}),
     "w4a16-auto-round": ("w4a16", {"int4_kernel": "auto-round"}),
-    "w4a16-vllm": ("w4a16", {"int4_kernel": "vllm"}),
 }
 
 
