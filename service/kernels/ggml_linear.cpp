@@ -1,9 +1,10 @@
 // ggml's CPU matrix multiplication (llama.cpp's kernels) as a torch op: service_ggml::linear.
 //
-// A weight goes into ggml once, at load, as ggml blocks (Q4_0, Q4_1). Q4_0 goes through ggml's CPU_REPACK buffer,
-// which interleaves it for the 8x8 GEMV/GEMM that llama.cpp runs on AVX2 and AVX-512. The weight is split by output
-// rows into one slice per torch thread. Each call runs the slices in torch's own thread pool (at::parallel_for), and
-// each slice is a one-thread ggml graph: ggml starts no threads of its own, and the engine keeps its thread binding.
+// A weight goes into ggml once, at load, as ggml blocks (Q4_0, Q4_1, Q8_0). Q4_0 goes through ggml's CPU_REPACK
+// buffer, which interleaves it for the 8x8 GEMV/GEMM that llama.cpp runs on AVX2 and AVX-512. The weight is split by
+// output rows into one slice per torch thread. Each call runs the slices in torch's own thread pool
+// (at::parallel_for), and each slice is a one-thread ggml graph: ggml starts no threads of its own, and the engine
+// keeps its thread binding.
 // From `dense_from` rows on (prefill), the slices are dequantized instead and multiplied by torch's GEMM.
 #include <ATen/Parallel.h>
 #include <torch/library.h>

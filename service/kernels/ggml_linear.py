@@ -7,7 +7,8 @@ Symmetric int4 weights (compressed-tensors W4A16, GPTQ) are Q4_0 blocks already:
 scale per 32 inputs. So they go into ggml's layout at load without a float round trip: the nibbles are regrouped and
 the group's scale is repeated for each of its 32-wide blocks, as fp16. ggml repacks Q4_0 for its 8x8 AVX2 / AVX-512
 GEMV. Weights with zero points (AWQ, asymmetric W4A16) become Q4_1 blocks (scale and minimum -zero*scale), which ggml
-does not repack. Activations are quantized per 32-block to int8 by ggml, as llama.cpp does. Each tensor-parallel
+does not repack. Activations are quantized per 32-block to int8 by ggml, as llama.cpp does. From DENSE_FROM_ROWS
+rows on (prefill) the op dequantizes the blocks instead and runs torch's GEMM. Each tensor-parallel
 rank converts its own partition. The service's vLLM plugin registers the kernel in each vLLM process (vLLM's
 `register_linear_kernel`) when the policy decided it (service/policy/quant.py).
 """
@@ -55,7 +56,7 @@ def _nibbles(q: torch.Tensor) -> torch.Tensor:
     return (blocks[..., :16] | (blocks[..., 16:] << 4)).to(torch.uint8)
 
 
-def _fp16_bytes(values: torch.Tensor) -> torch.Tensor:
+def fp16_bytes(values: torch.Tensor) -> torch.Tensor:
     import torch
 
     return values.to(torch.float16).contiguous().view(torch.uint8).reshape(*values.shape, 2)
@@ -67,7 +68,7 @@ def q4_0_blocks(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     import torch
 
     n, k = q.shape
-    return torch.cat([_fp16_bytes(_per_block(scales, k)), _nibbles(q)], dim=-1).reshape(n, -1)
+    return torch.cat([fp16_bytes(_per_block(scales, k)), _nibbles(q)], dim=-1).reshape(n, -1)
 
 
 def q4_1_blocks(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
@@ -78,7 +79,7 @@ def q4_1_blocks(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> t
     n, k = q.shape
     scales = scales.float()
     minimum = -zeros.float() * scales
-    head = [_fp16_bytes(_per_block(scales, k)), _fp16_bytes(_per_block(minimum, k))]
+    head = [fp16_bytes(_per_block(scales, k)), fp16_bytes(_per_block(minimum, k))]
     return torch.cat([*head, _nibbles(q)], dim=-1).reshape(n, -1)
 
 

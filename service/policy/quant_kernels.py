@@ -22,9 +22,10 @@ INT4_WEIGHT_ONLY = ("w4a16", "gptq-w4a16", "awq-w4a16")
 
 # The service's kernels each vLLM process registers (class names, comma-separated), as decided at startup.
 KERNELS_ENV = "SERVICE_LINEAR_KERNELS"
-# vLLM 0.32's int4 weight-only kernels on CPU (_POSSIBLE_KERNELS[PlatformEnum.CPU]): disabled where the service's
-# own runs, since vLLM tries registered kernels after these.
+# vLLM 0.32's int4 weight-only and int8 kernels on CPU (_POSSIBLE_KERNELS / _POSSIBLE_INT8_KERNELS for
+# PlatformEnum.CPU): disabled where the service's own runs, since vLLM tries registered kernels after these.
 VLLM_INT4_KERNELS = ("Dynamic4bitLinearKernel", "ZentorchWNA16LinearKernel", "CPUWNA16LinearKernel")
+VLLM_INT8_KERNELS = ("ZentorchInt8ScaledMMLinearKernel", "CPUInt8ScaledMMLinearKernel")
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,13 @@ KERNELS: dict[str, Kernel] = {
         "quantized per 32-block to int8",
         ("Using GgmlLinearKernel",),
         provider="service.kernels.ggml_linear",
+    ),
+    "ggml-q8_0": Kernel(
+        "GgmlInt8LinearKernel",
+        "ggml's Q8_0 matmul (llama.cpp's CPU kernels): int8 weights as stored x activations quantized per 32-block to "
+        "int8 at run time (a checkpoint's static activation scales go unused)",
+        ("Selected GgmlInt8LinearKernel",),
+        provider="service.kernels.ggml_int8",
     ),
     "amx-fp8": Kernel(
         "CPUFP8W8A8ScaledMMLinearKernel",
@@ -206,12 +214,32 @@ W4A16_ZEN = (
     Rule(("zentorch_group",), "zentorch-woq"),
     Rule(("wna16_shape",), "wna16-vec"),
 )
-# The service's kernels: each runs alone, vLLM's int4 kernels are disabled.
+# The service's kernels: each runs alone, vLLM's kernels of the family are disabled.
 AUTO_ROUND = (Rule(("ark_shape",), "auto-round"),)
 GGML = (Rule(("ggml_blocks", "symmetric_weights"), "ggml-q4_0"), Rule(("ggml_blocks",), "ggml-q4_1"))
-# int4_kernel's values for the service's kernels: what must be installed for each, and its candidates.
+GGML_INT8 = (Rule(("ggml_blocks",), "ggml-q8_0"),)
+# The values of int4_kernel / int8_kernel that name the service's kernels: what must be installed for each.
 OURS = {"auto-round": "auto-round-lib (the service depends on it)", "ggml": "the service's ggml kernel (make kernels)"}
-OURS_KERNELS = {"auto-round": AUTO_ROUND, "ggml": GGML}
+
+
+@dataclass(frozen=True)
+class Handover:
+    """Format families whose linear layers the service's own kernels may run instead of vLLM's: the setting (and
+    Backend field) that says whose, the service's kernels it can name with their candidates, and vLLM's kernels that
+    step aside for them."""
+
+    setting: str
+    kind: str  # what the kernels are called in reasons
+    families: tuple[str, ...]
+    ours: dict[str, tuple[Rule, ...]]
+    vllm_kernels: tuple[str, ...]
+
+
+INT4_HANDOVER = Handover(
+    "int4_kernel", "int4", INT4_WEIGHT_ONLY, {"auto-round": AUTO_ROUND, "ggml": GGML}, VLLM_INT4_KERNELS
+)
+INT8_HANDOVER = Handover("int8_kernel", "int8", ("w8a8",), {"ggml": GGML_INT8}, VLLM_INT8_KERNELS)
+HANDOVERS = (INT4_HANDOVER, INT8_HANDOVER)
 FP8_AMX = (Rule((), "amx-fp8"),)
 FP8_TORCH = (Rule((), "torch-fp8"),)
 

@@ -1,5 +1,6 @@
-"""The int4 checkpoint -> ggml block conversion of the service's ggml kernel (service/kernels/ggml_linear.py),
-checked against gguf-py's own dequantizer of those blocks (llama.cpp's reference layout), without building ggml."""
+"""The int4 and int8 checkpoint -> ggml block conversions of the service's ggml kernels (service/kernels/ggml_linear.py,
+ggml_int8.py), checked against gguf-py's own dequantizer of those blocks (llama.cpp's reference layout), without
+building ggml."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from service.kernels.ggml_int8 import q8_0_blocks
 from service.kernels.ggml_linear import blocks_of, q4_0_blocks, q4_1_blocks, unpack_int4
 
 N, K, GROUP = 64, 256, 64
@@ -49,6 +51,14 @@ def test_int4_with_zero_points_becomes_q4_1_blocks():
     got = _dequantized(q4_1_blocks(q, scales, zeros), GGMLQuantizationType.Q4_1)
     # the minimum is stored as fp16: -zero * scale rounds
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=0)
+
+
+def test_int8_weights_become_q8_0_blocks_as_stored():
+    g = torch.Generator().manual_seed(3)
+    q = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
+    scales = (torch.rand(N, generator=g) * 0.01 + 0.001).to(torch.float16).float()  # fp16-exact: no rounding
+    got = _dequantized(q8_0_blocks(q, scales), GGMLQuantizationType.Q8_0)
+    assert torch.equal(got, q.float() * scales[:, None])
 
 
 def _param(data: torch.Tensor, input_dim: int, output_dim: int, packed_dim: int | None) -> torch.nn.Parameter:

@@ -1,5 +1,5 @@
 """The service's ggml op (built by `make kernels`, part of setup) on small weights, against the exact dequantization:
-ggml's int8-activation path (repacked Q4_0, plain Q4_1) and the prefill path that dequantizes the (repacked) blocks
+ggml's int8-activation path (repacked Q4_0, plain Q4_1 and Q8_0) and the prefill path that dequantizes the (repacked) blocks
 and runs torch's GEMM."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from service.kernels.ggml_int8 import Q8_0, q8_0_blocks
 from service.kernels.ggml_linear import Q4_0, Q4_1, load_library, q4_0_blocks, q4_1_blocks
 
 pytestmark = pytest.mark.kernels
@@ -27,11 +28,15 @@ def _weight(kind: int):
     zeros = torch.randint(0, 16, (N, K // GROUP), generator=g)
     if kind == Q4_0:
         return q4_0_blocks(q, scales), (q.float() - 8) * scales.repeat_interleave(GROUP, 1)
+    if kind == Q8_0:
+        q8 = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
+        channel = scales[:, 0] / 16
+        return q8_0_blocks(q8, channel), q8.float() * channel[:, None]
     dequant = (q.float() - zeros.repeat_interleave(GROUP, 1)) * scales.repeat_interleave(GROUP, 1)
     return q4_1_blocks(q, scales, zeros), dequant
 
 
-@pytest.mark.parametrize("kind", [Q4_0, Q4_1])
+@pytest.mark.parametrize("kind", [Q4_0, Q4_1, Q8_0])
 @pytest.mark.parametrize("rows", [1, 5, 70])
 @pytest.mark.parametrize("dense_from", [0, 1])
 def test_both_paths_match_the_exact_dequantization(ops, kind, rows, dense_from):
