@@ -88,6 +88,10 @@ class Settings(BaseSettings):
         description="int4 weight-only models: vLLM's kernel or one of the service's (auto-round-lib's, ggml's); "
         "auto: policy",
     )
+    int8_kernel: Literal["auto", "vllm", "ggml"] = Field(
+        "auto",
+        description="W8A8 models: vLLM's int8 kernel (zentorch, oneDNN, AMX) or the service's ggml one; auto: policy",
+    )
     calibrate: Literal["off", "auto", "force"] = Field(
         "auto",
         description="Time the candidates of the speed decisions on this machine before the engine starts: auto once "

@@ -59,22 +59,32 @@ class Int4Default:
 
 
 @dataclass(frozen=True)
-class Int4Kernel:
-    """Whose kernel runs int4 weight-only checkpoints unless the user says (int4_kernel): the first of `kernels`
-    that is installed ("vllm": vLLM's own; "ggml", "auto-round": the service's)."""
+class KernelOrder:
+    """Whose kernel runs a family the service has kernels for (int4 weight-only, W8A8) unless the user says
+    (int4_kernel, int8_kernel): the first of `kernels` that is installed ("vllm": vLLM's own; "ggml", "auto-round":
+    the service's)."""
 
     kernels: tuple[str, ...]
     why: str
     measured: tuple[str, ...] = ()  # the kernels whose measurements on this backend the reason cites
 
 
-VLLM_INT4 = Int4Kernel(("vllm",), "vLLM's int4 kernels by default", ("ggml-q4_0", "amx-w4a8", "wna16-amx"))
+VLLM_INT4 = KernelOrder(("vllm",), "vLLM's int4 kernels by default", ("ggml-q4_0", "amx-w4a8", "wna16-amx"))
 # llama.cpp's peer runs ggml's int4 kernels on every CPU `make bench-peer` has met, reading at 58-69% of the read
-# ceiling where vLLM's int4 kernels read at 14-25% (docs/bench-history.md).
-GGML_INT4 = Int4Kernel(
+# ceiling where vLLM's int4 kernels read at 14-25% (docs/bench-history.md); the engine-level row is Zen 4's.
+GGML_INT4 = KernelOrder(
     ("ggml", "vllm"),
-    "the service's ggml kernel (llama.cpp's Q4_0 GEMV) by default: it decoded faster than vLLM's int4 kernels",
+    "the service's ggml kernel (llama.cpp's Q4_0 GEMV) by default: in llama.cpp it decoded int4 at 58-69% of the "
+    "read ceiling where vLLM's int4 kernels read at 14-25% (make bench-peer, docs/bench-history.md)",
     ("ggml-q4_0", "zentorch-woq", "wna16-vec"),
+)
+# ggml's int8 kernel prefills at the activation dtype's GEMM speed (it dequantizes for batches), vLLM's at int8 GEMM
+# speed: about half on a Zen 4 (docs/quantization.md), so it must win decode by much to be a default.
+VLLM_INT8 = KernelOrder(
+    ("vllm",),
+    "vLLM's int8 kernels by default: they prefill through int8 GEMMs, the service's ggml kernel through the "
+    "dtype's GEMM after dequantizing",
+    ("ggml-q8_0",),
 )
 
 
@@ -91,7 +101,8 @@ class Backend:
     openmp: Literal["intel", "gnu"]  # the OpenMP runtime its kernels are built against (the preload policy)
     dtype_class: str  # how bf16 is computed where the CPU lacks native bf16: the dtype measurements' key
     int4_w4a8: Int4Default | None = None
-    int4_kernel: Int4Kernel = VLLM_INT4
+    int4_kernel: KernelOrder = VLLM_INT4
+    int8_kernel: KernelOrder = VLLM_INT8
     w8a8_zentorch: bool = False  # W8A8 runs zentorch_dynamic_qlinear unless the user turns it off
     lowers_to: tuple[str, ...] = ()  # backends the user may request instead where this one is best
     decide: Decide | None = None
@@ -174,7 +185,7 @@ BACKENDS: dict[str, Backend] = {
                 ("zentorch-woq", "zentorch-da8w4", "wna16-vec"),
             ),
             w8a8_zentorch=True,
-            int4_kernel=Int4Kernel(
+            int4_kernel=KernelOrder(
                 ("ggml", "vllm"),
                 "the service's ggml kernel (llama.cpp's Q4_0 GEMV) by default: it decoded faster than zentorch's "
                 "weight-only kernel and the service's auto-round-lib one",
@@ -229,10 +240,16 @@ BACKENDS: dict[str, Backend] = {
             },
             openmp="intel",
             dtype_class="avx2",
-            int4_kernel=Int4Kernel(
+            int4_kernel=KernelOrder(
                 ("ggml", "auto-round"),
                 "vLLM has no int4 kernel in its AVX2 build (_C_AVX2 lacks cpu_gemm_wna16): the service's ggml kernel "
                 "(llama.cpp's AVX2 Q4_0 GEMV), else auto-round-lib's",
+            ),
+            int8_kernel=KernelOrder(
+                ("ggml", "vllm"),
+                "the service's ggml kernel (llama.cpp's Q8_0 dot products) by default: vLLM's int8 kernel on AVX2 "
+                "(oneDNN, no VNNI) decoded W8A8 at 3% of the read ceiling, 768 ms per token, where llama.cpp's Q8_0 "
+                "ran at 69%, 40 ms (AMD EPYC Zen 3 guest, python -m bench --only-peer --peer-format q8_0, issue 32)",
             ),
         ),
     )

@@ -211,11 +211,15 @@ def _int4_options(user: frozenset[str], backend: Backend, method: str) -> list[t
 def _w8a8_options(
     user: frozenset[str], backend: Backend, environ: Mapping[str, str]
 ) -> list[tuple[str, dict[str, Any]]]:
-    """zentorch's W8A8 kernel or vLLM's oneDNN one, where the backend has both and neither the user's setting nor
-    their VLLM_DISABLED_KERNELS chose."""
-    if not backend.w8a8_zentorch or "w8a8_zentorch" in user or "VLLM_DISABLED_KERNELS" in environ:
-        return []
-    return [("zentorch", {"w8a8_zentorch": True}), ("onednn", {"w8a8_zentorch": False})]
+    """The W8A8 settings the calibration can weigh here: vLLM's kernel (zentorch's or oneDNN's where the backend has
+    both and neither the user's setting nor their VLLM_DISABLED_KERNELS chose) or the service's ggml one. Where the
+    user set int8_kernel, every option plans their kernel and they fold into one candidate."""
+    vllm: list[tuple[str, dict[str, Any]]] = [("vllm", {"int8_kernel": "vllm"})]
+    if backend.w8a8_zentorch and "w8a8_zentorch" not in user and "VLLM_DISABLED_KERNELS" not in environ:
+        vllm = [
+            (name, {"int8_kernel": "vllm", "w8a8_zentorch": on}) for name, on in (("zentorch", True), ("onednn", False))
+        ]
+    return [*vllm, ("ggml", {"int8_kernel": "ggml"})]
 
 
 def _candidates(

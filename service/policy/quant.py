@@ -3,9 +3,9 @@ it, and a pre-flight refusal where no CPU kernel exists.
 
 The candidates per backend and format family come from the backend registry (service/policy/backends.py), in vLLM's
 order, with the conditions each needs (service/policy/quant_kernels.py); the first whose conditions hold is the
-kernel. Int4 weight-only checkpoints run either those or the service's own kernel (auto-round-lib), per backend
-default or the user's int4_kernel. Defaults between candidates come from measurements
-(service/policy/quant_measurements.py), cited in each reason.
+kernel. Int4 weight-only and W8A8 checkpoints run either those or one of the service's own kernels (ggml's,
+auto-round-lib's), per backend default, calibration or the user's int4_kernel / int8_kernel. Defaults between
+candidates come from measurements (service/policy/quant_measurements.py), cited in each reason.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from service.policy.decision import Decision, PolicyResult, Source, env, record
 from service.policy.quant_kernels import (
     CONDITIONS,
     FALLBACK_WARNINGS,
-    INT4_WEIGHT_ONLY,
+    HANDOVERS,
+    INT4_HANDOVER,
     KERNELS,
     KERNELS_ENV,
     OURS,
-    OURS_KERNELS,
-    VLLM_INT4_KERNELS,
+    Handover,
     Layer,
     Rule,
 )
@@ -135,9 +135,11 @@ def _int4_knob(
 
 
 @dataclass(frozen=True)
-class Int4Choice:
-    """Whose kernel runs an int4 weight-only checkpoint ("vllm", or one of the service's: OURS), and why."""
+class KernelChoice:
+    """Whose kernel runs a family the service has kernels for ("vllm", or one of the service's: the handover's
+    `ours`), and why."""
 
+    handover: Handover
     kernel: str
     why: str
     source: Source
@@ -145,60 +147,65 @@ class Int4Choice:
 
     @property
     def ours(self) -> bool:
-        return self.kernel in OURS
+        return self.kernel in self.handover.ours
 
 
-def _int4_kernel(
-    facts: QuantFacts,
+def _our_kernel(
+    handover: Handover,
     backend: Backend,
     settings: Settings,
     user: frozenset[str],
     installed: Mapping[str, str | None],
     calibrated: Mapping[str, Any],
     misfit: Callable[[str], str | None],
-) -> Int4Choice | None:
-    if facts.key not in INT4_WEIGHT_ONLY:
-        return None
-    if "int4_kernel" not in user and "int4_kernel" in calibrated:
-        kernel = calibrated["int4_kernel"]
-        why = f"calibrated on this machine (int4_kernel={kernel})"
+) -> KernelChoice:
+    setting = handover.setting
+    if setting not in user and setting in calibrated:
+        kernel = calibrated[setting]
+        why = f"calibrated on this machine ({setting}={kernel})"
         missing = f"{OURS[kernel]} is not installed" if kernel in OURS and not installed.get(kernel) else None
-        return Int4Choice(kernel, why, "calibration", missing)
-    requested = settings.int4_kernel if "int4_kernel" in user else "auto"
+        return KernelChoice(handover, kernel, why, "calibration", missing)
+    requested = getattr(settings, setting) if setting in user else "auto"
     if requested == "vllm":
-        return Int4Choice("vllm", "set by the user (int4_kernel=vllm)", "user")
-    if requested in OURS:
+        return KernelChoice(handover, "vllm", f"set by the user ({setting}=vllm)", "user")
+    if requested in handover.ours:
         if not installed.get(requested):
-            error = f"int4_kernel={requested} was set, but {OURS[requested]} is not installed"
-            return Int4Choice("vllm", "", "user", error)
-        return Int4Choice(requested, f"set by the user (int4_kernel={requested}, {installed[requested]})", "user")
-    default = backend.int4_kernel
-    why = default.why + (f" -- {cite(backend.name, 'w4a16', default.measured)}" if default.measured else "")
+            error = f"{setting}={requested} was set, but {OURS[requested]} is not installed"
+            return KernelChoice(handover, "vllm", "", "user", error)
+        why = f"set by the user ({setting}={requested}, {installed[requested]})"
+        return KernelChoice(handover, requested, why, "user")
+    default = getattr(backend, setting)
+    fmt = "w4a16" if handover is INT4_HANDOVER else "w8a8"
+    why = default.why + (f" -- {cite(backend.name, fmt, default.measured)}" if default.measured else "")
     for kernel in default.kernels:
         if kernel == "vllm":
-            return Int4Choice("vllm", why, "policy")
+            return KernelChoice(handover, "vllm", why, "policy")
         if not installed.get(kernel):
             why += f"; {OURS[kernel]} is not installed"
         elif layers := misfit(kernel):
             why += f"; not {kernel}, which does not run {layers}"
         else:
-            return Int4Choice(kernel, f"{why}: the service's kernel ({installed[kernel]})", "policy")
-    return Int4Choice("vllm", why, "policy")  # the backend's own table, which says what it lacks
+            return KernelChoice(handover, kernel, f"{why}: the service's kernel ({installed[kernel]})", "policy")
+    return KernelChoice(handover, "vllm", why, "policy")  # the backend's own table, which says what it lacks
 
 
-def _handover_decisions(choice: Int4Choice, environ: Mapping[str, str]) -> tuple[Decision, ...]:
-    """Register the service's kernel in every vLLM process, and take vLLM's own int4 kernels out of its way."""
+def _handover_decisions(choice: KernelChoice, environ: Mapping[str, str]) -> tuple[Decision, ...]:
+    """Register the service's kernel in every vLLM process, and take vLLM's own kernels of the family out of its
+    way."""
     name = "VLLM_DISABLED_KERNELS"
     already = [k for k in environ.get(name, "").split(",") if k]
-    disabled = ",".join([*already, *(k for k in VLLM_INT4_KERNELS if k not in already)])
+    disabled = ",".join([*already, *(k for k in choice.handover.vllm_kernels if k not in already)])
+    kind = choice.handover.kind
     return (
         env(
             KERNELS_ENV,
-            KERNELS[OURS_KERNELS[choice.kernel][0].kernel].vllm_class,
+            KERNELS[choice.handover.ours[choice.kernel][0].kernel].vllm_class,
             f"{choice.why}; the service's vLLM plugin registers it in every vLLM process",
             choice.source,
         ),
-        env(name, disabled, "vLLM tries its own int4 kernels before registered ones: they step aside", choice.source),
+        env(
+            name, disabled, f"vLLM tries its own {kind} kernels before registered ones: they step aside", choice.source
+        ),
     )
 
 
@@ -272,21 +279,24 @@ def plan_quant(
             return PolicyResult.of(fmt, errors=["quantized model: " + message.format(**vars(facts), key=facts.key)])
     installed = {"auto-round": auto_round_lib and f"auto-round-lib {auto_round_lib}", "ggml": ggml_kernel}
 
+    handover = next((h for h in HANDOVERS if facts.key in h.families), None)
+
     def misfit(kernel: str) -> str | None:
         """The layers none of the kernel's candidates runs, said as the policy's refusal would."""
+        assert handover is not None
         layers = [Layer(facts, shape, dtype or "bfloat16", False, False) for shape in facts.linear_shapes or (None,)]
         out = [
             f"{layer.shape.name if layer.shape else 'all layers'} ({'; '.join(why)})"
             for layer in layers
-            for chosen, why in [_choose(OURS_KERNELS[kernel], layer)]
+            for chosen, why in [_choose(handover.ours[kernel], layer)]
             if chosen is None
         ]
         return ", ".join(out) or None
 
-    choice = _int4_kernel(facts, backend, settings, user, installed, calibrated or {}, misfit)
+    choice = _our_kernel(handover, backend, settings, user, installed, calibrated or {}, misfit) if handover else None
     if choice and choice.error:
         return PolicyResult.of(fmt, errors=[f"quantized model ({describe(facts)}): {choice.error}"])
-    rules = OURS_KERNELS[choice.kernel] if choice and choice.ours else backend.quant.get(facts.key)
+    rules = choice.handover.ours[choice.kernel] if choice and choice.ours else backend.quant.get(facts.key)
     if isinstance(rules, str):
         why_not_ours = f" ({choice.why})" if choice else ""
         return PolicyResult.of(
@@ -303,7 +313,7 @@ def plan_quant(
 
     ours = choice is not None and choice.ours
     int4 = Knob(True) if ours else _int4_knob(facts, backend, settings, user, environ, calibrated or {})
-    w8a8 = _w8a8_knob(facts, backend, settings, user, environ, calibrated or {})
+    w8a8 = Knob(True) if ours else _w8a8_knob(facts, backend, settings, user, environ, calibrated or {})
     shapes = facts.linear_shapes or (None,)
     chosen: dict[str, list[str]] = {}
     why_not: dict[str, list[str]] = {}
@@ -317,8 +327,8 @@ def plan_quant(
             continue
         chosen.setdefault(kernel, []).append(label)
         why_not.setdefault(kernel, passed_over)
-    handover = _handover_decisions(choice, environ) if choice and choice.ours else ()
-    knobs = (fmt, int4.decision, w8a8.decision, *handover)
+    handed = _handover_decisions(choice, environ) if choice and choice.ours else ()
+    knobs = (fmt, int4.decision, w8a8.decision, *handed)
     if refused_layers:
         error = (
             f"quantized model ({describe(facts)}): no {backend.name} kernel in vLLM 0.32 for "

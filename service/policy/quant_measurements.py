@@ -65,6 +65,12 @@ ZEN4_GGML = Machine(
     "python bench/quant_kernels.py --formats w4a16 --reps 3, 2026-11-26 05:23, quiet machine",
 )
 
+ZEN4_INT8 = Machine(
+    "AMD EPYC Zen 4 KVM guest (1 compute core)",
+    "zen",
+    "python bench/quant_kernels.py --formats w8a8 --reps 3, 2026-11-26 08:17, quiet machine",
+)
+
 MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(EMERALD_RAPIDS_NO_AMX, "bf16", "bf16", "", 8.0, 71.0, (7.7, 8.7), (68.0, 72.0)),
     Measurement(EMERALD_RAPIDS_NO_AMX, "w8a8", "onednn-w8a8", "", 17.0, 291.0, (15.2, 17.3), (248.0, 314.0)),
@@ -94,6 +100,18 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(
         ZEN4_GGML, "w4a16", "auto-round", "SERVICE_INT4_KERNEL=auto-round", 11.5, 96.0, (11.5, 11.6), (94.0, 96.0)
     ),
+    Measurement(ZEN4_INT8, "w8a8", "zentorch-w8a8", "", 38.9, 350.0, (38.3, 39.0), (342.0, 352.0)),
+    Measurement(
+        ZEN4_INT8,
+        "w8a8",
+        "onednn-w8a8",
+        "VLLM_DISABLED_KERNELS=ZentorchInt8ScaledMMLinearKernel",
+        23.8,
+        337.0,
+        (23.7, 24.2),
+        (327.0, 341.0),
+    ),
+    Measurement(ZEN4_INT8, "w8a8", "ggml-q8_0", "SERVICE_INT8_KERNEL=ggml", 30.2, 179.0, (29.3, 31.1), (178.0, 180.0)),
 )
 
 

@@ -25,7 +25,7 @@ from service.facts.software import read_software
 from service.policy.backend import choose_backend
 from service.policy.backends import BACKENDS
 from service.policy.quant import plan_quant
-from service.policy.quant_kernels import KERNELS, OURS_KERNELS
+from service.policy.quant_kernels import HANDOVERS, KERNELS
 from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.vllm_plugin import STATE_PREFIX
@@ -124,7 +124,7 @@ def test_each_scheme_starts_where_a_kernel_runs_it(variant, started, live_kernel
     ours = _services_kernel(scheme, settings)
     if ours:
         assert not isinstance(server, Refusal), server.log
-        assert f"Using {ours}" in server.process.log_tail(10**7)
+        assert ours in server.process.log_tail(10**7)
     elif KERNEL_OPS[scheme] in live_kernel_ops:
         assert not isinstance(server, Refusal), server.log
     else:
@@ -135,15 +135,18 @@ def test_each_scheme_starts_where_a_kernel_runs_it(variant, started, live_kernel
 
 def _services_kernel(scheme: str, settings: dict) -> str | None:
     """The service's kernel the policy hands to vLLM for this variant on the live CPU, with what is installed here
-    (the live backend's default order, or the user's int4_kernel), or None for vLLM's own."""
-    if scheme != "w4a16":
+    (the live backend's default order, or the user's int4_kernel / int8_kernel), as the line vLLM logs when it runs
+    it; None for vLLM's own."""
+    handover = next((h for h in HANDOVERS if scheme in h.families), None)
+    if handover is None:
         return None
     sw = read_software()
     installed = {"ggml": sw.ggml_kernel, "auto-round": sw.auto_round_lib}
-    wanted = settings.get("int4_kernel")
-    order = (wanted,) if wanted else choose_backend(read_hardware().cpu, sw).entry.int4_kernel.kernels  # type: ignore[union-attr]
+    wanted = settings.get(handover.setting)
+    backend = choose_backend(read_hardware().cpu, sw).entry
+    order = (wanted,) if wanted else getattr(backend, handover.setting).kernels
     kernel = next((k for k in order if k == "vllm" or installed.get(k)), None)
-    return KERNELS[OURS_KERNELS[kernel][0].kernel].vllm_class if kernel in OURS_KERNELS else None
+    return KERNELS[handover.ours[kernel][0].kernel].log_markers[0] if kernel in handover.ours else None
 
 
 def _decisions(server) -> tuple[dict, dict]:

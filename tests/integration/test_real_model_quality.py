@@ -3,8 +3,9 @@
 Paths: each backend the live CPU runs (vLLM's own checks: zen where vLLM would pick ZenCpuPlatform, and then the
 generic avx512 platform too; else amx / avx512 / avx2), in fp32 and, where the CPU computes it natively, bf16; and
 W8A8 and W4A16 copies made from the model by round-to-nearest (harness/quantized_models.py), on the policy's
-backend and dtype (refused where this CPU's vLLM build lacks the kernel), the W4A16 copy also on every other int4
-kernel this CPU runs (the service's ggml and auto-round-lib ones, vLLM's). One service per path, in turn.
+backend and dtype (refused where this CPU's vLLM build lacks the kernel), each copy also on every other kernel
+this CPU runs for it (int4: the service's ggml and auto-round-lib ones, vLLM's; int8: the service's ggml one,
+vLLM's). One service per path, in turn.
 
 Each path is held to the weights it serves: transformers' fp32 forward on the same weights (the model's fp32
 dequantized GGUF; a quantized copy's own dequantized values, with W8A8's int8 per-token activations) is its
@@ -35,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from openai import OpenAI
 
@@ -42,6 +44,7 @@ from harness.perplexity import perplexity, reference_logprobs, served_logprobs, 
 from harness.quantized_models import dequantized_state, dynamic_int8_inputs, ensure_quantized, quantized_layers
 from service.facts.software import read_software
 from service.policy.backends import BACKENDS
+from service.policy.quant_kernels import INT4_HANDOVER, INT8_HANDOVER
 from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import build_report, choose_model
@@ -97,11 +100,16 @@ def live_paths() -> list[Path_]:
     # The other int4 kernels this CPU runs, besides the policy's (the first of the backend's order installed here).
     software = read_software()
     installed = {"ggml": software.ggml_kernel, "auto-round": software.auto_round_lib, "vllm": backend != "avx2"}
-    order = BACKENDS[backend].int4_kernel.kernels
-    default = next((k for k in order if installed.get(k)), "vllm")
-    for kernel in ("ggml", "auto-round", "vllm"):
-        if kernel != default and installed[kernel]:
-            quantized.append(Path_(f"w4a16-g64-{kernel}", {"int4_kernel": kernel}, "w4a16-g64"))
+    for handover, scheme, kernels in (
+        (INT4_HANDOVER, "w4a16-g64", ("ggml", "auto-round", "vllm")),
+        (INT8_HANDOVER, "w8a8", ("ggml", "vllm")),
+    ):
+        order = getattr(BACKENDS[backend], handover.setting).kernels
+        default = next((k for k in order if installed.get(k) or k == "vllm"), "vllm")
+        for kernel in kernels:
+            runs = installed[kernel] or (kernel == "vllm" and handover is INT8_HANDOVER)  # vLLM's int8 runs on AVX2
+            if kernel != default and runs:
+                quantized.append(Path_(f"{scheme}-{kernel}", {handover.setting: kernel}, scheme))
     return paths + quantized
 
 
@@ -143,6 +151,7 @@ class Measured:
     served: list  # tests/support/reference.Served per prompt
     logprobs: list[float]  # of the text, per token
     refused: str | None = None  # the service's refusal, where this CPU's vLLM build lacks the kernel
+    kernel: str | None = None  # the quantized linear kernel the service reported (quant.linear_kernel)
 
     @property
     def perplexity(self) -> float:
@@ -169,9 +178,11 @@ def measure(server_logs, fp32_model, text, chat_ids):
                 client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
                 served = [query(client, SERVED, ids, MAX_TOKENS) for ids in chat_ids]
                 logprobs = served_logprobs(client, SERVED, text)
+                report = httpx.get(f"{server.url}/v1/hardware", headers=server.headers(), timeout=30).json()
             finally:
                 server.process.close()
-            done[path.name] = Measured(path, model, served, logprobs)
+            kernel = next((d["value"] for d in report["decisions"] if d["setting"] == "quant.linear_kernel"), None)
+            done[path.name] = Measured(path, model, served, logprobs, kernel=kernel)
         return done[path.name]
 
     return run
@@ -219,6 +230,11 @@ def test_each_path_computes_what_its_weights_say(path, measure, fp32_model, text
         # (test_quantized.py checks which); the refusal names it.
         assert path.scheme and "refusing to start" in result.refused, result.refused
         return
+    for handover in (INT4_HANDOVER, INT8_HANDOVER):  # a path that names whose kernel runs it
+        if (asked := path.settings.get(handover.setting)) is not None:
+            ours = {rule.kernel for rules in handover.ours.values() for rule in rules}
+            wanted = {rule.kernel for rule in handover.ours.get(asked, ())}
+            assert result.kernel in wanted if wanted else result.kernel not in ours, (asked, result.kernel)
     comparison, ratio = _check(result, fp32_model, text)
     loss = result.perplexity / fp32_perplexity
     print(

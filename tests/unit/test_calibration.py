@@ -26,7 +26,7 @@ GPTQ = {
 }
 
 
-def plan_for(config: dict, cpu: str, tmp_path, verdicts=None, auto_round_lib="0.16.0", **settings):
+def plan_for(config: dict, cpu: str, tmp_path, verdicts=None, auto_round_lib="0.16.0", ggml_kernel=None, **settings):
     d = tmp_path / "m"
     d.mkdir(exist_ok=True)
     base = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2}
@@ -34,7 +34,7 @@ def plan_for(config: dict, cpu: str, tmp_path, verdicts=None, auto_round_lib="0.
     return build_plan(
         hw(cpu, memory=256 * GiB),
         inspect_model(str(d)),
-        software(True, auto_round_lib),
+        software(True, auto_round_lib, ggml_kernel),
         load_settings(**settings),
         {},
         verdicts=verdicts,
@@ -264,6 +264,25 @@ def test_zen_w8a8_asks_zentorch_or_onednn_and_a_verdict_sets_the_kernel(tmp_path
         "zentorch-w8a8",
         "user",
     )
+
+
+def test_w8a8_weighs_the_services_ggml_kernel_where_it_is_built(tmp_path):
+    built = "ggml from llama-cpp-python 0.3.36"
+    (q,) = plan_for(W8A8_DYNAMIC, AVX2, tmp_path, ggml_kernel=built).questions
+    assert (q.decision, q.default) == ("w8a8_kernel", "ggml")
+    assert {c.name: c.kernel for c in q.candidates} == {"vllm": "onednn-w8a8", "ggml": "ggml-q8_0"}
+    ggml = next(c for c in q.candidates if c.name == "ggml")
+    assert ggml.env["SERVICE_LINEAR_KERNELS"] == "GgmlInt8LinearKernel"
+    (zen,) = plan_for(W8A8_DYNAMIC, ZEN, tmp_path, ggml_kernel=built).questions
+    assert {c.name for c in zen.candidates} == {"zentorch", "onednn", "ggml"} and zen.default == "zentorch"
+    verdict = Verdict("w8a8_kernel", "ggml", ggml.settings, "faster here", ())
+    p = plan_for(W8A8_DYNAMIC, ZEN, tmp_path, verdicts={"w8a8_kernel": verdict}, ggml_kernel=built)
+    kernel = decision(p, "quant.linear_kernel")
+    assert (kernel.value, kernel.source) == ("ggml-q8_0", "calibration")
+    assert p.env["SERVICE_LINEAR_KERNELS"] == "GgmlInt8LinearKernel"
+    (theirs,) = plan_for(W8A8_DYNAMIC, ZEN, tmp_path, ggml_kernel=built, int8_kernel="vllm").questions
+    assert {c.name for c in theirs.candidates} == {"zentorch", "onednn"}
+    assert plan_for(W8A8_DYNAMIC, AVX2, tmp_path, ggml_kernel=built, int8_kernel="ggml").questions == ()
 
 
 def test_a_backend_switch_must_win_by_more_than_a_resolved_margin():

@@ -429,3 +429,49 @@ def test_without_the_ggml_build_the_table_says_so_and_runs_the_next(tmp_path):
     assert "the service's ggml kernel (make kernels) is not installed" in decision(p, "quant.linear_kernel").reason
     asked = quant_plan(W4A16, ZEN, tmp_path, int4_kernel="ggml")
     assert any("int4_kernel=ggml" in e and "make kernels" in e for e in asked.errors), asked.errors
+
+
+def test_w8a8_on_avx2_runs_ggmls_q8_0_kernel_where_it_is_built(tmp_path):
+    """vLLM's AVX2 int8 kernel (oneDNN without VNNI) decoded W8A8 at 3% of the read ceiling where llama.cpp's Q8_0
+    read at 69%: the service's ggml kernel takes W8A8 there, vLLM's int8 kernels step aside."""
+    for config in (W8A8_DYNAMIC, W8A8_STATIC):
+        p = quant_plan(config, AVX2, tmp_path, ggml_kernel=GGML)
+        assert not p.errors and kernel(p) == "ggml-q8_0"
+        env = handed_over(p)
+        assert env["SERVICE_LINEAR_KERNELS"] == "GgmlInt8LinearKernel"
+        assert {"CPUInt8ScaledMMLinearKernel", "ZentorchInt8ScaledMMLinearKernel"} <= set(
+            env["VLLM_DISABLED_KERNELS"].split(",")
+        )
+        reason = decision(p, "quant.linear_kernel").reason
+        assert GGML in reason and "3% of the read ceiling" in reason, reason
+
+
+def test_w8a8_keeps_vllms_int8_kernels_elsewhere_unless_asked(tmp_path):
+    for cpu, theirs in ((ZEN, "zentorch-w8a8"), (AMX, "amx-w8a8"), (AVX512, "onednn-w8a8")):
+        p = quant_plan(W8A8_DYNAMIC, cpu, tmp_path, ggml_kernel=GGML)
+        assert kernel(p) == theirs and "SERVICE_LINEAR_KERNELS" not in p.env
+        asked = quant_plan(W8A8_DYNAMIC, cpu, tmp_path, ggml_kernel=GGML, int8_kernel="ggml")
+        assert kernel(asked) == "ggml-q8_0" and decision(asked, "quant.linear_kernel").source == "user"
+        assert asked.env["SERVICE_LINEAR_KERNELS"] == "GgmlInt8LinearKernel"
+
+
+def test_w8a8_without_the_ggml_build_runs_vllms_int8_kernel_and_says_why(tmp_path):
+    p = quant_plan(W8A8_DYNAMIC, AVX2, tmp_path)
+    assert kernel(p) == "onednn-w8a8"
+    assert "the service's ggml kernel (make kernels) is not installed" in decision(p, "quant.linear_kernel").reason
+    asked = quant_plan(W8A8_DYNAMIC, ZEN, tmp_path, int8_kernel="ggml")
+    assert any("int8_kernel=ggml" in e and "make kernels" in e for e in asked.errors), asked.errors
+    vllm = quant_plan(W8A8_DYNAMIC, AVX2, tmp_path, ggml_kernel=GGML, int8_kernel="vllm")
+    assert kernel(vllm) == "onednn-w8a8" and "SERVICE_LINEAR_KERNELS" not in vllm.env
+
+
+def test_w8a8_layers_ggml_cannot_hold_run_vllms_kernel(tmp_path):
+    config = {**W8A8_DYNAMIC, "hidden_size": 4100, "num_attention_heads": 41, "num_key_value_heads": 41}
+    p = quant_plan(config, AVX2, tmp_path, ggml_kernel=GGML)
+    assert kernel(p) == "onednn-w8a8"
+    assert "not ggml, which does not run" in decision(p, "quant.linear_kernel").reason
+
+
+def test_the_int8_kernel_setting_leaves_int4_models_alone(tmp_path):
+    p = quant_plan(W4A16, AVX2, tmp_path, ggml_kernel=GGML, int8_kernel="vllm")
+    assert kernel(p) == "ggml-q4_0"
