@@ -1,13 +1,14 @@
-"""Where the service's ggml int4 kernel should hand a batch to torch's GEMM: ggml's int8 dot products against
-dequantize-then-GEMM, per number of rows, on the bench model's fused shapes in Q4_0.
+"""Where the service's ggml kernels should hand a batch to torch's GEMM: ggml's int8 dot products against
+dequantize-then-GEMM, per number of rows, on the bench model's fused shapes in Q4_0 (the int4 kernel) or Q8_0 (the
+int8 one).
 
-  .venv/bin/python -m bench.ggml_prefill [--threads 1] [--reps 20]
+  .venv/bin/python -m bench.ggml_prefill [--threads 1] [--reps 20] [--type q4_0|q8_0]
 
-Why: ggml's repacked Q4_0 matmul reads the weights once per call, which wins at decode (few rows); torch's bf16 GEMM
-computes faster per row once enough rows share the weights' reads, even after dequantizing the blocks per call.
-The crossover is service/kernels/ggml_linear.py's DENSE_FROM_ROWS. One process, `--threads` torch threads, one
-weight slice per thread as the engine loads them, random nibbles and scales (the kernel's speed does not depend on
-them); each row count runs both paths in turn and prints ms per pass over the 4 shapes and their output agreement.
+Why: ggml's matmul reads the weights once per call, which wins at decode (few rows); torch's bf16 GEMM computes
+faster per row once enough rows share the weights' reads, even after dequantizing the blocks per call. The
+crossover is DENSE_FROM_ROWS of service/kernels/ggml_linear.py (Q4_0) and ggml_int8.py (Q8_0). One process,
+`--threads` torch threads, one weight slice per thread as the engine loads them, random values and scales (the
+kernel's speed does not depend on them); each row count runs both paths in turn and prints ms per pass over the 4 shapes and their output agreement.
 """
 
 from __future__ import annotations
@@ -31,20 +32,28 @@ def _ms(run: Callable[[], object], reps: int) -> float:
 def main() -> None:
     import torch
 
-    from service.kernels.ggml_linear import DENSE_FROM_ROWS, Q4_0, load_library, q4_0_blocks
+    from service.kernels import ggml_int8, ggml_linear
+    from service.kernels.ggml_int8 import Q8_0, q8_0_blocks
+    from service.kernels.ggml_linear import Q4_0, load_library, q4_0_blocks
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--type", choices=("q4_0", "q8_0"), default="q4_0")
     args = parser.parse_args()
     load_library()
     torch.set_num_threads(args.threads)
     ops = torch.ops.service_ggml
     weights = []
     for n, k in SHAPES:
-        q = torch.randint(0, 16, (n, k), dtype=torch.uint8)
-        weights.append((ops.load(q4_0_blocks(q, torch.rand(n, k // 128) * 0.01), Q4_0, k, n, args.threads), n, k))
-    print(f"threads {args.threads}; the service hands over from {DENSE_FROM_ROWS} rows")
+        if args.type == "q4_0":
+            q = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+            blocks, kind = q4_0_blocks(q, torch.rand(n, k // 128) * 0.01), Q4_0
+        else:
+            blocks, kind = q8_0_blocks(torch.randint(-127, 128, (n, k), dtype=torch.int8), torch.rand(n) * 0.01), Q8_0
+        weights.append((ops.load(blocks, kind, k, n, args.threads), n, k))
+    dense_from = (ggml_linear if args.type == "q4_0" else ggml_int8).DENSE_FROM_ROWS
+    print(f"{args.type}, threads {args.threads}; the service hands over from {dense_from} rows")
     for rows in ROWS:
         xs = [torch.randn(rows, k, dtype=torch.bfloat16) for _, _, k in weights]
 

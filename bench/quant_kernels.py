@@ -78,8 +78,12 @@ def candidates(backend: str, formats: list[str], corrupt: bool) -> list[Candidat
             out += [Candidate(fmt, {"SERVICE_BACKEND": low}) for low in entry.lowers_to]
             if entry.decide is not None:
                 out.append(Candidate(fmt, {"SERVICE_ZENTORCH_WEIGHT_PREPACK": "false"}))
-        elif fmt == "w8a8" and backend == "zen":
-            out += [Candidate(fmt, {}), Candidate(fmt, {"VLLM_DISABLED_KERNELS": "ZentorchInt8ScaledMMLinearKernel"})]
+        elif fmt == "w8a8":  # vLLM's int8 kernels (zentorch's and oneDNN's on Zen) and the service's
+            vllm = {"SERVICE_INT8_KERNEL": "vllm"}
+            out.append(Candidate(fmt, vllm))
+            if backend == "zen":
+                out.append(Candidate(fmt, {**vllm, "VLLM_DISABLED_KERNELS": "ZentorchInt8ScaledMMLinearKernel"}))
+            out.append(Candidate(fmt, {"SERVICE_INT8_KERNEL": "ggml"}))
         else:
             out.append(Candidate(fmt, {}))
     if corrupt:
