@@ -208,15 +208,21 @@ def quantized_layers(directory: Path) -> frozenset[str]:
         return frozenset(k[: -len(".weight_scale")] for k in f.keys() if k.endswith(".weight_scale"))
 
 
-def dynamic_int8_inputs(model, layers: frozenset[str]) -> None:
+def dynamic_int8_inputs(model, layers: frozenset[str], block: int | None = None) -> None:
     """What a W8A8 kernel does to each quantized projection's input: symmetric int8 per token (scale amax / 127),
-    as forward pre-hooks on `model` (transformers), so a reference computes with the values the kernel sees."""
+    or per `block` inputs with the scale kept as fp16 (ggml's Q8_0 activations, the service's ggml int8 kernel), as
+    forward pre-hooks on `model` (transformers), so a reference computes with the values the kernel sees."""
     import torch
 
     def fake_quant(_module, args):
         x = args[0]
-        scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127
-        return (torch.clamp(torch.round(x / scale), -128, 127) * scale,)
+        if block is None:
+            scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127
+            return (torch.clamp(torch.round(x / scale), -128, 127) * scale,)
+        blocks = x.reshape(*x.shape[:-1], -1, block)
+        scale = blocks.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127
+        q = torch.clamp(torch.round(blocks / scale), -127, 127)
+        return ((q * scale.half().to(x.dtype)).reshape(x.shape),)
 
     for name, module in model.named_modules():
         if name in layers:

