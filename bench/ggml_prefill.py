@@ -21,7 +21,7 @@ SHAPES = ((3072, 2048), (2048, 2048), (11264, 2048), (2048, 5632))  # (N, K): qk
 ROWS = (1, 8, 16, 32, 64, 128, 256, 512)
 
 
-def _ms(run: Callable[[], object], reps: int) -> float:
+def ms_per_call(run: Callable[[], object], reps: int) -> float:
     run()
     start = time.perf_counter()
     for _ in range(reps):
@@ -61,7 +61,7 @@ def main() -> None:
             return [ops.linear(x, h, n, None, dense_from) for x, (h, n, _) in zip(xs, weights, strict=True)]
 
         reps = max(2, args.reps * 4 // rows)
-        ggml, dense = _ms(lambda: run(0), reps), _ms(lambda: run(1), reps)
+        ggml, dense = ms_per_call(lambda: run(0), reps), ms_per_call(lambda: run(1), reps)
         a, b = run(0)[2].float(), run(1)[2].float()
         agree = ((a - b).abs().max() / b.abs().max()).item()
         print(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-from service.kernels.ggml_linear import BLOCK, available, fp16_bytes, load_library
+from service.kernels.ggml_linear import BLOCK, apply, available, fp16_bytes, hand_to_vllm, load_library
 from service.policy.quant_kernels import KERNELS
 
 if TYPE_CHECKING:
@@ -77,20 +77,11 @@ def kernel_class() -> type:
         def apply_weights(
             self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
         ) -> torch.Tensor:
-            handle, n = layer.ggml_args
-            out = torch.ops.service_ggml.linear(x.reshape(-1, x.shape[-1]), handle, n, bias, DENSE_FROM_ROWS)
-            return out.reshape(*x.shape[:-1], n)
+            return apply(layer, x, bias, DENSE_FROM_ROWS)
 
     GgmlInt8LinearKernel.__name__ = GgmlInt8LinearKernel.__qualname__ = KERNEL_NAME
     return GgmlInt8LinearKernel
 
 
 def register() -> None:
-    """Add the kernel to vLLM's CPU int8 candidates in this process (vLLM's own registration API)."""
-    from vllm.model_executor.kernels.linear import _POSSIBLE_INT8_KERNELS, register_linear_kernel
-    from vllm.platforms import PlatformEnum
-
-    if not available():
-        raise ImportError("the service's ggml kernel is not built (make kernels)")
-    if kernel_class() not in _POSSIBLE_INT8_KERNELS.get(PlatformEnum.CPU, []):  # once per process
-        register_linear_kernel(kernel_class(), PlatformEnum.CPU, "int8")
+    hand_to_vllm(kernel_class(), "int8")

@@ -139,20 +139,33 @@ def kernel_class() -> type:
         def apply_weights(
             self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
         ) -> torch.Tensor:
-            handle, n = layer.ggml_args
-            out = torch.ops.service_ggml.linear(x.reshape(-1, x.shape[-1]), handle, n, bias, DENSE_FROM_ROWS)
-            return out.reshape(*x.shape[:-1], n)
+            return apply(layer, x, bias, DENSE_FROM_ROWS)
 
     GgmlLinearKernel.__name__ = GgmlLinearKernel.__qualname__ = KERNEL_NAME
     return GgmlLinearKernel
 
 
-def register() -> None:
-    """Add the kernel to vLLM's CPU candidates in this process (vLLM's own registration API)."""
-    from vllm.model_executor.kernels.linear import _POSSIBLE_KERNELS, register_linear_kernel
+def apply(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None, dense_from: int) -> torch.Tensor:
+    """A layer's loaded blocks (layer.ggml_args) times x, of any leading shape."""
+    import torch
+
+    handle, n = layer.ggml_args
+    out = torch.ops.service_ggml.linear(x.reshape(-1, x.shape[-1]), handle, n, bias, dense_from)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def hand_to_vllm(kernel: type, kind: str) -> None:
+    """Add a kernel to vLLM's CPU candidates of `kind` ("mp": weight-only, "int8") in this process, once (vLLM's own
+    registration API)."""
+    from vllm.model_executor.kernels import linear
     from vllm.platforms import PlatformEnum
 
     if not available():
         raise ImportError("the service's ggml kernel is not built (make kernels)")
-    if kernel_class() not in _POSSIBLE_KERNELS.get(PlatformEnum.CPU, []):  # once per process
-        register_linear_kernel(kernel_class(), PlatformEnum.CPU)
+    possible = linear._POSSIBLE_KERNELS if kind == "mp" else linear._POSSIBLE_INT8_KERNELS
+    if kernel not in possible.get(PlatformEnum.CPU, []):
+        linear.register_linear_kernel(kernel, PlatformEnum.CPU, kind)
+
+
+def register() -> None:
+    hand_to_vllm(kernel_class(), "mp")
