@@ -12,7 +12,7 @@ kernels: $(GGML_STAMP)
 
 setup: kernels
 
-$(GGML_STAMP): service/kernels/ggml_linear.cpp service/kernels/ggml_build.py mk/kernels.mk $(LLAMA_CPP_SOURCE) | $(STAMP)
+$(GGML_STAMP): service/kernels/ggml_linear.cpp service/kernels/bf16_linear.cpp service/kernels/ggml_build.py mk/kernels.mk $(LLAMA_CPP_SOURCE) | $(STAMP)
 	cmake -S $(LLAMA_CPP_TREE)/vendor/llama.cpp -B $(GGML_DIR)/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
 	  -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 	  -DLLAMA_BUILD_SERVER=OFF >/dev/null

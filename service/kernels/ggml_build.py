@@ -1,4 +1,4 @@
-"""Builds the service's ggml kernel (ggml_linear.cpp) against ggml's CPU library, which `make kernels` has built from
+"""Builds the service's kernel library (ggml_linear.cpp against ggml's CPU library, and bf16_linear.cpp), which `make kernels` has built from
 the llama.cpp source first: `python -m service.kernels.ggml_build <llama.cpp tree> <ggml build dir> <built from>`.
 torch's extension builder compiles it with torch's own headers and ABI; the stamp it writes is what the service's
 software facts read (service/facts/software.py ggml_kernel_built)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from service.facts.software import GGML_KERNEL_BUILT, GGML_KERNEL_LIBRARY
 
-SOURCE = Path(__file__).with_name("ggml_linear.cpp")
+SOURCES = [str(Path(__file__).with_name(name)) for name in ("ggml_linear.cpp", "bf16_linear.cpp")]
 
 
 def build(tree: Path, ggml_build: Path, built_from: str) -> None:
@@ -21,7 +21,7 @@ def build(tree: Path, ggml_build: Path, built_from: str) -> None:
     GGML_KERNEL_LIBRARY.parent.mkdir(parents=True, exist_ok=True)
     load(
         name=GGML_KERNEL_LIBRARY.stem,
-        sources=[str(SOURCE)],
+        sources=SOURCES,
         extra_include_paths=[str((tree / "ggml" / "include").resolve())],
         # -fopenmp: at::parallel_for is OpenMP in torch's headers; without it the slices run one after the other.
         # The library then shares torch's libgomp (same soname, already loaded), so its threads are the engine's.

@@ -110,6 +110,13 @@ KERNELS: dict[str, Kernel] = {
         ("Selected GgmlInt8LinearKernel",),
         provider="service.kernels.ggml_int8",
     ),
+    "bf16-weights": Kernel(
+        "Bf16WeightsLinear",
+        "the service's bf16-weight GEMV (weights kept bf16, widened to fp32 in registers; fp32 GEMM on widened "
+        "chunks from 8 rows) for the unquantized linear layers of a model computed in fp32",
+        ("[service] bf16 weights:",),
+        provider="service.kernels.bf16_linear",
+    ),
     "amx-fp8": Kernel(
         "CPUFP8W8A8ScaledMMLinearKernel",
         "AMX fp8 GEMM (fp8_scaled_mm_cpu)",

@@ -1,0 +1,87 @@
+"""The service's kernel for the unquantized linear layers of a model computed in fp32 (CPUs without native bf16:
+AVX2): the weights stay bf16 in memory, half the bytes each decode step reads, and are widened to fp32 in registers
+(bf16_linear.cpp, op `service_bf16::linear`, built with the ggml kernel by `make kernels`).
+
+It takes vLLM's own unquantized GEMM dispatch (`dispatch_cpu_unquantized_gemm`, which each linear layer calls once
+at load) in the vLLM processes where the service's plugin registers it. A layer whose fp32 weights are not exactly
+bf16 values (a checkpoint trained or stored in fp32 or fp16) keeps vLLM's fp32 GEMM: the kernel changes no result.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import TYPE_CHECKING
+
+from service.kernels.ggml_linear import available
+from service.kernels.ggml_linear import load_library as load_kernels
+from service.policy.quant_kernels import KERNELS
+
+if TYPE_CHECKING:
+    import torch
+
+# A child of the plugin's logger, whose handler is the only one in vLLM's engine core and workers.
+log = logging.getLogger("service.vllm_plugin.bf16_weights")
+KERNEL = KERNELS["bf16-weights"]
+# From this many rows on, the weight is widened chunk by chunk and multiplied by torch's fp32 GEMM: the first row
+# count where that won on 1 and 2 threads (docs/performance.md, "bf16 weights on AVX2").
+DENSE_FROM_ROWS = 8
+
+
+@functools.cache
+def load_library() -> None:
+    import torch
+
+    load_kernels()
+
+    @torch.library.register_fake("service_bf16::linear")
+    def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dense_from: int) -> torch.Tensor:
+        return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def bf16_exact(weight: torch.Tensor) -> torch.Tensor | None:
+    """The weight as bf16 when every value is one exactly, else None."""
+    import torch
+
+    narrowed = weight.to(torch.bfloat16)
+    return narrowed.contiguous() if torch.equal(narrowed.float(), weight) else None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    import torch
+
+    out = torch.ops.service_bf16.linear(x.reshape(-1, x.shape[-1]), weight, bias, DENSE_FROM_ROWS)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def register() -> None:
+    """Take vLLM's unquantized GEMM dispatch in this process: fp32 linear weights that are bf16 values run here."""
+    import torch
+    from vllm.model_executor.layers import utils
+
+    if not available():
+        raise ImportError("the service's kernels are not built (make kernels)")
+    original = utils.dispatch_cpu_unquantized_gemm
+    if getattr(original, "service_bf16", False):  # once per process
+        return
+    load_library()
+    said: set[bool] = set()
+
+    def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
+        weight = layer.weight
+        # Linear layers only (vLLM removes their weight; embeddings and tied heads keep theirs for the lookup).
+        if remove_weight and not weight.is_meta and weight.ndim == 2 and weight.dtype == torch.float32:
+            narrowed = bf16_exact(weight.data)
+            exact = narrowed is not None
+            if exact not in said:  # the first layer of each outcome, per process
+                said.add(exact)
+                how = "kept bf16, run by the service's kernel" if exact else "not bf16 values, left to vLLM in fp32"
+                log.info("%s layer %s %s", KERNEL.log_markers[0], tuple(weight.shape), how)
+            if narrowed is not None:
+                layer.weight = torch.nn.Parameter(narrowed, requires_grad=False)
+                layer.cpu_linear = linear
+                return
+        original(layer, remove_weight)
+
+    dispatch.service_bf16 = True  # type: ignore[attr-defined]
+    utils.dispatch_cpu_unquantized_gemm = dispatch

@@ -1,0 +1,39 @@
+"""The service's bf16-weight kernel (bf16_linear.cpp, built by `make kernels`) against fp32's own GEMM on the same
+values: its GEMV and its widen-then-GEMM path compute fp32 products, so they agree to fp32 rounding; a weight that
+is not bf16 values is left to vLLM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from service.kernels.bf16_linear import DENSE_FROM_ROWS, bf16_exact, load_library
+
+pytestmark = pytest.mark.kernels
+
+N, K = 200, 320
+
+
+@pytest.fixture(scope="module")
+def op():
+    load_library()
+    return torch.ops.service_bf16.linear
+
+
+@pytest.mark.parametrize("rows", [1, 3, DENSE_FROM_ROWS, 40])
+@pytest.mark.parametrize("dense_from", [0, DENSE_FROM_ROWS])
+def test_both_paths_compute_fp32_products_of_the_bf16_weights(op, rows, dense_from):
+    g = torch.Generator().manual_seed(4)
+    weight = (torch.randn(N, K, generator=g) * 0.05).to(torch.bfloat16)
+    x, bias = torch.randn(rows, K, generator=g), torch.randn(N, generator=g)
+    got = op(x, weight, bias, dense_from)
+    expected = torch.nn.functional.linear(x, weight.float(), bias)
+    assert got.dtype == torch.float32 and got.shape == (rows, N)
+    # fp32 sums in another order; a bf16-rounded activation would be ~1e-3 off
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_only_weights_that_are_bf16_values_are_narrowed():
+    exact = torch.randn(8, 32).to(torch.bfloat16).float()
+    assert torch.equal(bf16_exact(exact).float(), exact)
+    assert bf16_exact(exact + 1e-6) is None
