@@ -92,6 +92,11 @@ class Settings(BaseSettings):
         "auto",
         description="W8A8 models: vLLM's int8 kernel (zentorch, oneDNN, AMX) or the service's ggml one; auto: policy",
     )
+    bf16_weights: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Unquantized models computed in fp32: keep linear weights that are bf16 values in bf16 (the "
+        "service's kernel, half the bytes read) or fp32 (vLLM's GEMM); auto: policy (on for AVX2)",
+    )
     calibrate: Literal["off", "auto", "force"] = Field(
         "auto",
         description="Time the candidates of the speed decisions on this machine before the engine starts: auto once "

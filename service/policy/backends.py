@@ -107,6 +107,8 @@ class Backend:
     lowers_to: tuple[str, ...] = ()  # backends the user may request instead where this one is best
     decide: Decide | None = None
     quant_note: str = ""  # said with every quantized model's kernel decision
+    # Unquantized models computed in fp32: why the service's bf16-weight kernel runs them by default ("": it does not)
+    bf16_weights: str = ""
 
     @property
     def generic(self) -> bool:
@@ -245,6 +247,11 @@ BACKENDS: dict[str, Backend] = {
                 "vLLM has no int4 kernel in its AVX2 build (_C_AVX2 lacks cpu_gemm_wna16): the service's ggml kernel "
                 "(llama.cpp's AVX2 Q4_0 GEMV), else auto-round-lib's",
             ),
+            bf16_weights="on AVX2, where the service computes in fp32, linear weights that are bf16 values stay bf16 "
+            "(half the bytes a decode step reads), widened to fp32 in registers by the service's kernel: its GEMV ran "
+            "x2.27 (1 thread) and x3.63 (2 threads) faster than fp32 weights in an AVX2-only run (python -m "
+            "bench.bf16_weights), and an fp32 engine decoded x1.57 faster, prefilled x0.87 as fast, on a Zen 4 "
+            "(python bench/quant_kernels.py --formats fp32; docs/performance.md)",
             int8_kernel=KernelOrder(
                 ("ggml", "vllm"),
                 "the service's ggml kernel (llama.cpp's Q8_0 dot products) by default: vLLM's int8 kernel on AVX2 "

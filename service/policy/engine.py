@@ -31,6 +31,7 @@ from service.policy.calibration import (
 from service.policy.chat import chat_decisions
 from service.policy.compile_cache import plan_compile_cache
 from service.policy.decision import Decision, PolicyResult, Source, engine, env, record
+from service.policy.dense_kernel import plan_dense_kernel
 from service.policy.dtype import BYTES, choose_dtype
 from service.policy.kernels import check_kernels, dtype_limit
 from service.policy.memory import plan_memory
@@ -165,6 +166,7 @@ def build_plan(
             )
 
         reads = _read_per_token(model, dtype)
+        results.append(plan_dense_kernel(model.quant, entry, dtype, settings, user, software.ggml_kernel))
         results += [
             source.result,
             check_kernels(model, entry, dtype, hardware.cpu.isa),

@@ -1,0 +1,47 @@
+"""Where the service keeps an fp32 model's linear weights in bf16 (service/policy/dense_kernel.py): on AVX2 by
+default where its kernels are built, elsewhere when asked; never for quantized or bf16 engines."""
+
+from __future__ import annotations
+
+from tests.unit.test_policy_engine import decision
+from tests.unit.test_quant_policy import AVX2, AVX512, LLAMA, W8A8_DYNAMIC, ZEN, quant_plan
+
+BUILT = "ggml from llama-cpp-python 0.3.36"
+FP32_LLAMA = {**LLAMA, "torch_dtype": "bfloat16"}
+
+
+def test_avx2_keeps_bf16_weights_for_fp32_engines_where_the_kernel_is_built(tmp_path):
+    p = quant_plan(FP32_LLAMA, AVX2, tmp_path, ggml_kernel=BUILT)
+    assert decision(p, "engine.dtype").value == "float32"
+    d = decision(p, "engine.linear_weights")
+    assert (d.value, d.source) == ("bf16", "policy")
+    assert "x2.27" in d.reason and "not bf16 keep vLLM's fp32 GEMM" in d.reason  # the measurement, the exactness
+    assert p.env["SERVICE_LINEAR_KERNELS"] == "Bf16WeightsLinear"
+
+
+def test_without_the_build_avx2_says_why_it_stays_fp32(tmp_path):
+    d = decision(quant_plan(FP32_LLAMA, AVX2, tmp_path), "engine.linear_weights")
+    assert d.value == "fp32" and "make kernels" in d.reason
+    asked = quant_plan(FP32_LLAMA, ZEN, tmp_path, dtype="float32", bf16_weights="on")
+    assert any("bf16_weights=on" in e and "make kernels" in e for e in asked.errors), asked.errors
+
+
+def test_other_backends_keep_fp32_weights_unless_asked(tmp_path):
+    for cpu in (ZEN, AVX512):
+        p = quant_plan(FP32_LLAMA, cpu, tmp_path, ggml_kernel=BUILT, dtype="float32")
+        assert decision(p, "engine.linear_weights").value == "fp32" and "SERVICE_LINEAR_KERNELS" not in p.env
+        asked = quant_plan(FP32_LLAMA, cpu, tmp_path, ggml_kernel=BUILT, dtype="float32", bf16_weights="on")
+        assert (decision(asked, "engine.linear_weights").value, asked.env["SERVICE_LINEAR_KERNELS"]) == (
+            "bf16",
+            "Bf16WeightsLinear",
+        )
+    off = quant_plan(FP32_LLAMA, AVX2, tmp_path, ggml_kernel=BUILT, bf16_weights="off")
+    assert decision(off, "engine.linear_weights").source == "user" and "SERVICE_LINEAR_KERNELS" not in off.env
+
+
+def test_bf16_and_quantized_engines_are_left_alone(tmp_path):
+    for p in (
+        quant_plan(FP32_LLAMA, ZEN, tmp_path, ggml_kernel=BUILT),  # bf16 engine
+        quant_plan(W8A8_DYNAMIC, AVX2, tmp_path, ggml_kernel=BUILT, bf16_weights="on"),
+    ):
+        assert not [d for d in p.decisions if d.setting == "engine.linear_weights"]
