@@ -16,7 +16,7 @@ the service's policy sets for that candidate, and measure:
 each over `--reps` repetitions (median, min-max). The kernel each candidate ran is the one the service policy
 predicts for the live backend with that candidate's knobs, confirmed against the engine's log markers.
 
-    .venv/bin/python bench/quant_kernels.py [--formats bf16,w8a8,w8a8-static,w4a16] [--reps 3] [--corrupt]
+    .venv/bin/python bench/quant_kernels.py [--formats bf16,fp32,w8a8,w8a8-static,w4a16] [--reps 3] [--corrupt]
 
 Writes .cache/bench/quant_kernels.json and prints a table; `python -m bench` (`make bench`) runs the same measurement
 into its results directory and its table.md. CPU time matters here: run on an idle machine.
@@ -78,6 +78,8 @@ def candidates(backend: str, formats: list[str], corrupt: bool) -> list[Candidat
             out += [Candidate(fmt, {"SERVICE_BACKEND": low}) for low in entry.lowers_to]
             if entry.decide is not None:
                 out.append(Candidate(fmt, {"SERVICE_ZENTORCH_WEIGHT_PREPACK": "false"}))
+        elif fmt == "fp32":  # an fp32 engine: vLLM's fp32 GEMM, or the bf16 weights of the service's kernel
+            out += [Candidate(fmt, {"SERVICE_BF16_WEIGHTS": v}) for v in ("off", "on")]
         elif fmt == "w8a8":  # vLLM's int8 kernels (zentorch's and oneDNN's on Zen) and the service's
             vllm = {"SERVICE_INT8_KERNEL": "vllm"}
             out.append(Candidate(fmt, vllm))
@@ -95,13 +97,15 @@ def model_dir(cache: Path, fmt: str) -> Path:
     from harness.models import ensure_bench_model
     from harness.quantized_models import quantized_bench
 
-    if fmt == "bf16":
+    if fmt in ("bf16", "fp32"):
         return ensure_bench_model(cache)
     scheme, _, corrupt = fmt.partition("-corrupt")
     return quantized_bench(cache, scheme, 4.0 if fmt.endswith("-corrupt") else None)
 
 
-def predicted_kernel(backend_name: str, directory: Path, env: dict[str, str]) -> tuple[str, dict[str, str]]:
+def predicted_kernel(
+    backend_name: str, directory: Path, env: dict[str, str], dtype: str = "bfloat16"
+) -> tuple[str, dict[str, str]]:
     """What the service policy says this candidate runs (the live machine, this candidate's environment, its
     SERVICE_* variables as the user's settings), and the environment the policy sets for it."""
     from service.facts.model import inspect_model
@@ -113,7 +117,7 @@ def predicted_kernel(backend_name: str, directory: Path, env: dict[str, str]) ->
     facts = inspect_model(str(directory)).quant
     settings = Settings(**{k.removeprefix("SERVICE_").lower(): v for k, v in env.items() if k.startswith("SERVICE_")})
     if facts is None:
-        return _dense_plan(settings)
+        return _dense_plan(settings, dtype)
     plan = plan_quant(
         facts,
         BACKENDS[backend_name],
@@ -127,20 +131,27 @@ def predicted_kernel(backend_name: str, directory: Path, env: dict[str, str]) ->
     return (decided.value if decided else "refused: " + "; ".join(plan.errors)), plan.env
 
 
-def _dense_plan(settings: Any) -> tuple[str, dict[str, str]]:
+def _dense_plan(settings: Any, dtype: str) -> tuple[str, dict[str, str]]:
     """An unquantized model's "kernel": the backend's GEMM dispatch (its vLLM platform, which the service's platform
-    plugin enforces from the environment) and the backend's own knobs (zentorch's prepack)."""
+    plugin enforces from the environment) and the backend's own knobs (zentorch's prepack), or for an fp32 engine
+    with bf16 weights the service's kernel."""
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software
     from service.policy.backend import choose_backend
+    from service.policy.dense_kernel import plan_dense_kernel
     from service.policy.platform import PLATFORM_ENV
 
     choice = choose_backend(read_hardware().cpu, read_software(), settings.backend)
     if choice.entry is None:
         return f"refused: {choice.reason}", {}
     own = choice.entry.decide(settings, frozenset()).env if choice.entry.decide else {}
+    dense = plan_dense_kernel(
+        None, choice.entry, dtype, settings, settings.explicitly_set(), read_software().ggml_kernel
+    )
+    weights = dense.find("engine.linear_weights")
+    kernel = "bf16-weights" if weights and weights.value == "bf16" else f"{choice.name} GEMM"
     # VLLM_TARGET_DEVICE emptied as the policy does: vLLM takes "cpu" as its platform and never asks the plugin.
-    return f"{choice.name} GEMM", {PLATFORM_ENV: choice.entry.platform, "VLLM_TARGET_DEVICE": "", **own}
+    return kernel, {PLATFORM_ENV: choice.entry.platform, "VLLM_TARGET_DEVICE": "", **own, **dense.env}
 
 
 def bytes_per_token(directory: Path) -> int:
@@ -173,7 +184,7 @@ def _worker(spec: dict) -> dict:
 
     llm = LLM(
         model=spec["model"],
-        dtype="bfloat16",
+        dtype=spec["dtype"],
         enforce_eager=True,
         max_model_len=PREFILL_TOKENS + 64,
         max_num_seqs=1,
@@ -211,7 +222,8 @@ def _worker(spec: dict) -> dict:
 def run_candidate(
     cand: Candidate, policy_env: dict[str, str], directory: Path, prompts: list[list[int]], reps: int, log: Path
 ) -> dict:
-    spec = {"model": str(directory), "reps": reps, "prompts": prompts}
+    dtype = "float32" if cand.format == "fp32" else "bfloat16"
+    spec = {"model": str(directory), "reps": reps, "prompts": prompts, "dtype": dtype}
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", **cand.env, **policy_env}
     # stdout and stderr both into the log: vLLM logs its kernel choice (the markers read back) to stdout.
     with open(log, "w") as f:
@@ -260,7 +272,9 @@ def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path
     out.parent.mkdir(parents=True, exist_ok=True)
     for cand in candidates(backend, formats, corrupt):
         directory = model_dir(cache, cand.format)
-        kernel, policy_env = predicted_kernel(backend, directory, cand.env)
+        kernel, policy_env = predicted_kernel(
+            backend, directory, cand.env, "float32" if cand.format == "fp32" else "bfloat16"
+        )
         log = out.parent / f"quant_kernels-{cand.label.replace(' ', '_').replace('/', '_')}.log"
         progress(f"quantized kernels: {cand.label} (policy: {kernel}) ...")
         row = {"format": cand.format, "env": cand.env, "kernel": kernel, "log": str(log)}
@@ -279,7 +293,7 @@ def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path
         scheme = cand.format.removesuffix("-corrupt")
         quality = score(source, prompts, result["generated"], result["logprobs"])
         kernel = quality
-        if scheme != "bf16":
+        if scheme not in ("bf16", "fp32"):
             if scheme not in exact:
                 exact[scheme] = dequantized_state(model_dir(cache, scheme))
             kernel = score(source, prompts, result["generated"], result["logprobs"], exact[scheme])
@@ -312,7 +326,7 @@ def row_line(row: dict) -> str:
 
 @dataclass(frozen=True)
 class QuantOptions:
-    format: tuple[str, ...] = ("bf16", "w8a8", "w8a8-static", "w4a16")
+    format: tuple[str, ...] = ("bf16", "fp32", "w8a8", "w8a8-static", "w4a16")
     repetitions: int = 3
 
 
@@ -349,7 +363,7 @@ def section(results: dict, comparisons: list, decoded: list) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--formats", default="bf16,w8a8,w8a8-static,w4a16")
+    ap.add_argument("--formats", default="bf16,fp32,w8a8,w8a8-static,w4a16")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--corrupt", action="store_true", help="also run the W8A8 copy with a corrupted o_proj scale (x4)")
     ap.add_argument("--cache", type=Path, default=REPO / ".cache")
@@ -381,7 +395,9 @@ def complete(report: dict, cache: Path) -> None:
     gbs = report["bandwidth"]["gbs"]
     for r in report["rows"]:
         if "decode" in r:
-            r["bytes_per_token"] = bytes_per_token(model_dir(cache, r["format"]))
+            # fp32 weights read twice the bench model's bf16 bytes (the embeddings' share aside)
+            wide = r["format"] == "fp32" and r["kernel"] != "bf16-weights"
+            r["bytes_per_token"] = bytes_per_token(model_dir(cache, r["format"])) * (2 if wide else 1)
             r["ceiling_tok_s"] = gbs * 1e9 / r["bytes_per_token"]
             r["ceiling_fraction"] = r["decode"]["median"] / r["ceiling_tok_s"]
 

@@ -39,6 +39,7 @@ class Threshold:
 # margins above leave room for an engine's own bf16 rounding and (W8A8) its activation quantization.
 THRESHOLDS = {
     "bf16": Threshold(0.9, 0.05),
+    "fp32": Threshold(0.9, 0.05),  # an fp32 engine on the same bf16 values: at least as close as the bf16 one
     "w8a8": Threshold(0.85, 0.12),
     "w8a8-static": Threshold(0.85, 0.12),
     "w4a16": Threshold(0.85, 0.15),

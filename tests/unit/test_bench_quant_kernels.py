@@ -81,11 +81,28 @@ def test_a_dense_row_runs_the_platform_its_backend_names():
     from service.settings import Settings
 
     live = choose_backend(read_hardware().cpu, read_software())  # the live CPU's, whatever it is
-    kernel, env = _dense_plan(Settings())
+    kernel, env = _dense_plan(Settings(), "bfloat16")
     assert (kernel, env[PLATFORM_ENV]) == (f"{live.name} GEMM", live.platform)
     for low in live.entry.lowers_to:
-        kernel, env = _dense_plan(Settings(backend=low))
+        kernel, env = _dense_plan(Settings(backend=low), "bfloat16")
         assert (kernel, env[PLATFORM_ENV]) == (
             f"{low} GEMM",
             choose_backend(read_hardware().cpu, read_software(), low).platform,
         )
+
+
+def test_fp32_rows_compare_vllms_fp32_gemm_with_the_services_bf16_weights():
+    from bench.quant_kernels import _dense_plan, candidates
+    from service.facts.software import read_software
+    from service.policy.quant_kernels import KERNELS, KERNELS_ENV
+    from service.settings import Settings
+
+    assert [c.label for c in candidates("zen", ["fp32"], False)] == [
+        "fp32 [SERVICE_BF16_WEIGHTS=off]",
+        "fp32 [SERVICE_BF16_WEIGHTS=on]",
+    ]
+    kernel, env = _dense_plan(Settings(bf16_weights="off"), "float32")
+    assert kernel.endswith(" GEMM") and KERNELS_ENV not in env
+    if read_software().ggml_kernel:  # built by make setup; without it the policy keeps fp32 and says why
+        kernel, env = _dense_plan(Settings(bf16_weights="on"), "float32")
+        assert (kernel, env[KERNELS_ENV]) == ("bf16-weights", KERNELS["bf16-weights"].vllm_class)

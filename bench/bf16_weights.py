@@ -1,0 +1,66 @@
+"""The service's bf16-weight kernel (service/kernels/bf16_linear.py) against fp32 weights, per number of rows, on the
+bench model's fused shapes: what the policy's bf16_weights default rests on, and where its GEMV hands batches to
+the widen-then-GEMM path (DENSE_FROM_ROWS).
+
+  .venv/bin/python -m bench.bf16_weights [--threads 1] [--reps 100]
+
+One process, `--threads` torch threads, random bf16 weights (fp32 copies of the same values for the fp32 side), fp32
+activations. Each row count prints ms per pass over the 4 shapes for the kernel's GEMV, its widen-then-GEMM path and
+torch's fp32 GEMM on fp32 weights, and the largest difference from the fp32 GEMM's output. To see an AVX2-only CPU's
+code paths on a newer one, restrict torch's libraries (ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
+ONEDNN_MAX_CPU_ISA=AVX2) and build the kernel with -march=haswell (docs/performance.md says how it was measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.ggml_prefill import SHAPES, ms_per_call
+
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def main() -> None:
+    import torch
+
+    from service.kernels.bf16_linear import DENSE_FROM_ROWS, load_library
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=100)
+    args = parser.parse_args()
+    load_library()
+    torch.set_num_threads(args.threads)
+    op = torch.ops.service_bf16.linear
+    bf16 = [(torch.randn(n, k) * 0.02).to(torch.bfloat16) for n, k in SHAPES]
+    fp32 = [w.float() for w in bf16]
+    size = sum(w.numel() * 2 for w in bf16)
+    print(
+        f"threads {args.threads}, {torch.backends.cpu.get_cpu_capability()}; the kernel's GEMV hands over from "
+        f"{DENSE_FROM_ROWS} rows"
+    )
+    for rows in ROWS:
+        xs = [torch.randn(rows, k) for _, k in SHAPES]
+        reps = max(3, args.reps // rows)
+
+        def run(dense_from: int, xs: list = xs) -> list:
+            return [op(x, w, None, dense_from) for x, w in zip(xs, bf16, strict=True)]
+
+        def plain_run(xs: list = xs) -> list:
+            return [torch.nn.functional.linear(x, w) for x, w in zip(xs, fp32, strict=True)]
+
+        gemv, widen, plain = (
+            ms_per_call(lambda: run(0), reps),
+            ms_per_call(lambda: run(1), reps),
+            ms_per_call(plain_run, reps),
+        )
+        ref = torch.nn.functional.linear(xs[2], fp32[2])
+        diff = ((op(xs[2], bf16[2], None, 0) - ref).abs().max() / ref.abs().max()).item()
+        print(
+            f"rows {rows:4d}: GEMV {gemv:7.2f} ms ({size / gemv / 1e6:5.1f} GB/s), widen + GEMM {widen:7.2f} ms, "
+            f"fp32 weights {plain:7.2f} ms: x{plain / gemv:.2f} / x{plain / widen:.2f}; difference {diff:.1e}"
+        )
+
+
+if __name__ == "__main__":
+    main()
