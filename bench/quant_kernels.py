@@ -51,7 +51,7 @@ RESULT = "quant_kernels result: "
 
 @dataclass(frozen=True)
 class Candidate:
-    format: str  # a scheme of harness/quantized_models.SCHEMES, "bf16", or "<scheme>-corrupt"
+    format: str  # a scheme of harness/quantized_models.SCHEMES, "bf16", "fp32" (an fp32 engine), or "<scheme>-corrupt"
     env: dict[str, str]
 
     @property

@@ -21,7 +21,6 @@ from service.policy.quant_kernels import (
     CONDITIONS,
     FALLBACK_WARNINGS,
     HANDOVERS,
-    INT4_HANDOVER,
     KERNELS,
     KERNELS_ENV,
     OURS,
@@ -175,8 +174,8 @@ def _our_kernel(
         why = f"set by the user ({setting}={requested}, {installed[requested]})"
         return KernelChoice(handover, requested, why, "user")
     default = getattr(backend, setting)
-    fmt = "w4a16" if handover is INT4_HANDOVER else "w8a8"
-    why = default.why + (f" -- {cite(backend.name, fmt, default.measured)}" if default.measured else "")
+    measured = cite(backend.name, handover.measured_as, default.measured)
+    why = default.why + (f" -- {measured}" if default.measured else "")
     for kernel in default.kernels:
         if kernel == "vllm":
             return KernelChoice(handover, "vllm", why, "policy")

@@ -237,15 +237,16 @@ class Handover:
 
     setting: str
     kind: str  # what the kernels are called in reasons
+    measured_as: str  # the format of quant_measurements.py whose rows the backend's default cites
     families: tuple[str, ...]
     ours: dict[str, tuple[Rule, ...]]
     vllm_kernels: tuple[str, ...]
 
 
 INT4_HANDOVER = Handover(
-    "int4_kernel", "int4", INT4_WEIGHT_ONLY, {"auto-round": AUTO_ROUND, "ggml": GGML}, VLLM_INT4_KERNELS
+    "int4_kernel", "int4", "w4a16", INT4_WEIGHT_ONLY, {"auto-round": AUTO_ROUND, "ggml": GGML}, VLLM_INT4_KERNELS
 )
-INT8_HANDOVER = Handover("int8_kernel", "int8", ("w8a8",), {"ggml": GGML_INT8}, VLLM_INT8_KERNELS)
+INT8_HANDOVER = Handover("int8_kernel", "int8", "w8a8", ("w8a8",), {"ggml": GGML_INT8}, VLLM_INT8_KERNELS)
 HANDOVERS = (INT4_HANDOVER, INT8_HANDOVER)
 FP8_AMX = (Rule((), "amx-fp8"),)
 FP8_TORCH = (Rule((), "torch-fp8"),)
