@@ -145,9 +145,9 @@ def _dense_plan(settings: Any, dtype: str) -> tuple[str, dict[str, str]]:
     if choice.entry is None:
         return f"refused: {choice.reason}", {}
     own = choice.entry.decide(settings, frozenset()).env if choice.entry.decide else {}
-    dense = plan_dense_kernel(
-        None, choice.entry, dtype, settings, settings.explicitly_set(), read_software().ggml_kernel
-    )
+    user = settings.explicitly_set()
+    # the bench model is stored in bf16
+    dense = plan_dense_kernel(None, "bfloat16", choice.entry, dtype, settings, user, read_software().ggml_kernel)
     weights = dense.find("engine.linear_weights")
     kernel = "bf16-weights" if weights and weights.value == "bf16" else f"{choice.name} GEMM"
     # VLLM_TARGET_DEVICE emptied as the policy does: vLLM takes "cpu" as its platform and never asks the plugin.

@@ -12,10 +12,16 @@ from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 from service.settings import Settings
 
 KERNEL = KERNELS["bf16-weights"]
+# Where a backend keeps fp32 weights by default, what the other choice measured (docs/performance.md).
+MEASURED = (
+    "an fp32 engine on bf16 weights decoded x1.57 and prefilled x0.87 as fast on a Zen 4, "
+    "python bench/quant_kernels.py --formats fp32"
+)
 
 
 def plan_dense_kernel(
     quant: QuantFacts | None,
+    declared_dtype: str | None,  # the checkpoint's torch_dtype (a GGUF file's converted copy: float32)
     backend: Backend,
     dtype: str,
     settings: Settings,
@@ -28,8 +34,14 @@ def plan_dense_kernel(
     if asked == "off":
         return PolicyResult.of(record("engine", "linear_weights", "fp32", "set by the user (bf16_weights=off)", "user"))
     if asked == "auto" and not backend.bf16_weights:
-        why = f"fp32: vLLM's fp32 GEMM ({backend.name} keeps it by default; bf16_weights=on for the service's kernel)"
+        why = (
+            f"vLLM's fp32 GEMM, the {backend.name} backend's default; bf16_weights=on keeps weights that are bf16 "
+            f"values in bf16 for the service's kernel ({MEASURED})"
+        )
         return PolicyResult.of(record("engine", "linear_weights", "fp32", why, "default"))
+    if asked == "auto" and declared_dtype != "bfloat16":
+        why = f"the checkpoint's weights are {declared_dtype or 'of an undeclared dtype'}, not bf16 values to keep"
+        return PolicyResult.of(record("engine", "linear_weights", "fp32", why, "policy"))
     source: Source = "user" if asked == "on" else "policy"
     why = "set by the user (bf16_weights=on)" if asked == "on" else backend.bf16_weights
     if not kernels_built:

@@ -166,7 +166,8 @@ def build_plan(
             )
 
         reads = _read_per_token(model, dtype)
-        results.append(plan_dense_kernel(model.quant, entry, dtype, settings, user, software.ggml_kernel))
+        dense = plan_dense_kernel(model.quant, model.declared_dtype, entry, dtype, settings, user, software.ggml_kernel)
+        results.append(dense)
         results += [
             source.result,
             check_kernels(model, entry, dtype, hardware.cpu.isa),

@@ -19,6 +19,13 @@ def test_avx2_keeps_bf16_weights_for_fp32_engines_where_the_kernel_is_built(tmp_
     assert p.env["SERVICE_LINEAR_KERNELS"] == "Bf16WeightsLinear"
 
 
+def test_a_checkpoint_not_stored_in_bf16_keeps_fp32_weights(tmp_path):
+    p = quant_plan({**LLAMA, "torch_dtype": "float32"}, AVX2, tmp_path, ggml_kernel=BUILT)
+    d = decision(p, "engine.linear_weights")
+    assert (d.value, d.reason) == ("fp32", "the checkpoint's weights are float32, not bf16 values to keep")
+    assert "SERVICE_LINEAR_KERNELS" not in p.env
+
+
 def test_without_the_build_avx2_says_why_it_stays_fp32(tmp_path):
     d = decision(quant_plan(FP32_LLAMA, AVX2, tmp_path), "engine.linear_weights")
     assert d.value == "fp32" and "make kernels" in d.reason
@@ -29,7 +36,9 @@ def test_without_the_build_avx2_says_why_it_stays_fp32(tmp_path):
 def test_other_backends_keep_fp32_weights_unless_asked(tmp_path):
     for cpu in (ZEN, AVX512):
         p = quant_plan(FP32_LLAMA, cpu, tmp_path, ggml_kernel=BUILT, dtype="float32")
-        assert decision(p, "engine.linear_weights").value == "fp32" and "SERVICE_LINEAR_KERNELS" not in p.env
+        kept = decision(p, "engine.linear_weights")
+        assert kept.value == "fp32" and "SERVICE_LINEAR_KERNELS" not in p.env
+        assert "decoded x1.57 and prefilled x0.87" in kept.reason  # what the other choice measured
         asked = quant_plan(FP32_LLAMA, cpu, tmp_path, ggml_kernel=BUILT, dtype="float32", bf16_weights="on")
         assert (decision(asked, "engine.linear_weights").value, asked.env["SERVICE_LINEAR_KERNELS"]) == (
             "bf16",
