@@ -60,14 +60,15 @@ def llama(chat_server):
 @pytest.fixture(scope="module")
 def llama_bf16_weights(server_logs):
     """The demo model (bf16 values) computed in fp32 with its linear weights kept bf16 by the service's kernel, as
-    AVX2 hosts run fp32 engines by default; asked for here, so it runs on every CPU."""
+    AVX2 hosts run fp32 engines by default; asked for here, so it runs on every CPU. Recorded, then stopped: the
+    session's later servers need its memory."""
     server = _start("bf16-weights", server_logs, "demo-tiny-llama", dtype="float32", bf16_weights="on")
     try:
         log = server.process.log_tail(10**7)
         assert f"{BF16_KERNEL.log_markers[0]} layer" in log and "kept bf16" in log, log[-3000:]
         states = [json.loads(line.split(STATE_PREFIX, 1)[1]) for line in log.splitlines() if STATE_PREFIX in line]
         assert states and all(s["linear_kernels"] == {BF16_KERNEL.vllm_class: "registered"} for s in states), states
-        yield _record(server, demo_dir(MODELS))
+        return _record(server, demo_dir(MODELS))
     finally:
         server.process.close()
 
