@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("service.vllm_plugin.bf16_weights")
 KERNEL = KERNELS["bf16-weights"]
 # From this many rows on, the weight is widened chunk by chunk and multiplied by torch's fp32 GEMM: the first row
-# count where that won on 1 and 2 threads (docs/performance.md, "bf16 weights on AVX2").
+# count where that won on 1 and 2 threads (docs/performance.md, "bf16 weights in an fp32 engine").
 DENSE_FROM_ROWS = 8
 
 
