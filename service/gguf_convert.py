@@ -1,5 +1,6 @@
 """Carries out the policy's GGUF conversion (service/policy/model_source.py): the file's tensors dequantized one at a
-time into safetensors shards in the engine dtype, its metadata written as a Hugging Face config and tokenizer.
+time into safetensors shards in the engine dtype (or, where the plan keeps them, the linear layers' blocks copied as
+stored, for service/kernels/gguf_blocks.py), its metadata written as a Hugging Face config and tokenizer.
 
 transformers does the mapping (`load_gguf_checkpoint` for the config, its per-architecture tensor processors and
 gguf-py's name map for the tensors, its GGUF tokenizer builders), gguf-py the dequantization. Memory stays near one
@@ -17,13 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from service.atomic_dir import build_once
-from service.policy.model_source import GgufConversion
+from service.facts.gguf import LINEAR_TENSOR
+from service.policy.model_source import BLOCKS_METHOD, GgufConversion
 
 log = logging.getLogger("service.gguf")
 
 SHARD_BYTES = 2 * 1024**3
 PROGRESS_EVERY_S = 5.0
 PROVENANCE = "conversion.json"
+
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 
 
@@ -57,12 +60,15 @@ def _convert(conversion: GgufConversion, out: Path) -> None:
     settings = {k: v for k, v in conversion.config.items() if k != "model_type"}
     config = AutoConfig.for_model(conversion.config["model_type"], **settings)
     config.dtype = _DTYPES[conversion.dtype]
+    if conversion.blocks:
+        config.quantization_config = {"quant_method": BLOCKS_METHOD, "ggml_type": conversion.blocks}
     written = _write_weights(conversion, config, out)
     config.save_pretrained(out)
     provenance = {
         "source": conversion.source,
         "sha256": conversion.sha256,
         "dtype": conversion.dtype,
+        "blocks": conversion.blocks,
         "converter": conversion.converter,
         "tensors": written,
     }
@@ -109,6 +115,11 @@ def _write_weights(conversion: GgufConversion, config: Any, out: Path) -> int:
     total = sum(int(t.n_bytes) for t in reader.tensors)
     done, last_log, skipped = 0, time.monotonic(), []
     for tensor in reader.tensors:
+        if conversion.blocks and LINEAR_TENSOR.fullmatch(tensor.name):
+            name, rows = _block_rows(tensor, conversion.blocks, processor, names, stash)
+            shards.add(names[name], torch.from_numpy(rows))
+            done += int(tensor.n_bytes)
+            continue
         values = dequantize(tensor.data, tensor.tensor_type)
         result = processor.process(weights=values, name=tensor.name, tensor_key_mapping=names, parsed_parameters=stash)
         if result.name is not None and result.name in names:
@@ -131,6 +142,23 @@ def _write_weights(conversion: GgufConversion, config: Any, out: Path) -> int:
     if missing:
         raise ConversionError(f"the file lacks tensors the model needs: {', '.join(sorted(missing)[:8])}")
     return len(shards.names)
+
+
+def _block_rows(tensor: Any, kept: str, processor: Any, names: dict[str, str], stash: Any) -> tuple[str, Any]:
+    """A linear tensor's rows of blocks, as stored, in the order transformers gives the dequantized rows (llama's
+    Q/K rows are un-permuted): the processor is run on the row numbers, so its reordering is the one applied."""
+    import numpy as np
+
+    if tensor.tensor_type.name != kept:
+        raise ConversionError(f"{tensor.name} is {tensor.tensor_type.name}; the plan kept {kept} blocks")
+    n = int(np.prod(tensor.shape[1:]))  # gguf shapes list the input dimension first
+    rows = np.asarray(tensor.data, dtype=np.uint8).reshape(n, -1)
+    index = np.arange(n, dtype=np.int64).reshape(n, 1)
+    result = processor.process(weights=index, name=tensor.name, tensor_key_mapping=names, parsed_parameters=stash)
+    order = np.asarray(result.weights).reshape(-1)
+    if result.name not in names or order.shape != (n,) or not np.array_equal(np.sort(order), np.arange(n)):
+        raise ConversionError(f"{tensor.name}: transformers' mapping does more than reorder its rows")
+    return result.name, np.ascontiguousarray(rows[order])
 
 
 def _check_shape(name: str, found: tuple[int, ...], expected: tuple[int, ...]) -> None:

@@ -97,6 +97,11 @@ class Settings(BaseSettings):
         description="Unquantized models computed in fp32: keep linear weights that are bf16 values in bf16 (the "
         "service's kernel, half the bytes read) or fp32 (vLLM's GEMM); auto: policy (on for AVX2)",
     )
+    gguf_blocks: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="GGUF files: serve the quantized linear layers from the file's own blocks on ggml's kernel (on) or "
+        "dequantize them to the engine dtype (off); auto: policy (blocks, except for the packaged default model)",
+    )
     calibrate: Literal["off", "auto", "force"] = Field(
         "auto",
         description="Time the candidates of the speed decisions on this machine before the engine starts: auto once "

@@ -22,6 +22,8 @@ MAGIC = b"GGUF"
 _CONTROL, _USER_DEFINED = 3, 4
 # The tensors a decode step does not read whole: an untied token embedding is a row lookup.
 _EMBEDDING, _OUTPUT = "token_embd.weight", "output.weight"
+# The decoder's linear layers, by llama.cpp's tensor names: what a file's blocks can serve as they are.
+LINEAR_TENSOR = re.compile(r"blk\.\d+\.(?:attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight")
 # llama.cpp's file names end in the quantization ("Qwen3-0.6B-Q8_0.gguf", "model.Q4_K_M.gguf").
 _QUANT_SUFFIX = re.compile(r"[.-](?:I?Q\d[\w]*|[BF]F?16|F32)$", re.IGNORECASE)
 
@@ -64,6 +66,10 @@ class GgufFacts:
     parameters: int
     read_per_token_bytes: int  # bytes of the tensors a decode step reads, as stored in the file
     read_per_token_elements: int  # elements of those tensors
+    # The decoder's linear weights (LINEAR_TENSOR): (type name, tensor count) and their bytes and elements as stored.
+    linear_types: tuple[tuple[str, int], ...] = ()
+    linear_bytes: int = 0
+    linear_elements: int = 0
 
     @property
     def served_name(self) -> str:
@@ -132,6 +138,7 @@ def _facts(path: Path, size: int, reader: Any) -> GgufFacts:
         config["head_dim"] = int(head_dim)
     names = {t.name for t in reader.tensors}
     decode_reads = [t for t in reader.tensors if t.name != _EMBEDDING or _OUTPUT not in names]
+    linear = [t for t in reader.tensors if LINEAR_TENSOR.fullmatch(t.name)]
     tokens = tokenizer.get("tokens") or []
     types = tokenizer.get("token_type") or []
     added = tuple((str(tok), kind == _CONTROL) for tok, kind in zip(tokens, types) if kind in (_CONTROL, _USER_DEFINED))
@@ -156,6 +163,9 @@ def _facts(path: Path, size: int, reader: Any) -> GgufFacts:
         parameters=sum(int(t.n_elements) for t in reader.tensors),
         read_per_token_bytes=sum(int(t.n_bytes) for t in decode_reads),
         read_per_token_elements=sum(int(t.n_elements) for t in decode_reads),
+        linear_types=tuple(Counter(t.tensor_type.name for t in linear).most_common()),
+        linear_bytes=sum(int(t.n_bytes) for t in linear),
+        linear_elements=sum(int(t.n_elements) for t in linear),
     )
 
 

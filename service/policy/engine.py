@@ -35,7 +35,7 @@ from service.policy.dense_kernel import plan_dense_kernel
 from service.policy.dtype import BYTES, choose_dtype
 from service.policy.kernels import check_kernels, dtype_limit
 from service.policy.memory import plan_memory
-from service.policy.model_source import ModelSourcePlan, plan_model_source
+from service.policy.model_source import ModelSourcePlan, choose_blocks, plan_model_source
 from service.policy.patches import fxgraph_patch
 from service.policy.platform import choose_platform
 from service.policy.preload import choose_preload
@@ -144,8 +144,14 @@ def build_plan(
 
             questions += _backend_question(model, backend, backend_decided, dtype, lowered)
         architectures = vllm_names.text_generation_architectures if vllm_names else frozenset()
+        blocks = None
+        if model.gguf is not None:
+            asked = settings.gguf_blocks if "gguf_blocks" in user else "auto"
+            blocks = choose_blocks(
+                model.gguf, asked, "gguf_blocks" in user, software.ggml_kernel, default_model, threads.tp_size
+            )
         source = plan_model_source(
-            model, dtype, settings.cache_dir, software, architectures, settings.served_model_name, known_as
+            model, dtype, settings.cache_dir, software, architectures, settings.served_model_name, known_as, blocks
         )
         known_methods = vllm_names.quantization_methods if vllm_names else None
         calibrated = {
@@ -166,8 +172,11 @@ def build_plan(
             )
 
         reads = _read_per_token(model, dtype)
-        dense = plan_dense_kernel(model.quant, model.declared_dtype, entry, dtype, settings, user, software.ggml_kernel)
-        results.append(dense)
+        if source.conversion is None or source.conversion.blocks is None:  # blocks are not dense layers
+            dense = plan_dense_kernel(
+                model.quant, model.declared_dtype, entry, dtype, settings, user, software.ggml_kernel
+            )
+            results.append(dense)
         results += [
             source.result,
             check_kernels(model, entry, dtype, hardware.cpu.isa),

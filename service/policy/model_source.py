@@ -1,8 +1,8 @@
 """What the engine loads and under which name: a model directory as it is, or a GGUF file's converted copy.
 
-vLLM 0.32 has no GGUF loader, so a GGUF file is converted once into the cache: its blocks dequantized to the
-engine dtype, its metadata mapped to a Hugging Face config and tokenizer by transformers' GGUF mapping. The copy is
-keyed by the file's content, the dtype and the converter's versions, so a changed file or converter makes a new one
+vLLM 0.32 has no CPU GGUF loader, so a GGUF file is converted once into the cache: its linear layers' blocks kept
+for ggml's kernel where the file allows (choose_blocks), the rest dequantized to the engine dtype, its metadata
+mapped to a Hugging Face config and tokenizer by transformers' GGUF mapping. The copy is keyed by the file's content, the dtype and the converter's versions, so a changed file or converter makes a new one
 and an unchanged one is reused. Which GGUF files can be served is checked here, before anything is converted.
 """
 
@@ -16,8 +16,9 @@ from typing import Any
 from service.facts.gguf import GgufFacts
 from service.facts.model import ModelFacts
 from service.facts.software import SoftwareFacts
-from service.policy.decision import PolicyResult, record
+from service.policy.decision import PolicyResult, Source, env, record
 from service.policy.dtype import BYTES
+from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 
 # Bump when the conversion's output changes for the same inputs (layout, files written, tokenizer rules).
 CONVERTER_VERSION = "2"
@@ -35,6 +36,7 @@ class GgufConversion:
     architecture: str  # general.architecture: which of transformers' tensor processors applies
     config: dict[str, Any]  # the Hugging Face config, as the facts mapped it
     split_rules: tuple[str, ...]  # llama.cpp's pre-tokenizer regexes, where transformers has none (else empty)
+    blocks: str | None = None  # the ggml type whose blocks the linear layers keep (None: every tensor dequantized)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,68 @@ class ModelSourcePlan:
     served_name: str
     result: PolicyResult
     conversion: GgufConversion | None = None
+
+
+# What the service's GGUF method (service/kernels/gguf_blocks.py) serves from a file's own blocks: the types ggml's
+# CPU matmul computes, for the architectures whose tensors transformers' mapping only renames or reorders by row.
+BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+BLOCK_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+BLOCKS_KERNEL = KERNELS["ggml-gguf"]
+BLOCKS_METHOD = "service_gguf"  # the converted checkpoint's quantization_config.quant_method
+# What keeping blocks rests on: ggml's kernel against the dequantized engine on the same CPU (docs/quantization.md).
+BLOCKS_MEASURED = (
+    "on a Zen 4 the bench model decoded at 45.4 tok/s on ggml's Q4_0 kernel and 10.7 tok/s dequantized to fp32 "
+    "(python bench/quant_kernels.py --formats w4a16,fp32)"
+)
+
+
+@dataclass(frozen=True)
+class BlocksChoice:
+    type_name: str | None  # kept for the linear layers, or None (dequantized)
+    reason: str
+    source: Source
+    error: str | None = None
+
+
+def choose_blocks(
+    gguf: GgufFacts, asked: str, user: bool, kernels_built: str | None, default_model: bool, tp_size: int = 1
+) -> BlocksChoice:
+    """Whether the file's linear layers keep their blocks. `asked`: the gguf_blocks setting; `user`: the user set it."""
+    source: Source = "user" if user else "policy"
+    if asked == "off":
+        return BlocksChoice(None, "set by the user (gguf_blocks=off)", "user")
+    if asked == "auto" and default_model:
+        why = (
+            "the packaged default model is served dequantized, for answers checked against its fp32 reference; "
+            "gguf_blocks=on serves its blocks on ggml's kernel"
+        )
+        return BlocksChoice(None, why, "default")
+    types = dict(gguf.linear_types)
+    hidden, inner = gguf.config.get("hidden_size"), gguf.config.get("intermediate_size")
+    why_not = None
+    if gguf.architecture not in BLOCK_ARCHITECTURES:
+        why_not = f"the service keeps blocks for {', '.join(BLOCK_ARCHITECTURES)} files, not {gguf.architecture!r}"
+    elif not types:
+        why_not = "the file has none of llama.cpp's decoder linear tensors"
+    elif len(types) > 1:
+        mix = ", ".join(f"{name} x{count}" for name, count in gguf.linear_types)
+        why_not = f"its linear layers mix types ({mix}), and vLLM merges q/k/v and gate/up into one weight each"
+    elif (only := next(iter(types))) not in BLOCK_TYPES:
+        why_not = f"its linear layers are {only}, not a type ggml's kernel computes ({', '.join(BLOCK_TYPES)})"
+    elif tp_size > 1 and any(isinstance(d, int) and (d // tp_size) % _block_values(only) for d in (hidden, inner)):
+        why_not = f"tensor-parallel size {tp_size} would split its {only} blocks"
+    elif not kernels_built:
+        why_not = "the service's kernels are not built (make kernels)"
+    if why_not is not None:
+        if asked == "on":
+            return BlocksChoice(None, why_not, source, f"gguf_blocks=on was set, but {why_not}")
+        return BlocksChoice(None, why_not, "policy")
+    why = "set by the user (gguf_blocks=on)" if asked == "on" else BLOCKS_MEASURED
+    return BlocksChoice(only, why, source)
+
+
+def _block_values(type_name: str) -> int:
+    return 256 if type_name.endswith("_K") else 32
 
 
 def converter_key(software: SoftwareFacts) -> str:
@@ -88,9 +152,11 @@ def plan_model_source(
     architectures: frozenset[str],
     served_name: str | None = None,
     known_as: str | None = None,
+    blocks: BlocksChoice | None = None,
 ) -> ModelSourcePlan:
     """`architectures`: the text-generation classes the installed vLLM has (empty: not checked);
-    `served_name`: the user's, if set; `known_as`: the name the model was asked for by (the demo's, a hub id)."""
+    `served_name`: the user's, if set; `known_as`: the name the model was asked for by (the demo's, a hub id);
+    `blocks`: whether a GGUF file's linear layers keep their blocks (choose_blocks; None: dequantized)."""
     gguf = model.gguf
     if gguf is None:
         name = served_name or known_as or Path(model.path).name
@@ -104,17 +170,29 @@ def plan_model_source(
     errors = gguf_errors(gguf, architectures, software)
     converter = converter_key(software)
     key = hashlib.sha256(converter.encode()).hexdigest()[:8]
+    kept = blocks.type_name if blocks is not None else None
     # Named by content alone: the same file under another name or path is the same copy.
-    target = cache_dir / "models" / "gguf" / f"{gguf.sha256[:16]}-{dtype}-{key}"
+    target = cache_dir / "models" / "gguf" / f"{gguf.sha256[:16]}-{dtype}-{key}{f'-{kept}' if kept else ''}"
     before, after = gguf.read_per_token_bytes, gguf.read_per_token_elements * BYTES[dtype]
+    if kept:
+        after = gguf.linear_bytes + (gguf.read_per_token_elements - gguf.linear_elements) * BYTES[dtype]
+        what = f"its linear layers' {kept} blocks copied as stored, for ggml's kernel; embeddings and norms dequantized"
+    else:
+        what = "every block dequantized"
     reason = (
         f"GGUF file {gguf.path} ({gguf.architecture}, {gguf.parameters / 1e6:,.1f} M parameters, "
         f"{gguf.describe_types()}; {_mb(gguf.size_bytes)}) converted once to {dtype} safetensors, the engine dtype "
-        f"(vLLM 0.32 has no GGUF loader): every block dequantized, config and tokenizer from the metadata by "
+        f"(vLLM 0.32 has no CPU GGUF loader): {what}, config and tokenizer from the metadata by "
         f"transformers' GGUF mapping{_split_note(gguf)}; keyed by the file's sha256 {gguf.sha256[:12]} and the converter ({converter}). "
         f"A decode step reads {_mb(before)} as the file stores it, {_mb(after)} as converted (x{after / before:.2f})"
     )
     source = record("model", "source", str(target), reason, "policy")
+    decided = [named, source]
+    if blocks is not None:
+        decided.append(record("model", "gguf_blocks", kept or "dequantized", blocks.reason, blocks.source))
+    if kept:
+        op = f"{BLOCKS_KERNEL.op}; the service's vLLM plugin registers it"
+        decided.append(env(KERNELS_ENV, BLOCKS_KERNEL.vllm_class, op, blocks.source if blocks else "policy"))
     conversion = GgufConversion(
         gguf.path,
         gguf.sha256,
@@ -124,6 +202,7 @@ def plan_model_source(
         gguf.architecture,
         dict(gguf.config),
         gguf.split_rules or (),
+        kept,
     )
     warnings = []
     if gguf.split_rules is None:
@@ -132,5 +211,7 @@ def plan_model_source(
             f"{gguf.pre_tokenizer!r}; the converted tokenizer splits text as GPT-2 does, which may tokenize some "
             "text differently from llama.cpp"
         )
-    result = PolicyResult.of(named, source, warnings=warnings, errors=errors)
+    if blocks is not None and blocks.error:
+        errors.append(blocks.error)
+    result = PolicyResult.of(*decided, warnings=warnings, errors=errors)
     return ModelSourcePlan(str(target), name, result, conversion)

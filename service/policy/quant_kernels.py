@@ -110,6 +110,13 @@ KERNELS: dict[str, Kernel] = {
         ("Selected GgmlInt8LinearKernel",),
         provider="service.kernels.ggml_int8",
     ),
+    "ggml-gguf": Kernel(
+        "GgufBlocksLinearMethod",
+        "ggml's matmul on a GGUF file's own blocks (llama.cpp's CPU kernels for their type): the linear layers' "
+        "weights as the file stores them x activations quantized by ggml for that type",
+        ("[service] GGUF blocks:",),
+        provider="service.kernels.gguf_blocks",
+    ),
     "bf16-weights": Kernel(
         "Bf16WeightsLinear",
         "the service's bf16-weight GEMV (weights kept bf16, widened to fp32 in registers; fp32 GEMM on widened "

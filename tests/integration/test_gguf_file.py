@@ -1,14 +1,24 @@
 """`SERVICE_MODEL=<a .gguf file>` serves that file: a tiny Qwen3 GGUF in K-quant blocks (tests/support/gguf_models.py),
 converted at start into the cache, served under the file's name, its greedy tokens and logprobs matching
 transformers' fp32 forward on the converted weights. Served in fp32: the file's random K-quant blocks make large
-activations, whose bf16 rounding (mean 0.11 nat) would hide a conversion error that fp32 shows."""
+activations, whose bf16 rounding (mean 0.11 nat) would hide a conversion error that fp32 shows.
+
+Both ways the service serves a file: dequantized (gguf_blocks=off), and from its own blocks on ggml's kernel (the
+default where `make kernels` built it), here a tiny llama Q4_0 file, whose Q/K rows llama.cpp permutes."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
 import httpx
 import pytest
+import torch
 from openai import OpenAI
 
+from service.policy.quant_kernels import KERNELS
+from service.vllm_plugin import STATE_PREFIX
 from tests.integration.conftest import _start
 from tests.integration.test_reference import TEXTS
 from tests.support.gguf_models import tiny_gguf
@@ -18,12 +28,15 @@ from tests.support.server import MODELS
 pytestmark = pytest.mark.engine
 SERVED = "tiny-qwen3-Q4_K-v1"
 MAX_DIFF, MEAN_DIFF = 0.01, 0.001  # fp32 against fp32: summation order only
+KERNEL = KERNELS["ggml-gguf"].vllm_class
 
 
 @pytest.fixture(scope="module")
 def gguf_server(server_logs):
     path = tiny_gguf(MODELS, "qwen3", "Q4_K")
-    server = _start("gguf-file", server_logs, SERVED, model=str(path), kv_cache_gib="0.25", dtype="float32")
+    server = _start(
+        "gguf-file", server_logs, SERVED, model=str(path), kv_cache_gib="0.25", dtype="float32", gguf_blocks="off"
+    )
     yield server, path
     server.process.close()
 
@@ -47,3 +60,82 @@ def test_the_served_tokens_are_the_files_model(gguf_server):
     result = compare(served, reference_logprobs(converted, [s.prompt + s.tokens for s in served]), 2 * MAX_DIFF, 0.02)
     assert result.top1_equal + result.near_ties == result.greedy, result
     assert result.passes(MAX_DIFF, MEAN_DIFF), result
+
+
+BLOCKS_SERVED = "tiny-llama-Q4_0-v1"
+# ggml quantizes each row's activations per 32-block to 8 bits; the reference does the same (dynamic_int8_inputs).
+# Measured: logprob max 0.0086 / mean 0.0029; against one layer's Q rows left in the file's order, 0.073 / 0.021.
+BLOCKS_MAX_DIFF, BLOCKS_MEAN_DIFF = 0.03, 0.008
+
+
+@dataclass
+class BlocksRun:
+    path: Path
+    decisions: dict
+    log: str
+    served: list
+
+
+@pytest.fixture(scope="module")
+def blocks_run(server_logs):
+    """The tiny llama Q4_0 file served from its blocks: recorded, then stopped (memory for the session's servers)."""
+    path = tiny_gguf(MODELS, "llama", "Q4_0")
+    server = _start("gguf-blocks", server_logs, BLOCKS_SERVED, model=str(path), kv_cache_gib="0.25", dtype="float32")
+    try:
+        hardware = httpx.get(f"{server.url}/v1/hardware", timeout=30).json()
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        decisions = {d["setting"]: d for d in hardware["decisions"]}
+        dequantized = _dequantized_copy(path)
+        served = [query(client, BLOCKS_SERVED, i, 16) for i in prompt_ids(dequantized, TEXTS)]
+        log = server.process.log_tail(10**6)
+    finally:
+        server.process.close()
+    return BlocksRun(path, decisions, log, served)
+
+
+def _dequantized_copy(path: Path) -> Path:
+    """The file dequantized to fp32, as gguf_blocks=off serves it: the reference's weights."""
+    from service.facts.model import inspect_model
+    from service.facts.software import read_software
+    from service.gguf_convert import ensure_converted
+    from service.policy.model_source import plan_model_source
+
+    plan = plan_model_source(inspect_model(str(path)), "float32", MODELS, read_software(), frozenset())
+    return ensure_converted(plan.conversion)
+
+
+def test_a_files_blocks_are_served_on_ggmls_kernel_in_every_vllm_process(blocks_run):
+    kept = blocks_run.decisions["model.gguf_blocks"]
+    assert (kept["value"], kept["source"]) == ("Q4_0", "policy"), kept
+    assert blocks_run.decisions["env.SERVICE_LINEAR_KERNELS"]["value"] == KERNEL
+    states = [
+        json.loads(line.split(STATE_PREFIX, 1)[1]) for line in blocks_run.log.splitlines() if STATE_PREFIX in line
+    ]
+    assert {s["process"] for s in states} >= {"MainProcess", "EngineCore"} and len(states) >= 3, states
+    assert all(s["linear_kernels"] == {KERNEL: "registered"} for s in states), states
+    assert "[service] GGUF blocks: Q4_0 linear layers on ggml's kernel" in blocks_run.log
+
+
+def test_the_blocks_compute_what_the_file_says(blocks_run):
+    from harness.quantized_models import dynamic_int8_inputs
+
+    dequantized = _dequantized_copy(blocks_run.path)
+
+    def as_ggml(model):
+        layers = frozenset(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n)
+        dynamic_int8_inputs(model, layers, 32)
+
+    def as_stored_order(model):  # what blocks copied without transformers' un-permutation of Q rows would compute
+        as_ggml(model)
+        q = model.model.layers[0].self_attn.q_proj.weight
+        heads = model.config.num_attention_heads
+        q.copy_(q.reshape(heads, q.shape[0] // heads // 2, 2, -1).transpose(1, 2).reshape(q.shape))
+
+    sequences = [s.prompt + s.tokens for s in blocks_run.served]
+    result = compare(blocks_run.served, reference_logprobs(dequantized, sequences, corrupt=as_ggml), 0.05, 0.02)
+    print(f"\nQ4_0 blocks on ggml's kernel vs the dequantized file: {result}")
+    assert result.top1_equal + result.near_ties == result.greedy, result
+    assert result.passes(BLOCKS_MAX_DIFF, BLOCKS_MEAN_DIFF), result
+    wrong = compare(blocks_run.served, reference_logprobs(dequantized, sequences, corrupt=as_stored_order), 0.05, 0.02)
+    print(f"against one layer's Q rows in the file's order: {wrong}")
+    assert not wrong.passes(BLOCKS_MAX_DIFF, BLOCKS_MEAN_DIFF), wrong

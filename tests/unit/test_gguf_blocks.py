@@ -1,0 +1,149 @@
+"""A GGUF file's linear layers kept as its own blocks (service/policy/model_source.py choose_blocks,
+service/gguf_convert.py, service/kernels/gguf_blocks.py): when the policy keeps them, what the converter writes (the
+file's rows, in the order transformers gives the dequantized rows), and ggml's op on every kept type against
+gguf-py's dequantization of the same rows."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from service.facts.gguf import LINEAR_TENSOR, read_gguf
+from service.facts.model import inspect_model
+from service.facts.software import read_software
+from service.gguf_convert import ensure_converted
+from service.policy.model_source import BLOCK_TYPES, BLOCKS_METHOD, choose_blocks, plan_model_source
+from service.policy.quant_kernels import KERNELS, KERNELS_ENV
+from tests.support.gguf_models import tiny_gguf
+from tests.support.server import MODELS
+
+SOFTWARE = read_software()
+BUILT = "ggml built from llama.cpp b1234"
+
+
+def _facts(arch: str = "llama", tensor_type: str = "Q4_1"):
+    return read_gguf(tiny_gguf(MODELS, arch, tensor_type))
+
+
+def test_a_file_of_one_kept_type_keeps_its_blocks_by_default():
+    choice = choose_blocks(_facts(), "auto", False, BUILT, default_model=False)
+    assert (choice.type_name, choice.source, choice.error) == ("Q4_1", "policy", None)
+    assert "tok/s" in choice.reason  # the measurement it rests on
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"architecture": "gemma2"}, "not 'gemma2'"),
+        ({"linear_types": (("Q4_K", 10), ("Q6_K", 4))}, "mix types (Q4_K x10, Q6_K x4)"),
+        ({"linear_types": (("F16", 14),)}, "not a type ggml's kernel computes"),
+        ({"linear_types": ()}, "none of llama.cpp's decoder linear tensors"),
+    ],
+)
+def test_files_the_kernel_cannot_serve_as_stored_are_dequantized_or_refused_when_asked(change, why):
+    facts = replace(_facts(), **change)
+    auto = choose_blocks(facts, "auto", False, BUILT, default_model=False)
+    assert auto.type_name is None and why in auto.reason and auto.error is None
+    asked = choose_blocks(facts, "on", True, BUILT, default_model=False)
+    assert asked.type_name is None and asked.error is not None and why in asked.error
+
+
+def test_without_the_kernel_build_or_for_the_default_model_auto_dequantizes():
+    missing = choose_blocks(_facts(), "auto", False, None, default_model=False)
+    assert missing.type_name is None and "make kernels" in missing.reason
+    assert choose_blocks(_facts(), "on", True, None, default_model=False).error is not None
+    default = choose_blocks(_facts(), "auto", False, BUILT, default_model=True)
+    assert default.type_name is None and default.source == "default" and "gguf_blocks=on" in default.reason
+    assert choose_blocks(_facts(), "on", True, BUILT, default_model=True).type_name == "Q4_1"
+    off = choose_blocks(_facts(), "off", True, BUILT, default_model=False)
+    assert (off.type_name, off.source) == (None, "user")
+
+
+def test_a_tensor_parallel_size_that_splits_blocks_keeps_none():
+    facts = _facts("llama", "Q4_K")  # 256-value blocks; hidden size 256
+    assert choose_blocks(facts, "auto", False, BUILT, False, tp_size=1).type_name == "Q4_K"
+    split = choose_blocks(facts, "auto", False, BUILT, False, tp_size=2)
+    assert split.type_name is None and "tensor-parallel size 2" in split.reason
+
+
+def test_the_plan_names_the_kernel_the_plugin_registers_and_a_copy_of_its_own(tmp_path):
+    model = inspect_model(str(tiny_gguf(MODELS, "llama", "Q4_0")))
+    kept = choose_blocks(model.gguf, "auto", False, BUILT, default_model=False)
+    plan = plan_model_source(model, "float32", tmp_path, SOFTWARE, frozenset(), blocks=kept)
+    dequantized = plan_model_source(model, "float32", tmp_path, SOFTWARE, frozenset())
+    assert plan.conversion.blocks == "Q4_0" and dequantized.conversion.blocks is None
+    assert plan.engine_model != dequantized.engine_model
+    assert plan.result.env[KERNELS_ENV] == KERNELS["ggml-gguf"].vllm_class
+    assert plan.result.find("model.gguf_blocks").value == "Q4_0"
+    assert KERNELS_ENV not in dequantized.result.env
+
+
+def _dequantized_rows(rows: np.ndarray, type_name: str) -> torch.Tensor:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return torch.from_numpy(dequantize(rows, GGMLQuantizationType[type_name]).copy())
+
+
+@pytest.mark.parametrize(("arch", "tensor_type"), [("llama", "Q4_0"), ("llama", "Q4_K"), ("qwen2", "Q8_0")])
+def test_the_converted_blocks_are_the_files_rows_in_transformers_order(arch, tensor_type, tmp_path):
+    """llama's Q/K rows are un-permuted by transformers: the blocks must follow, or attention reads wrong heads."""
+    from safetensors.torch import load_file
+
+    model = inspect_model(str(tiny_gguf(MODELS, arch, tensor_type)))
+    kept = choose_blocks(model.gguf, "on", True, BUILT, default_model=False)
+    blocks_dir = ensure_converted(
+        plan_model_source(model, "float32", tmp_path, SOFTWARE, frozenset(), blocks=kept).conversion
+    )
+    floats_dir = ensure_converted(plan_model_source(model, "float32", tmp_path, SOFTWARE, frozenset()).conversion)
+    blocks, floats = (
+        load_file(Path(blocks_dir) / "model.safetensors"),
+        load_file(Path(floats_dir) / "model.safetensors"),
+    )
+    linear = [name for name, t in blocks.items() if t.dtype == torch.uint8]
+    assert len(linear) == 7 * model.gguf.config["num_hidden_layers"]
+    for name in linear:
+        torch.testing.assert_close(_dequantized_rows(blocks[name].numpy(), tensor_type), floats[name], rtol=0, atol=0)
+    assert all(t.dtype == torch.float32 for name, t in blocks.items() if name not in linear)
+    config = (Path(blocks_dir) / "config.json").read_text()
+    assert BLOCKS_METHOD in config and tensor_type in config
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("tensor_type", BLOCK_TYPES)
+@pytest.mark.parametrize("rows", [1, 200])  # ggml's int8-activation path, and the dequantize + GEMM one
+def test_the_op_computes_each_kept_type_as_its_dequantization(tensor_type, rows):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from service.kernels.ggml_linear import load_library
+
+    load_library()
+    g = torch.Generator().manual_seed(0)
+    n, k = 64, 512
+    weight = (torch.randn(n, k, generator=g) * 0.05).numpy()
+    qtype = GGMLQuantizationType[tensor_type]
+    try:
+        blocks = quantize(weight, qtype)
+    except NotImplementedError:  # gguf-py does not quantize K-quants: the tiny file's random blocks stand in
+        tensor = next(t for t in _file_tensors(tensor_type) if LINEAR_TENSOR.fullmatch(t.name))
+        blocks = np.asarray(tensor.data, dtype=np.uint8).reshape(int(np.prod(tensor.shape[1:])), -1)
+        n, k = blocks.shape[0], int(tensor.shape[0])
+    exact = _dequantized_rows(blocks, tensor_type)
+    x = torch.randn(rows, k, generator=g)
+    handle = torch.ops.service_ggml.load(torch.from_numpy(blocks.copy()), int(qtype), k, n, 2)
+    got = torch.ops.service_ggml.linear(x, handle, n, None, 128)
+    want = x @ exact.T
+    # ggml quantizes the activations (8-bit per block) on the one-row path; the GEMM path is fp32's.
+    tolerance = 0.02 if rows == 1 else 1e-4
+    assert (got - want).abs().max() <= tolerance * want.abs().max(), (got - want).abs().max()
+
+
+def _file_tensors(tensor_type: str):
+    from gguf import GGUFReader
+
+    return GGUFReader(tiny_gguf(MODELS, "llama", tensor_type)).tensors
