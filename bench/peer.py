@@ -31,13 +31,17 @@ BIN = REPO / ".cache" / "llama.cpp-build" / "bin"
 SERVED = "bench-llama"
 CTX_PER_SLOT = 512  # prompt + answer of every workload here, with room
 
-# format -> (the service's model: None = the bf16 bench model, else harness/quantized_models.py's scheme;
-#            llama.cpp's GGUF type). Q8_0: int8 blocks of 32 with an fp16 scale, vs W8A8 (int8 per channel, int8
-# dynamic activations); Q4_0: int4 blocks of 32, vs W4A16 (int4 groups of 128, bf16 activations).
+# format -> (the service's model: None = the bf16 bench model, GGUF = llama.cpp's own file, else
+#            harness/quantized_models.py's scheme; llama.cpp's GGUF type). Q8_0: int8 blocks of 32 with an fp16
+# scale, vs W8A8 (int8 per channel, int8 dynamic activations); Q4_0: int4 blocks of 32, vs W4A16 (int4 groups of
+# 128, bf16 activations). The -gguf formats: both servers load the one file (the service keeps its blocks).
+GGUF = "gguf"
 FORMATS: dict[str, tuple[str | None, str]] = {
     "bf16": (None, "BF16"),
     "q8_0": ("w8a8", "Q8_0"),
     "q4_0": ("w4a16", "Q4_0"),
+    "q8_0-gguf": (GGUF, "Q8_0"),
+    "q4_0-gguf": (GGUF, "Q4_0"),
 }
 
 # The converter hashes the tokenizer's output on a test string to name its pre-tokenizer and refuses hashes it does
@@ -82,7 +86,7 @@ def gguf_models(source: Path, formats: list[str], log: Path) -> dict[str, Path]:
         os.replace(str(bf16) + ".tmp", bf16)
     for fmt in formats:
         gtype = FORMATS[fmt][1]
-        path = bf16 if gtype == "BF16" else source.parent / f"{source.name}.{fmt}.gguf"
+        path = bf16 if gtype == "BF16" else source.parent / f"{source.name}.{gtype.lower()}.gguf"
         if not path.exists():
             with open(log, "ab") as f:
                 # --pure: every tensor in the one type (llama-quantize otherwise keeps output.weight at Q6_K/Q8_0).
@@ -95,6 +99,12 @@ def gguf_models(source: Path, formats: list[str], log: Path) -> dict[str, Path]:
             os.replace(str(path) + ".tmp", path)
         out[fmt] = path
     return out
+
+
+def _service_model(base: Path, kind: str | None, gguf: Path) -> Path:
+    if kind is None:
+        return base
+    return gguf if kind == GGUF else quantized_bench(cache_dir(), kind)
 
 
 def gguf_bytes_per_token(path: Path) -> int:
@@ -203,10 +213,8 @@ def run(ctx: Context, options: PeerOptions) -> Output:
     opts = ctx.opts
     base = ensure_bench_model(cache_dir())
     formats = list(options.format)
-    service_models = {
-        fmt: base if FORMATS[fmt][0] is None else quantized_bench(cache_dir(), str(FORMATS[fmt][0])) for fmt in formats
-    }
     ggufs = gguf_models(base, formats, ctx.logdir / "gguf.log")
+    service_models = {fmt: _service_model(base, FORMATS[fmt][0], ggufs[fmt]) for fmt in formats}
     peer: dict[str, Any] = {
         "model": str(base),
         "llama_server": f"llama.cpp from llama-cpp-python {LLAMA_CPP_VERSION}",

@@ -13,7 +13,7 @@ from typing import Any
 
 from service.facts.hardware import HardwareFacts
 from service.facts.libraries import LibraryFacts
-from service.facts.model import ModelFacts
+from service.facts.model import DecodeReads, ModelFacts
 from service.facts.software import SoftwareFacts
 from service.facts.vllm_source import VllmNames
 from service.policy.backend import BackendChoice, choose_backend
@@ -171,7 +171,7 @@ def build_plan(
                 software.ggml_kernel,
             )
 
-        reads = _read_per_token(model, dtype)
+        reads = _read_per_token(model, dtype, source.conversion.blocks if source.conversion else None)
         if source.conversion is None or source.conversion.blocks is None:  # blocks are not dense layers
             dense = plan_dense_kernel(
                 model.quant, model.declared_dtype, entry, dtype, settings, user, software.ggml_kernel
@@ -332,15 +332,19 @@ def _prepack_question(model: ModelFacts, backend_decided: PolicyResult, dtype: s
     return (dense_question("zentorch_weight_prepack", default, candidates, model.linear_shapes, dtype),)
 
 
-def _read_per_token(model: ModelFacts, dtype: str) -> tuple[Decision, ...]:
-    """The weight bytes one decode step reads, as the engine holds them: what bounds batch-1 decode on a CPU."""
+def _read_per_token(model: ModelFacts, dtype: str, gguf_blocks: str | None = None) -> tuple[Decision, ...]:
+    """The weight bytes one decode step reads, as the engine holds them: what bounds batch-1 decode on a CPU.
+    `gguf_blocks`: the type a GGUF file's linear layers keep, read as the file stores them."""
     reads = model.decode_reads
+    if reads is not None and gguf_blocks and model.gguf is not None:
+        reads = DecodeReads(model.gguf.read_per_token_elements - model.gguf.linear_elements, model.gguf.linear_bytes)
     if reads is None:
         return ()
     total = reads.bytes_in(BYTES[dtype])
     parts = [f"{reads.float_elements / 1e6:.1f} M float values (layers, scales) in {dtype}"]
     if reads.packed_bytes:
-        parts.insert(0, f"{reads.packed_bytes / 1e6:.1f} MB of quantized values and zero points as stored")
+        stored = f"the file's {gguf_blocks} blocks" if gguf_blocks else "quantized values and zero points"
+        parts.insert(0, f"{reads.packed_bytes / 1e6:.1f} MB of {stored} as stored")
     why = (
         f"one decode step reads {total / 1e6:.1f} MB of weights: {', '.join(parts)}; the input embedding table only "
         "where it is also the LM head (a step gathers one row of it); from the checkpoint's tensor headers"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from bench import peer
 
 
@@ -41,5 +43,10 @@ def test_ours_bytes_per_token_are_the_services_own_decision():
 def test_each_format_pairs_a_service_model_with_a_gguf_type():
     assert peer.FORMATS["bf16"] == (None, "BF16")
     assert peer.FORMATS["q8_0"] == ("w8a8", "Q8_0") and peer.FORMATS["q4_0"] == ("w4a16", "Q4_0")
+    # The -gguf formats serve llama.cpp's own file on both sides.
+    assert peer.FORMATS["q4_0-gguf"] == (peer.GGUF, "Q4_0") and peer.FORMATS["q8_0-gguf"] == (peer.GGUF, "Q8_0")
+    gguf = Path("/m/bench.q4_0.gguf")
+    assert peer._service_model(Path("/m/bench"), peer.GGUF, gguf) == gguf
+    assert peer._service_model(Path("/m/bench"), None, gguf) == Path("/m/bench")
     why = peer.available()
     assert why is None or "make bench-tools" in why
