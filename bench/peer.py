@@ -285,14 +285,14 @@ def run(ctx: Context, options: PeerOptions) -> Output:
                             ctx.load(
                                 Workload(c, c, options.input_len, options.output_len, 999, fresh_connections=True),
                                 proc,
-                                model,
+                                str(base),  # the client's tokenizer: every format's model has the bench model's
                                 SERVED,
                             )
                         for rnd in range(options.rounds):
                             w = w_of(c, rep, rnd)
                             for position, (who, proc) in enumerate(pair):
                                 counter = functools.partial(predicted_tokens, proc.url) if who == "llama.cpp" else None
-                                metrics, client = ctx.load(w, proc, model, SERVED, counter)
+                                metrics, client = ctx.load(w, proc, str(base), SERVED, counter)
                                 peer["runs"].append(
                                     {
                                         "comparison": name,
