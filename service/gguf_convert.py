@@ -60,8 +60,6 @@ def _convert(conversion: GgufConversion, out: Path) -> None:
     settings = {k: v for k, v in conversion.config.items() if k != "model_type"}
     config = AutoConfig.for_model(conversion.config["model_type"], **settings)
     config.dtype = _DTYPES[conversion.dtype]
-    if conversion.blocks:
-        config.quantization_config = {"quant_method": BLOCKS_METHOD, "ggml_type": conversion.blocks}
     written = _write_weights(conversion, config, out)
     config.save_pretrained(out)
     provenance = {
@@ -111,6 +109,7 @@ def _write_weights(conversion: GgufConversion, config: Any, out: Path) -> int:
     processor = TENSOR_PROCESSORS.get(conversion.architecture, TensorProcessor)(config=conversion.config)
     names = get_gguf_hf_weights_map(skeleton, processor)
     stash: dict[str, Any] = {"tensors": {}}  # where transformers' MoE processors assemble expert tensors
+    kept: dict[str, str] = {}  # module -> ggml type of the blocks it keeps
     shards = _ShardWriter(out, save_file)
     total = sum(int(t.n_bytes) for t in reader.tensors)
     done, last_log, skipped = 0, time.monotonic(), []
@@ -118,6 +117,7 @@ def _write_weights(conversion: GgufConversion, config: Any, out: Path) -> int:
         if conversion.blocks and LINEAR_TENSOR.fullmatch(tensor.name):
             name, rows = _block_rows(tensor, conversion.blocks, processor, names, stash)
             shards.add(names[name], torch.from_numpy(rows))
+            kept[names[name].removesuffix(".weight")] = tensor.tensor_type.name
             done += int(tensor.n_bytes)
             continue
         values = dequantize(tensor.data, tensor.tensor_type)
@@ -141,6 +141,8 @@ def _write_weights(conversion: GgufConversion, config: Any, out: Path) -> int:
     missing = expected - shards.names
     if missing:
         raise ConversionError(f"the file lacks tensors the model needs: {', '.join(sorted(missing)[:8])}")
+    if conversion.blocks:
+        config.quantization_config = {"quant_method": BLOCKS_METHOD, "ggml_type": conversion.blocks, "types": kept}
     return len(shards.names)
 
 
@@ -149,7 +151,7 @@ def _block_rows(tensor: Any, kept: str, processor: Any, names: dict[str, str], s
     Q/K rows are un-permuted): the processor is run on the row numbers, so its reordering is the one applied."""
     import numpy as np
 
-    if tensor.tensor_type.name != kept:
+    if tensor.tensor_type.name not in kept.split("+"):
         raise ConversionError(f"{tensor.name} is {tensor.tensor_type.name}; the plan kept {kept} blocks")
     n = int(np.prod(tensor.shape[1:]))  # gguf shapes list the input dimension first
     rows = np.asarray(tensor.data, dtype=np.uint8).reshape(n, -1)

@@ -6,7 +6,8 @@ ggml_linear.py, the kernels llama.cpp runs on the same file). No float round tri
 vLLM 0.32 has a GGUF method of its own, but its kernels are CUDA's. This one registers with vLLM's
 `register_quantization_config` in every vLLM process (the service's vLLM plugin, when the policy kept the blocks:
 service/policy/model_source.py). A block row is independent of the others, so vLLM's own loaders stack q/k/v and
-gate/up rows into merged layers, and split a row-parallel layer's bytes by rank as they split its values. Only vLLM's
+gate/up rows into merged layers, and split a row-parallel layer's bytes by rank as they split its values; a merged
+layer whose parts differ in type keeps one handle per part. Only vLLM's
 processes import this module; its classes live at module level because vLLM pickles the config to its engine core.
 """
 
@@ -40,12 +41,15 @@ def block_shape(type_name: str) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
-class GgufBlocksLinearMethod(LinearMethodBase):
-    def __init__(self, type_name: str) -> None:
-        from gguf import GGMLQuantizationType
+def _dense_from(type_name: str) -> int:
+    return DENSE_FROM_ROWS.get(type_name, DENSE_FROM_DEFAULT)
 
+
+class GgufBlocksLinearMethod(LinearMethodBase):
+    """A linear layer whose rows are all of one type: one weight of [rows, row bytes], one ggml handle."""
+
+    def __init__(self, type_name: str) -> None:
         self.type_name = type_name
-        self.ggml_type = int(GGMLQuantizationType[type_name])
         self.block_values, self.block_bytes = block_shape(type_name)
 
     def create_weights(
@@ -76,20 +80,91 @@ class GgufBlocksLinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         load_library()
         blocks = layer.weight.data.contiguous()
-        n = blocks.shape[0]
-        parts = torch.get_num_threads()  # one slice per thread of this worker's pool
-        layer.ggml_args = (torch.ops.service_ggml.load(blocks, self.ggml_type, layer.gguf_k, n, parts), n)
+        layer.ggml_args = (_load(blocks, self.type_name, layer.gguf_k), blocks.shape[0])
         # The blocks live in ggml's buffer now.
         layer.weight = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return ggml_apply(layer, x, bias, DENSE_FROM_ROWS.get(self.type_name, DENSE_FROM_DEFAULT))
+        return ggml_apply(layer, x, bias, _dense_from(self.type_name))
+
+
+class GgufMixedBlocksLinearMethod(LinearMethodBase):
+    """A merged layer (q/k/v, gate/up) whose parts are of different types (K-quant mixes such as Q4_K_M keep v in
+    Q6_K): each part's blocks in its own ggml handle, outputs side by side. One rank only (the policy keeps no mixed
+    blocks under tensor parallelism)."""
+
+    SHARDS = {"q": 0, "k": 1, "v": 2}  # vLLM's QKV shard ids; merged columns use 0, 1, ...
+
+    def __init__(self, type_names: list[str]) -> None:
+        self.type_names = type_names
+
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        k = input_size_per_partition
+        shapes = []
+        for type_name, rows in zip(self.type_names, output_partition_sizes, strict=True):
+            values, nbytes = block_shape(type_name)
+            shapes.append((rows, k // values * nbytes))
+        offsets = [0]
+        for rows, row_bytes in shapes:
+            offsets.append(offsets[-1] + rows * row_bytes)
+        weight = torch.nn.Parameter(torch.empty(offsets[-1], dtype=torch.uint8), requires_grad=False)
+
+        def load_part(param: torch.nn.Parameter, loaded: torch.Tensor, shard_id: str | int) -> None:
+            part = self.SHARDS.get(shard_id, shard_id) if isinstance(shard_id, str) else shard_id
+            if tuple(loaded.shape) != shapes[part]:
+                raise ValueError(f"{self.type_names[part]} part {shard_id}: {list(loaded.shape)}, not {shapes[part]}")
+            param.data[offsets[part] : offsets[part + 1]].copy_(loaded.reshape(-1))
+
+        weight.weight_loader = load_part
+        layer.register_parameter("weight", weight)
+        layer.gguf_parts = (k, shapes, offsets)
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        load_library()
+        k, shapes, offsets = layer.gguf_parts
+        flat = layer.weight.data
+        layer.ggml_parts = [
+            (_load(flat[start:end].view(rows, row_bytes), type_name, k), rows)
+            for type_name, (rows, row_bytes), start, end in zip(self.type_names, shapes, offsets, offsets[1:])
+        ]
+        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        out = torch.cat(
+            [
+                torch.ops.service_ggml.linear(rows, handle, n, None, _dense_from(type_name))
+                for (handle, n), type_name in zip(layer.ggml_parts, self.type_names)
+            ],
+            dim=-1,
+        )
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _load(blocks: torch.Tensor, type_name: str, k: int) -> int:
+    """ggml's handle for rows of blocks, in one slice per thread of this worker's pool."""
+    from gguf import GGMLQuantizationType
+
+    rows = blocks.contiguous()
+    ggml_type = int(GGMLQuantizationType[type_name])
+    return int(torch.ops.service_ggml.load(rows, ggml_type, k, rows.shape[0], torch.get_num_threads()))
 
 
 class GgufBlocksConfig(QuantizationConfig):
-    def __init__(self, type_name: str) -> None:
+    def __init__(self, types: dict[str, str]) -> None:
         super().__init__()
-        self.type_name = type_name
+        self.types = types  # module name (the checkpoint's) -> ggml type of its blocks
 
     def get_name(self) -> Any:
         return METHOD
@@ -108,11 +183,21 @@ class GgufBlocksConfig(QuantizationConfig):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> GgufBlocksConfig:
         log.info("[service] GGUF blocks: %s linear layers on ggml's kernel", config["ggml_type"])
-        return cls(config["ggml_type"])
+        return cls(config["types"])
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Any:
         # Linear layers only: embeddings, the output head and norms are dequantized in the checkpoint.
-        return GgufBlocksLinearMethod(self.type_name) if isinstance(layer, LinearBase) else None
+        if not isinstance(layer, LinearBase):
+            return None
+        parent, _, name = prefix.rpartition(".")
+        parts = (
+            [prefix] if prefix in self.types else [f"{parent}.{p}" for p in self.packed_modules_mapping.get(name, [])]
+        )
+        missing = [p for p in parts if p not in self.types]
+        if not parts or missing:
+            raise ValueError(f"{prefix}: the checkpoint keeps no GGUF blocks for {missing or prefix}")
+        kinds = [self.types[p] for p in parts]
+        return GgufBlocksLinearMethod(kinds[0]) if len(set(kinds)) == 1 else GgufMixedBlocksLinearMethod(kinds)
 
 
 def register() -> None:
@@ -123,5 +208,5 @@ def register() -> None:
     if not available():
         raise ImportError("the service's ggml kernel is not built (make kernels)")
     if METHOD not in QUANTIZATION_METHODS:
-        register_weight_loader_v2_supported_method(GgufBlocksLinearMethod)
+        register_weight_loader_v2_supported_method(GgufBlocksLinearMethod)  # the mixed one loads its own parts
         register_quantization_config(METHOD)(GgufBlocksConfig)

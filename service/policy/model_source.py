@@ -36,7 +36,7 @@ class GgufConversion:
     architecture: str  # general.architecture: which of transformers' tensor processors applies
     config: dict[str, Any]  # the Hugging Face config, as the facts mapped it
     split_rules: tuple[str, ...]  # llama.cpp's pre-tokenizer regexes, where transformers has none (else empty)
-    blocks: str | None = None  # the ggml type whose blocks the linear layers keep (None: every tensor dequantized)
+    blocks: str | None = None  # the ggml types whose blocks the linear layers keep, "+"-joined (None: all dequantized)
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ BLOCKS_MEASURED = (
 
 @dataclass(frozen=True)
 class BlocksChoice:
-    type_name: str | None  # kept for the linear layers, or None (dequantized)
+    type_name: str | None  # the types the linear layers keep ("Q4_K+Q6_K" for a mix), or None (dequantized)
     reason: str
     source: Source
     error: str | None = None
@@ -88,13 +88,18 @@ def choose_blocks(
         why_not = f"the service keeps blocks for {', '.join(BLOCK_ARCHITECTURES)} files, not {gguf.architecture!r}"
     elif not types:
         why_not = "the file has none of llama.cpp's decoder linear tensors"
-    elif len(types) > 1:
+    elif others := [t for t in types if t not in BLOCK_TYPES]:
+        why_not = (
+            f"its linear layers include {', '.join(others)}, not a type ggml's kernel computes "
+            f"({', '.join(BLOCK_TYPES)})"
+        )
+    elif tp_size > 1 and len(types) > 1:
         mix = ", ".join(f"{name} x{count}" for name, count in gguf.linear_types)
-        why_not = f"its linear layers mix types ({mix}), and vLLM merges q/k/v and gate/up into one weight each"
-    elif (only := next(iter(types))) not in BLOCK_TYPES:
-        why_not = f"its linear layers are {only}, not a type ggml's kernel computes ({', '.join(BLOCK_TYPES)})"
-    elif tp_size > 1 and any(isinstance(d, int) and (d // tp_size) % _block_values(only) for d in (hidden, inner)):
-        why_not = f"tensor-parallel size {tp_size} would split its {only} blocks"
+        why_not = f"its linear layers mix types ({mix}), which the service splits across one rank only"
+    elif tp_size > 1 and any(
+        isinstance(d, int) and (d // tp_size) % _block_values(t) for d in (hidden, inner) for t in types
+    ):
+        why_not = f"tensor-parallel size {tp_size} would split its {'/'.join(types)} blocks"
     elif not kernels_built:
         why_not = "the service's kernels are not built (make kernels)"
     if why_not is not None:
@@ -102,7 +107,9 @@ def choose_blocks(
             return BlocksChoice(None, why_not, source, f"gguf_blocks=on was set, but {why_not}")
         return BlocksChoice(None, why_not, "policy")
     why = "set by the user (gguf_blocks=on)" if asked == "on" else BLOCKS_MEASURED
-    return BlocksChoice(only, why, source)
+    if len(types) > 1:  # a K-quant mix (Q4_K_M: Q4_K, some layers' v and down in Q6_K)
+        why += "; each layer, and each part of a merged q/k/v or gate/up, on ggml's kernel for its type"
+    return BlocksChoice("+".join(sorted(types)), why, source)
 
 
 def _block_values(type_name: str) -> int:

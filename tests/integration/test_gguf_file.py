@@ -4,7 +4,8 @@ transformers' fp32 forward on the converted weights. Served in fp32: the file's 
 activations, whose bf16 rounding (mean 0.11 nat) would hide a conversion error that fp32 shows.
 
 Both ways the service serves a file: dequantized (gguf_blocks=off), and from its own blocks on ggml's kernel (the
-default where `make kernels` built it), here a tiny llama Q4_0 file, whose Q/K rows llama.cpp permutes."""
+default where `make kernels` built it), here tiny llama files, whose Q/K rows llama.cpp permutes: Q4_0, and a
+Q4_K_M mix whose layer 0 merges q/k/v blocks of two types."""
 
 from __future__ import annotations
 
@@ -62,10 +63,22 @@ def test_the_served_tokens_are_the_files_model(gguf_server):
     assert result.passes(MAX_DIFF, MEAN_DIFF), result
 
 
-BLOCKS_SERVED = "tiny-llama-Q4_0-v1"
-# ggml quantizes each row's activations per 32-block to 8 bits; the reference does the same (dynamic_int8_inputs).
-# Measured: logprob max 0.0086 / mean 0.0029; against one layer's Q rows left in the file's order, 0.073 / 0.021.
-BLOCKS_MAX_DIFF, BLOCKS_MEAN_DIFF = 0.03, 0.008
+@dataclass(frozen=True)
+class BlocksCase:
+    tensor_type: str  # the tiny llama file's (tests/support/gguf_models.py)
+    kept: str  # model.gguf_blocks
+    activation_block: int  # ggml quantizes each row's activations to 8 bits per this many inputs, for these types
+    max_diff: float
+    mean_diff: float
+
+
+# The reference quantizes activations as ggml does (dynamic_int8_inputs). Measured: Q4_0 logprob max 0.0086 / mean
+# 0.0029, and against one layer's Q rows left in the file's order 0.073 / 0.021; Q4_K_M (layer 0's v and down in
+# Q6_K, so its q/k/v mixes types) max 0.0 / mean 0.0.
+BLOCKS_CASES = {
+    "Q4_0": BlocksCase("Q4_0", "Q4_0", 32, 0.03, 0.008),
+    "Q4_K_M": BlocksCase("Q4_K_M", "Q4_K+Q6_K", 256, 0.03, 0.008),
+}
 
 
 @dataclass
@@ -77,20 +90,34 @@ class BlocksRun:
 
 
 @pytest.fixture(scope="module")
-def blocks_run(server_logs):
-    """The tiny llama Q4_0 file served from its blocks: recorded, then stopped (memory for the session's servers)."""
-    path = tiny_gguf(MODELS, "llama", "Q4_0")
-    server = _start("gguf-blocks", server_logs, BLOCKS_SERVED, model=str(path), kv_cache_gib="0.25", dtype="float32")
-    try:
-        hardware = httpx.get(f"{server.url}/v1/hardware", timeout=30).json()
-        client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
-        decisions = {d["setting"]: d for d in hardware["decisions"]}
-        dequantized = _dequantized_copy(path)
-        served = [query(client, BLOCKS_SERVED, i, 16) for i in prompt_ids(dequantized, TEXTS)]
-        log = server.process.log_tail(10**6)
-    finally:
-        server.process.close()
-    return BlocksRun(path, decisions, log, served)
+def blocks_runs(server_logs):
+    """Each tiny llama file served from its blocks: recorded, then stopped (memory for the session's servers)."""
+    done: dict[str, BlocksRun] = {}
+
+    def run(case: BlocksCase) -> BlocksRun:
+        if case.tensor_type not in done:
+            path = tiny_gguf(MODELS, "llama", case.tensor_type)
+            served_name = path.stem
+            server = _start(
+                f"gguf-blocks-{case.tensor_type}",
+                server_logs,
+                served_name,
+                model=str(path),
+                kv_cache_gib="0.25",
+                dtype="float32",
+            )
+            try:
+                hardware = httpx.get(f"{server.url}/v1/hardware", timeout=30).json()
+                client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+                decisions = {d["setting"]: d for d in hardware["decisions"]}
+                served = [query(client, served_name, i, 16) for i in prompt_ids(_dequantized_copy(path), TEXTS)]
+                log = server.process.log_tail(10**6)
+            finally:
+                server.process.close()
+            done[case.tensor_type] = BlocksRun(path, decisions, log, served)
+        return done[case.tensor_type]
+
+    return run
 
 
 def _dequantized_copy(path: Path) -> Path:
@@ -104,26 +131,28 @@ def _dequantized_copy(path: Path) -> Path:
     return ensure_converted(plan.conversion)
 
 
-def test_a_files_blocks_are_served_on_ggmls_kernel_in_every_vllm_process(blocks_run):
-    kept = blocks_run.decisions["model.gguf_blocks"]
-    assert (kept["value"], kept["source"]) == ("Q4_0", "policy"), kept
-    assert blocks_run.decisions["env.SERVICE_LINEAR_KERNELS"]["value"] == KERNEL
-    states = [
-        json.loads(line.split(STATE_PREFIX, 1)[1]) for line in blocks_run.log.splitlines() if STATE_PREFIX in line
-    ]
+@pytest.mark.parametrize("case", BLOCKS_CASES.values(), ids=BLOCKS_CASES)
+def test_a_files_blocks_are_served_on_ggmls_kernel_in_every_vllm_process(case, blocks_runs):
+    run = blocks_runs(case)
+    kept = run.decisions["model.gguf_blocks"]
+    assert (kept["value"], kept["source"]) == (case.kept, "policy"), kept
+    assert run.decisions["env.SERVICE_LINEAR_KERNELS"]["value"] == KERNEL
+    states = [json.loads(line.split(STATE_PREFIX, 1)[1]) for line in run.log.splitlines() if STATE_PREFIX in line]
     assert {s["process"] for s in states} >= {"MainProcess", "EngineCore"} and len(states) >= 3, states
     assert all(s["linear_kernels"] == {KERNEL: "registered"} for s in states), states
-    assert "[service] GGUF blocks: Q4_0 linear layers on ggml's kernel" in blocks_run.log
+    assert f"[service] GGUF blocks: {case.kept} linear layers on ggml's kernel" in run.log
 
 
-def test_the_blocks_compute_what_the_file_says(blocks_run):
+@pytest.mark.parametrize("case", BLOCKS_CASES.values(), ids=BLOCKS_CASES)
+def test_the_blocks_compute_what_the_file_says(case, blocks_runs):
     from harness.quantized_models import dynamic_int8_inputs
 
-    dequantized = _dequantized_copy(blocks_run.path)
+    run = blocks_runs(case)
+    dequantized = _dequantized_copy(run.path)
 
     def as_ggml(model):
         layers = frozenset(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n)
-        dynamic_int8_inputs(model, layers, 32)
+        dynamic_int8_inputs(model, layers, case.activation_block)
 
     def as_stored_order(model):  # what blocks copied without transformers' un-permutation of Q rows would compute
         as_ggml(model)
@@ -131,11 +160,11 @@ def test_the_blocks_compute_what_the_file_says(blocks_run):
         heads = model.config.num_attention_heads
         q.copy_(q.reshape(heads, q.shape[0] // heads // 2, 2, -1).transpose(1, 2).reshape(q.shape))
 
-    sequences = [s.prompt + s.tokens for s in blocks_run.served]
-    result = compare(blocks_run.served, reference_logprobs(dequantized, sequences, corrupt=as_ggml), 0.05, 0.02)
-    print(f"\nQ4_0 blocks on ggml's kernel vs the dequantized file: {result}")
+    sequences = [s.prompt + s.tokens for s in run.served]
+    result = compare(run.served, reference_logprobs(dequantized, sequences, corrupt=as_ggml), 0.05, 0.02)
+    print(f"\n{case.kept} blocks on ggml's kernel vs the dequantized file: {result}")
     assert result.top1_equal + result.near_ties == result.greedy, result
-    assert result.passes(BLOCKS_MAX_DIFF, BLOCKS_MEAN_DIFF), result
-    wrong = compare(blocks_run.served, reference_logprobs(dequantized, sequences, corrupt=as_stored_order), 0.05, 0.02)
+    assert result.passes(case.max_diff, case.mean_diff), result
+    wrong = compare(run.served, reference_logprobs(dequantized, sequences, corrupt=as_stored_order), 0.05, 0.02)
     print(f"against one layer's Q rows in the file's order: {wrong}")
-    assert not wrong.passes(BLOCKS_MAX_DIFF, BLOCKS_MEAN_DIFF), wrong
+    assert not wrong.passes(case.max_diff, case.mean_diff), wrong

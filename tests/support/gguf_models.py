@@ -1,10 +1,9 @@
 """Tiny GGUF files for the tests, written with gguf-py (llama.cpp's own writer and tensor-name map) from tiny random
 Hugging Face models: llama, mistral (a llama GGUF whose name says mistral, as llama.cpp writes them), qwen2, qwen3,
-in any tensor type the issue lists. The weights go through what llama.cpp's converter does to them (its Q/K row
-permutation for llama-style rotary) and gguf-py's quantizers; K-quant types, which gguf-py cannot quantize, get
-random blocks with small scales (what they decode to is then the model). The tokenizer is the demo's byte-level BPE.
-Dimensions are multiples of 256, the K-quants' block.
-"""
+in any tensor type the issue lists, or a mix of them (MIXES). The weights go through what llama.cpp's converter does
+to them (its Q/K row permutation for llama-style rotary) and gguf-py's quantizers; K-quant types, which gguf-py
+cannot quantize, get random blocks with small scales (what they decode to is then the model). The tokenizer is the
+demo's byte-level BPE. Dimensions are multiples of 256, the K-quants' block."""
 
 from __future__ import annotations
 
@@ -19,6 +18,9 @@ import numpy as np
 VERSION = "v1"  # bump when the recipe changes, so caches rebuild
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, LAYERS = 256, 512, 4, 2, 2
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# Mixes as llama-quantize writes them: (the type of most tensors, {tensor: its type}); Q4_K_M keeps some layers'
+# attn_v and ffn_down in Q6_K (here layer 0's, so one merged q/k/v mixes types and the other does not).
+MIXES = {"Q4_K_M": ("Q4_K", {"model.layers.0.self_attn.v_proj": "Q6_K", "model.layers.0.mlp.down_proj": "Q6_K"})}
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,8 @@ def write_gguf(path: Path, arch: Arch, tensor_type: str, seed: int, cache: Path)
         values = tensor.numpy()
         if arch.permute_qk and base.endswith(("q_proj", "k_proj")):
             values = _permute(values, HEADS if base.endswith("q_proj") else KV_HEADS)
-        data, raw = _encode(values, tensor_type, rng)
+        most, exceptions = MIXES.get(tensor_type, (tensor_type, {}))
+        data, raw = _encode(values, exceptions.get(base, most), rng)
         writer.add_tensor(f"{names.get_name(base)}.{suffix}", data, raw_dtype=raw)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

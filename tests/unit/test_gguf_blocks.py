@@ -5,6 +5,7 @@ gguf-py's dequantization of the same rows."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def test_a_file_of_one_kept_type_keeps_its_blocks_by_default():
     ("change", "why"),
     [
         ({"architecture": "gemma2"}, "not 'gemma2'"),
-        ({"linear_types": (("Q4_K", 10), ("Q6_K", 4))}, "mix types (Q4_K x10, Q6_K x4)"),
+        ({"linear_types": (("Q4_K", 10), ("F16", 4))}, "include F16, not a type ggml's kernel computes"),
         ({"linear_types": (("F16", 14),)}, "not a type ggml's kernel computes"),
         ({"linear_types": ()}, "none of llama.cpp's decoder linear tensors"),
     ],
@@ -61,6 +62,14 @@ def test_without_the_kernel_build_or_for_the_default_model_auto_dequantizes():
     assert choose_blocks(_facts(), "on", True, BUILT, default_model=True).type_name == "Q4_1"
     off = choose_blocks(_facts(), "off", True, BUILT, default_model=False)
     assert (off.type_name, off.source) == (None, "user")
+
+
+def test_a_k_quant_mix_keeps_each_tensors_blocks_on_one_rank():
+    facts = replace(_facts(), linear_types=(("Q4_K", 10), ("Q6_K", 4)))
+    mixed = choose_blocks(facts, "auto", False, BUILT, False)
+    assert mixed.type_name == "Q4_K+Q6_K" and "each part of a merged q/k/v" in mixed.reason
+    split = choose_blocks(facts, "auto", False, BUILT, False, tp_size=2)
+    assert split.type_name is None and "mix types (Q4_K x10, Q6_K x4)" in split.reason
 
 
 def test_a_tensor_parallel_size_that_splits_blocks_keeps_none():
@@ -89,7 +98,9 @@ def _dequantized_rows(rows: np.ndarray, type_name: str) -> torch.Tensor:
     return torch.from_numpy(dequantize(rows, GGMLQuantizationType[type_name]).copy())
 
 
-@pytest.mark.parametrize(("arch", "tensor_type"), [("llama", "Q4_0"), ("llama", "Q4_K"), ("qwen2", "Q8_0")])
+@pytest.mark.parametrize(
+    ("arch", "tensor_type"), [("llama", "Q4_0"), ("llama", "Q4_K"), ("qwen2", "Q8_0"), ("llama", "Q4_K_M")]
+)
 def test_the_converted_blocks_are_the_files_rows_in_transformers_order(arch, tensor_type, tmp_path):
     """llama's Q/K rows are un-permuted by transformers: the blocks must follow, or attention reads wrong heads."""
     from safetensors.torch import load_file
@@ -106,11 +117,15 @@ def test_the_converted_blocks_are_the_files_rows_in_transformers_order(arch, ten
     )
     linear = [name for name, t in blocks.items() if t.dtype == torch.uint8]
     assert len(linear) == 7 * model.gguf.config["num_hidden_layers"]
+    quantization = json.loads((Path(blocks_dir) / "config.json").read_text())["quantization_config"]
+    assert quantization["quant_method"] == BLOCKS_METHOD and quantization["ggml_type"] == kept.type_name
+    types = quantization["types"]  # per module: the file's type for it
+    assert sorted(types) == sorted(name.removesuffix(".weight") for name in linear)
+    assert set(types.values()) == set(kept.type_name.split("+"))
     for name in linear:
-        torch.testing.assert_close(_dequantized_rows(blocks[name].numpy(), tensor_type), floats[name], rtol=0, atol=0)
+        dequantized = _dequantized_rows(blocks[name].numpy(), types[name.removesuffix(".weight")])
+        torch.testing.assert_close(dequantized, floats[name], rtol=0, atol=0)
     assert all(t.dtype == torch.float32 for name, t in blocks.items() if name not in linear)
-    config = (Path(blocks_dir) / "config.json").read_text()
-    assert BLOCKS_METHOD in config and tensor_type in config
 
 
 @pytest.mark.kernels
