@@ -21,7 +21,7 @@ from service.policy.dtype import BYTES
 from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 
 # Bump when the conversion's output changes for the same inputs (layout, files written, tokenizer rules).
-CONVERTER_VERSION = "2"
+CONVERTER_VERSION = "3"
 
 
 @dataclass(frozen=True)

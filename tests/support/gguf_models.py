@@ -18,9 +18,14 @@ import numpy as np
 VERSION = "v1"  # bump when the recipe changes, so caches rebuild
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, LAYERS = 256, 512, 4, 2, 2
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-# Mixes as llama-quantize writes them: (the type of most tensors, {tensor: its type}); Q4_K_M keeps some layers'
-# attn_v and ffn_down in Q6_K (here layer 0's, so one merged q/k/v mixes types and the other does not).
-MIXES = {"Q4_K_M": ("Q4_K", {"model.layers.0.self_attn.v_proj": "Q6_K", "model.layers.0.mlp.down_proj": "Q6_K"})}
+# Mixes: (the type of most tensors, {tensor: its type}). Q4_K_M as llama-quantize writes it keeps some layers' attn_v
+# and ffn_down in Q6_K (here layer 0's, so one merged q/k/v mixes types and the other does not); Q4_0+Q8_0 mixes the
+# same way with types gguf-py quantizes, so the model is the HF model's, not random blocks.
+_LAYER0_V_DOWN = ("model.layers.0.self_attn.v_proj", "model.layers.0.mlp.down_proj")
+MIXES = {
+    "Q4_K_M": ("Q4_K", dict.fromkeys(_LAYER0_V_DOWN, "Q6_K")),
+    "Q4_0+Q8_0": ("Q4_0", dict.fromkeys(_LAYER0_V_DOWN, "Q8_0")),
+}
 
 
 @dataclass(frozen=True)
