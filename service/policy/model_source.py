@@ -2,8 +2,9 @@
 
 vLLM 0.32 has no CPU GGUF loader, so a GGUF file is converted once into the cache: its linear layers' blocks kept
 for ggml's kernel where the file allows (choose_blocks), the rest dequantized to the engine dtype, its metadata
-mapped to a Hugging Face config and tokenizer by transformers' GGUF mapping. The copy is keyed by the file's content, the dtype and the converter's versions, so a changed file or converter makes a new one
-and an unchanged one is reused. Which GGUF files can be served is checked here, before anything is converted.
+mapped to a Hugging Face config and tokenizer by transformers' GGUF mapping. The copy is keyed by the file's
+content, the dtype and the converter's versions, so a changed file or converter makes a new one and an unchanged one
+is reused. Which GGUF files can be served is checked here, before anything is converted.
 """
 
 from __future__ import annotations
