@@ -89,12 +89,32 @@ def build(target: str, image: str = IMAGE, context: Path = REPO) -> float:
 def tools():
     for t in ("buildah", "podman", "mmdebstrap"):
         tool(t)
+    remove_leftovers()
     yield
-    # Leave no container of ours behind (builds use --force-rm; runs use --rm and names).
-    left = podman("ps", "-a", "--filter", "label=cpu-llm-service-test", "-q", check=False).stdout.split()
-    if left:
-        podman("rm", "-f", *left, check=False)
+    remove_leftovers()
     release_storage_mounts()
+
+
+def remove_leftovers() -> None:
+    """Remove what test runs leave in the shared container storage, before and after a session.
+
+    An interrupted run leaves its containers, compose stack and volumes running. Every build of a
+    changed tree leaves the previous image untagged (4-5 GB each), and a machine that runs CI
+    again and again would fill its disk with them. Tagged images, and the build cache under
+    them, stay."""
+    for what, flt in (("ps", "label=cpu-llm-service-test"), ("ps", "name=^clstest")):
+        left = podman(what, "-a", "-q", "--filter", flt, check=False).stdout.split()
+        if left:
+            podman("rm", "-f", "-t", "5", *left, check=False, timeout=300)
+    for kind, flt in (
+        ("network", "name=^clstest"),
+        ("volume", "name=^clstest"),
+        ("volume", "label=cpu-llm-service-test"),
+    ):
+        left = podman(kind, "ls", "-q", "--filter", flt, check=False).stdout.split()
+        if left:
+            podman(kind, "rm", "-f", *left, check=False)
+    podman("image", "prune", "-f", check=False, timeout=900)
 
 
 def release_storage_mounts() -> None:
