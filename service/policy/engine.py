@@ -171,12 +171,13 @@ def build_plan(
                 software.ggml_kernel,
             )
 
-        reads = _read_per_token(model, dtype, source.conversion.blocks if source.conversion else None)
-        if source.conversion is None or source.conversion.blocks is None:  # blocks are not dense layers
-            dense = plan_dense_kernel(
-                model.quant, model.declared_dtype, entry, dtype, settings, user, software.ggml_kernel
+        kept = source.conversion.blocks if source.conversion else None  # a GGUF file's blocks, not dense layers
+        reads = _read_per_token(model, dtype, kept)
+        results.append(
+            plan_dense_kernel(
+                model.quant, model.declared_dtype, entry, dtype, settings, user, software.ggml_kernel, kept
             )
-            results.append(dense)
+        )
         results += [
             source.result,
             check_kernels(model, entry, dtype, hardware.cpu.isa),

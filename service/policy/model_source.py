@@ -57,7 +57,7 @@ BLOCKS_METHOD = "service_gguf"  # the converted checkpoint's quantization_config
 # What keeping blocks rests on: ggml's kernel against the dequantized engine on the same CPU (docs/quantization.md).
 BLOCKS_MEASURED = (
     "on a Zen 4 the bench model decoded at 45.4 tok/s on ggml's Q4_0 kernel and 10.7 tok/s dequantized to fp32 "
-    "(python bench/quant_kernels.py --formats w4a16,fp32)"
+    "(two runs: python bench/quant_kernels.py --formats w4a16 --reps 3, then --formats fp32 --reps 3)"
 )
 
 

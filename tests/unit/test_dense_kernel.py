@@ -3,7 +3,13 @@ default where its kernels are built, elsewhere when asked; never for quantized o
 
 from __future__ import annotations
 
-from tests.unit.test_policy_engine import decision
+from service.facts.model import inspect_model
+from service.policy.engine import build_plan
+from service.settings import load_settings
+from tests.support.gguf_models import tiny_gguf
+from tests.support.server import MODELS as GGUF_MODELS
+from tests.unit.conftest import software
+from tests.unit.test_policy_engine import GiB, decision, hw
 from tests.unit.test_quant_policy import AVX2, AVX512, LLAMA, W8A8_DYNAMIC, ZEN, quant_plan
 
 BUILT = "ggml from llama-cpp-python 0.3.36"
@@ -54,3 +60,15 @@ def test_bf16_and_quantized_engines_are_left_alone(tmp_path):
         quant_plan(W8A8_DYNAMIC, AVX2, tmp_path, ggml_kernel=BUILT, bf16_weights="on"),
     ):
         assert not [d for d in p.decisions if d.setting == "engine.linear_weights"]
+
+
+def test_a_gguf_files_kept_blocks_are_named_and_bf16_weights_says_it_has_nothing_to_change(tmp_path):
+    model = inspect_model(str(tiny_gguf(GGUF_MODELS, "llama", "Q4_0")))
+    for asked, says in (({}, None), ({"bf16_weights": "on"}, "bf16_weights=on applies to dense weights")):
+        p = build_plan(
+            hw(AVX2, memory=256 * GiB), model, software(True, None, BUILT), load_settings(gguf_blocks="on", **asked), {}
+        )
+        d = decision(p, "engine.linear_weights")
+        assert d.value == "gguf Q4_0" and "ggml's kernel" in d.reason
+        assert (says in d.reason) if says else "bf16_weights" not in d.reason
+        assert p.env["SERVICE_LINEAR_KERNELS"] == "GgufBlocksLinearMethod"
