@@ -4,7 +4,6 @@ probed before and after every round, the fraction of the ceiling with a 95% inte
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from bench import servers as srv
 from bench.context import Context, cache_dir, log, start
 from bench.load import Workload
 from bench.output import Output
+from bench.profile import step_line
 from bench.stats import DECODE_TARGET, DecodeResult, decode_line, faster_dtype
 from bench.tables import decode_table
 from harness import ServerProcess
@@ -108,30 +108,16 @@ def _decode_dtypes(dtypes: tuple[str, ...]) -> list[str]:
 
 
 def _profile_decode(server: ServerProcess, w: Workload, ctx: Context, model: str, dtype: str) -> dict[str, Any]:
-    """py-spy with native frames on the process that runs the forward pass, during one more (uncounted) batch-1
-    decode run: the share of samples in the linear layers against attention, OpenMP, the scheduler and the rest."""
     from bench import profile
 
-    pid = profile.compute_process(server.pid)
-    if pid is None:
-        return {"error": "no vLLM engine process found under the server"}
-    out = ctx.logdir / f"py-spy-decode-{dtype}.folded"
-    rec = profile.start_record(pid, out, rate=100, native=True)
-    if rec is None:
-        return {"error": "py-spy not installed (pip install -e '.[bench]')"}
-    try:
-        time.sleep(1)
-        ctx.load(w, server, model, "bench-llama")
-    finally:
-        profile.stop_record(rec)
-    if not out.exists():
-        return {"error": f"py-spy wrote nothing (exit {rec.returncode}); ptrace not permitted?"}
-    summary = profile.summarize(out.read_text(), areas=profile.WORKER_AREAS, threads_with=profile.COMPUTE_THREADS)
-    log(
-        f"decode {dtype}, where the engine process's samples go: "
-        + ", ".join(f"{area} {share:.0%}" for area, share in summary["by_area"][:6])
+    summary = profile.profile_decode(
+        profile.compute_process(server.pid),
+        lambda: ctx.load(w, server, model, "bench-llama"),
+        ctx.logdir / f"py-spy-decode-{dtype}.folded",
     )
-    return summary | {"pid": pid, "folded": str(out)}
+    if summary.get("samples"):
+        log(f"decode {dtype}, where the engine process's samples go: {profile.step_line(summary)}")
+    return summary
 
 
 def decoded(results: dict[str, Any]) -> list[DecodeResult]:
@@ -159,9 +145,7 @@ def section(results: dict[str, Any], comparisons: list, decoded: list[DecodeResu
         if prof.get("samples"):
             parts += [
                 f"Where a {run['dtype']} decode step goes (py-spy --native on the engine process, one extra run, "
-                f"{prof['samples']} samples): "
-                + ", ".join(f"{area} {share:.0%}" for area, share in prof["by_area"])
-                + ".",
+                f"{prof['samples']} samples; ms at its TPOT p50): {step_line(prof, run.get('tpot_p50_ms'))}.",
                 "",
             ]
     return parts

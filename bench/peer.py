@@ -19,6 +19,7 @@ from bench import servers as srv
 from bench.context import Context, cache_dir, log, ours_ready, start
 from bench.load import Workload
 from bench.output import Output
+from bench.profile import step_line
 from bench.stats import PEER_ESTIMATES, Comparison, DecodeResult, compare, decode_line, summary_line
 from bench.tables import PEER_COLUMNS, comparison_table, decode_table
 from harness import REPO, ServerProcess
@@ -347,6 +348,8 @@ def run(ctx: Context, options: PeerOptions) -> Output:
                                     f"{name} rep {rep + 1} c={c} {who}: {metrics['output_throughput']:.1f} tok/s, TTFT p50 "
                                     f"{metrics['ttft_p50_ms']:.0f} ms, TPOT p50 {metrics['tpot_p50_ms']:.1f} ms; load {os.getloadavg()[0]:.1f}"
                                 )
+                        if opts.profile and rep == 0 and c == 1:  # one more, uncounted run of ours
+                            peer["formats"][fmt]["profile"] = _profile_ours(ours, w_of(c, rep, 0), ctx, tokenizer, fmt)
                     except RuntimeError as exc:
                         log(f"{name} rep {rep + 1} c={c}: {exc}; cell left out")
                         peer["runs"] = [
@@ -392,6 +395,20 @@ def run(ctx: Context, options: PeerOptions) -> Output:
                 )
                 lines.append(decode_line(d))
     return Output(peer, tuple(comparisons), summary=tuple(summary_line(c) for c in comparisons) + tuple(lines))
+
+
+def _profile_ours(ours: ServerProcess, w: Workload, ctx: Context, tokenizer: str, fmt: str) -> dict[str, Any]:
+    """Where our batch-1 decode step goes on this format (py-spy on the engine process): the gap to llama.cpp, named."""
+    from bench import profile
+
+    summary = profile.profile_decode(
+        profile.compute_process(ours.pid),
+        lambda: ctx.load(w, ours, tokenizer, SERVED),
+        ctx.logdir / f"py-spy-peer-{fmt}.folded",
+    )
+    if summary.get("samples"):
+        log(f"peer {fmt}, where our batch-1 decode step goes: {profile.step_line(summary)}")
+    return summary
 
 
 def comparisons(results: dict[str, Any]) -> list[Comparison]:
@@ -442,6 +459,22 @@ def section(results: dict[str, Any], comparisons: list[Comparison], decoded: lis
             decode_table([DecodeResult(**d) for d in p["decode"]]),
             "",
         ]
+    return parts + profile_lines(p, comparisons)
+
+
+def profile_lines(peer: dict[str, Any], comparisons: list[Comparison]) -> list[str]:
+    """Per profiled format, where our batch-1 decode step goes, in ms of our c=1 TPOT p50 where it was measured."""
+    parts = []
+    for fmt, data in peer.get("formats", {}).items():
+        prof = data.get("profile") or {}
+        ours = next((c for c in comparisons if c.name == f"peer-{fmt}" and c.concurrency == 1), None)
+        if prof.get("samples"):
+            tpot = ours.candidate_metrics["tpot_p50_ms"] if ours else None
+            parts += [
+                f"Where our batch-1 decode step goes on {fmt} (py-spy --native on the engine process, one extra run, "
+                f"{prof['samples']} samples; ms at the c=1 TPOT p50): {step_line(prof, tpot)}.",
+                "",
+            ]
     return parts
 
 

@@ -7,7 +7,10 @@ import collections
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def py_spy() -> str | None:
@@ -151,7 +154,7 @@ WORKER_AREAS: tuple[tuple[str, str | None], ...] = (
     # A frame py-spy cannot name ("0x... (?)", no module): code generated at run time, which in a CPU engine is
     # oneDNN's JIT kernels (brgemm GEMM/GEMV); unwinding stops there, so the Python caller is the next known frame.
     ("(?)", "linear layers (oneDNN JIT GEMM kernels)"),
-    ("ggml", "linear layers (ggml: the service's int4 kernel)"),
+    ("ggml", "linear layers (ggml: the service's kernels)"),
     ("jitAmdZen", "linear layers (ZenDNN JIT GEMM kernels, zentorch)"),
     ("zentorch", "linear layers (zentorch)"),
     ("dnnl", "linear layers (oneDNN GEMM)"),
@@ -181,9 +184,17 @@ WORKER_AREAS: tuple[tuple[str, str | None], ...] = (
 )
 
 
+# Whole calls whose every sample is one area, whatever kernel runs inside (the LM head is a GEMM like the layers').
+OUTER_AREAS = (("compute_logits", "LM head (logits over the vocabulary)"),)
+
+
 def _stack_area(frames: list[str], areas: tuple[tuple[str, str | None], ...]) -> str:
     """The area of the innermost frame that has one. Run-time generated code ("(?)") is oneDNN's JIT unless its
     named caller is another library's JIT kernel (ZenDNN's under zentorch)."""
+    if areas is WORKER_AREAS:
+        for marker, area in OUTER_AREAS:
+            if any(marker in f for f in frames):
+                return area
     for i in range(len(frames) - 1, -1, -1):
         area = _area(frames[i], areas)
         if area is None:
@@ -201,3 +212,33 @@ def _area(frame: str, areas: tuple[tuple[str, str | None], ...] = AREAS) -> str 
         if marker in frame:
             return area  # None for the entry points every stack passes through
     return None
+
+
+def profile_decode(pid: int | None, run_load: Callable[[], object], out: Path) -> dict[str, Any]:
+    """py-spy with native frames on `pid` (the process that runs the forward pass, compute_process()) during one more,
+    uncounted batch-1 load (`run_load`): the share of the compute threads' samples in the linear layers against the
+    LM head, attention, OpenMP, the hand-off from the engine core and the rest."""
+    if pid is None:
+        return {"error": "no vLLM engine process found under the server"}
+    rec = start_record(pid, out, rate=100, native=True)
+    if rec is None:
+        return {"error": "py-spy not installed (pip install -e '.[bench]')"}
+    try:
+        time.sleep(1)
+        run_load()
+    finally:
+        stop_record(rec)
+    if not out.exists():
+        return {"error": f"py-spy wrote nothing (exit {rec.returncode}); ptrace not permitted?"}
+    return summarize(out.read_text(), areas=WORKER_AREAS, threads_with=COMPUTE_THREADS) | {
+        "pid": pid,
+        "folded": str(out),
+    }
+
+
+def step_line(summary: dict[str, Any], tpot_ms: float | None = None) -> str:
+    """'area 38% (7.1 ms), ...': each area's share of the samples, and of a decode step where its TPOT is known."""
+    return ", ".join(
+        f"{area} {share:.0%}" + (f" ({share * tpot_ms:.1f} ms)" if tpot_ms else "")
+        for area, share in summary["by_area"]
+    )

@@ -52,3 +52,18 @@ def test_each_format_pairs_a_service_model_with_a_gguf_type():
     assert peer.FORMATS["smollm2-q4_1"] == (peer.DEFAULT_GGUF, "Q4_1")
     why = peer.available()
     assert why is None or "make bench-tools" in why
+
+
+def test_the_peer_section_names_where_our_batch_1_step_goes_in_milliseconds():
+    from types import SimpleNamespace
+
+    profiled = {"samples": 800, "by_area": [("linear layers (ggml: the service's kernels)", 0.4)]}
+    results = {"runs": [], "formats": {"smollm2-q4_1": {"profile": profiled}, "q8_0": {}}}
+    ours_c1 = SimpleNamespace(name="peer-smollm2-q4_1", concurrency=1, candidate_metrics={"tpot_p50_ms": 18.0})
+    lines = [line for line in peer.profile_lines(results, []) if line]
+    assert lines == [
+        "Where our batch-1 decode step goes on smollm2-q4_1 (py-spy --native on the engine process, one extra run, "
+        "800 samples; ms at the c=1 TPOT p50): linear layers (ggml: the service's kernels) 40%."
+    ]
+    with_tpot = peer.profile_lines(results, [ours_c1])
+    assert with_tpot[0].endswith("linear layers (ggml: the service's kernels) 40% (7.2 ms).")

@@ -105,3 +105,28 @@ def test_the_compute_process_is_found_among_descendants_by_vllm_s_process_title(
             p.kill()
         server.wait()
         lone.wait()
+
+
+def test_the_lm_head_is_its_own_area_whatever_gemm_runs_it_and_a_step_line_gives_milliseconds():
+    # As py-spy records SmolLM2's bf16 decode step on a GGUF file's blocks (Zen 4): the tied LM head runs on ZenDNN.
+    step = "execute_model (/x/site-packages/vllm/v1/worker/gpu_model_runner.py:2)"
+    zen = "amdzen::gen::jitAmdZenBF16::executeKernel (zentorch/libzentorch.so)"
+    folded = "\n".join(
+        [
+            f"{step};Runner.call (torch/_inductor/output_code.py:1);linear (libservice_ggml.so);ggml_vec_dot_q4_1_q8_1 (libggml-cpu.so) 50",
+            f"{step};compute_logits (/x/site-packages/vllm/model_executor/models/llama.py:3);{zen} 25",
+            f"{step};Runner.call (torch/_inductor/output_code.py:1);{zen} 5",
+            f"{step};dequeue (/x/site-packages/vllm/distributed/device_communicators/shm_broadcast.py:9) 20",
+        ]
+    )
+    s = profile.summarize(folded, areas=profile.WORKER_AREAS)
+    assert dict(s["by_area"]) == {
+        "linear layers (ggml: the service's kernels)": 0.5,
+        "LM head (logits over the vocabulary)": 0.25,
+        "engine-core <-> worker hand-off (shared-memory queue)": 0.2,
+        "linear layers (ZenDNN JIT GEMM kernels, zentorch)": 0.05,
+    }
+    assert profile.step_line(s, 20.0).startswith(
+        "linear layers (ggml: the service's kernels) 50% (10.0 ms), LM head (logits over the vocabulary) 25% (5.0 ms)"
+    )
+    assert "ms" not in profile.step_line(s)
