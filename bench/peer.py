@@ -141,13 +141,16 @@ def default_model_files() -> tuple[Path, Path]:
 
 
 def gguf_bytes_per_token(path: Path) -> int:
-    """Weight bytes one decode step reads from a GGUF: every tensor but the token-embedding table (one row read)."""
+    """Weight bytes one decode step reads from a GGUF: every tensor but the token-embedding table (one row read),
+    unless the file has no `output.weight`: then llama.cpp reads the table whole as the output head (tied)."""
     sys.path.insert(0, str(TREE / "gguf-py"))
     try:
         from gguf import GGUFReader
     finally:
         sys.path.pop(0)
-    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors if t.name != "token_embd.weight")
+    tensors = GGUFReader(str(path)).tensors
+    tied = not any(t.name == "output.weight" for t in tensors)
+    return sum(int(t.n_bytes) for t in tensors if tied or t.name != "token_embd.weight")
 
 
 def llama_server(gguf: Path, cpus: list[int], slots: int, log_path: Path) -> ServerProcess:

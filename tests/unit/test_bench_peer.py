@@ -67,3 +67,17 @@ def test_the_peer_section_names_where_our_batch_1_step_goes_in_milliseconds():
     ]
     with_tpot = peer.profile_lines(results, [ours_c1])
     assert with_tpot[0].endswith("linear layers (ggml: the service's kernels) 40% (7.2 ms).")
+
+
+def test_llama_cpp_reads_the_token_table_whole_only_where_it_is_the_output_head():
+    from gguf import GGUFReader
+
+    from tests.support.gguf_models import tiny_gguf
+    from tests.support.server import MODELS
+
+    for arch, tied in (("llama", True), ("qwen3", False)):
+        path = tiny_gguf(MODELS, arch, "Q8_0")
+        sizes = {t.name: int(t.n_bytes) for t in GGUFReader(str(path)).tensors}
+        assert ("output.weight" not in sizes) == tied
+        table = 0 if not tied else sizes["token_embd.weight"]
+        assert peer.gguf_bytes_per_token(path) == sum(sizes.values()) - sizes["token_embd.weight"] + table
