@@ -1,14 +1,15 @@
 """Where the service's ggml kernels should hand a batch to torch's GEMM: ggml's int8 dot products against
-dequantize-then-GEMM, per number of rows, on the bench model's fused shapes in Q4_0 (the int4 kernel) or Q8_0 (the
-int8 one).
+dequantize-then-GEMM, per number of rows, on the bench model's fused shapes in Q4_0 (the int4 kernel), Q8_0 (the
+int8 one) or a GGUF block type the service keeps (Q4_1, Q5_0, Q5_1, Q2_K-Q6_K: GgufBlocksLinearMethod).
 
-  .venv/bin/python -m bench.ggml_prefill [--threads 1] [--reps 20] [--type q4_0|q8_0]
+  .venv/bin/python -m bench.ggml_prefill [--threads 1] [--reps 20] [--type q4_0|q8_0|Q4_1|Q5_0|...|Q6_K]
 
 Why: ggml's matmul reads the weights once per call, which wins at decode (few rows); torch's bf16 GEMM computes
 faster per row once enough rows share the weights' reads, even after dequantizing the blocks per call. The
-crossover is DENSE_FROM_ROWS of service/kernels/ggml_linear.py (Q4_0) and ggml_int8.py (Q8_0). One process,
-`--threads` torch threads, one weight slice per thread as the engine loads them, random values and scales (the
-kernel's speed does not depend on them); each row count runs both paths in turn and prints ms per pass over the 4 shapes and their output agreement.
+crossover is DENSE_FROM_ROWS of service/kernels/ggml_linear.py (Q4_0), ggml_int8.py (Q8_0) and gguf_blocks.py (per
+GGUF type). One process, `--threads` torch threads, one weight slice per thread as the engine loads them, random
+values and scales (the kernel's speed does not depend on them; K-quants get random blocks, harness/ggml_blocks.py);
+each row count runs both paths in turn and prints ms per pass over the 4 shapes and their output agreement.
 """
 
 from __future__ import annotations
@@ -30,29 +31,41 @@ def ms_per_call(run: Callable[[], object], reps: int) -> float:
 
 
 def main() -> None:
+    import numpy as np
     import torch
+    from gguf import GGMLQuantizationType
 
-    from service.kernels import ggml_int8, ggml_linear
+    from harness.ggml_blocks import blocks_of
+    from service.kernels import ggml_int8, ggml_linear, gguf_blocks
     from service.kernels.ggml_int8 import Q8_0, q8_0_blocks
     from service.kernels.ggml_linear import Q4_0, load_library, q4_0_blocks
+    from service.policy.model_source import BLOCK_TYPES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--type", choices=("q4_0", "q8_0"), default="q4_0")
+    parser.add_argument("--type", choices=("q4_0", "q8_0", *BLOCK_TYPES), default="q4_0")
     args = parser.parse_args()
     load_library()
     torch.set_num_threads(args.threads)
     ops = torch.ops.service_ggml
+    rng = np.random.default_rng(0)
     weights = []
     for n, k in SHAPES:
         if args.type == "q4_0":
             q = torch.randint(0, 16, (n, k), dtype=torch.uint8)
             blocks, kind = q4_0_blocks(q, torch.rand(n, k // 128) * 0.01), Q4_0
-        else:
+        elif args.type == "q8_0":
             blocks, kind = q8_0_blocks(torch.randint(-127, 128, (n, k), dtype=torch.int8), torch.rand(n) * 0.01), Q8_0
+        else:  # a GGUF file's rows of blocks, as GgufBlocksLinearMethod loads them
+            values = rng.standard_normal((n, k), dtype=np.float32) * 0.02
+            blocks = torch.from_numpy(blocks_of(values, args.type, rng))
+            kind = GGMLQuantizationType[args.type].value
         weights.append((ops.load(blocks, kind, k, n, args.threads), n, k))
-    dense_from = (ggml_linear if args.type == "q4_0" else ggml_int8).DENSE_FROM_ROWS
+    if args.type in ("q4_0", "q8_0"):
+        dense_from = (ggml_linear if args.type == "q4_0" else ggml_int8).DENSE_FROM_ROWS
+    else:
+        dense_from = gguf_blocks.dense_from(args.type)
     print(f"{args.type}, threads {args.threads}; the service hands over from {dense_from} rows")
     for rows in ROWS:
         xs = [torch.randn(rows, k, dtype=torch.bfloat16) for _, _, k in weights]

@@ -95,6 +95,9 @@ def summarize(
         thread = frames.pop(0) if frames and frames[0].startswith("thread (") else ""
         stacks.append((thread, frames, int(count)))
     kept = {t for t, frames, _ in stacks if any(m in f for f in frames for m in threads_with)}
+    # Where the run computes on ggml (its frames are named elsewhere in the profile), code py-spy cannot name right
+    # under a torch op call is ggml's: the unwinder loses ggml's frames in some samples (it is not JIT code).
+    ggml_run = any(GGML in f for _, frames, _ in stacks for f in frames)
     self_count: collections.Counter[str] = collections.Counter()
     area_count: collections.Counter[str] = collections.Counter()
     total = left_out = 0
@@ -106,7 +109,7 @@ def summarize(
         if frames:
             self_count[_frame_name(frames[-1])] += n
         # Each sample goes to the area of its innermost frame that has one: a partition that sums to 100%.
-        area = _stack_area(frames, areas or AREAS)
+        area = _stack_area(frames, areas or AREAS, ggml_run)
         area_count[area] += n
     out: dict = {"samples": total, "self": [], "by_area": []}
     if threads_with:
@@ -148,13 +151,14 @@ AREAS = (
 COMPUTE_THREADS = ("execute_model", "kmp", "gomp")
 
 JIT = "JIT GEMM kernels"
+GGML, GGML_AREA = "ggml", "linear layers (ggml: the service's kernels)"
 
 # Where a batch-1 decode step spends the compute threads' time (native frames; innermost known frame wins).
 WORKER_AREAS: tuple[tuple[str, str | None], ...] = (
     # A frame py-spy cannot name ("0x... (?)", no module): code generated at run time, which in a CPU engine is
     # oneDNN's JIT kernels (brgemm GEMM/GEMV); unwinding stops there, so the Python caller is the next known frame.
     ("(?)", "linear layers (oneDNN JIT GEMM kernels)"),
-    ("ggml", "linear layers (ggml: the service's kernels)"),
+    (GGML, GGML_AREA),
     ("jitAmdZen", "linear layers (ZenDNN JIT GEMM kernels, zentorch)"),
     ("zentorch", "linear layers (zentorch)"),
     ("dnnl", "linear layers (oneDNN GEMM)"),
@@ -179,6 +183,15 @@ WORKER_AREAS: tuple[tuple[str, str | None], ...] = (
     ("vllm/v1/engine/", "engine core loop (Python)"),
     ("torch/_dynamo", "torch.compile guards and wrappers"),
     ("torch/_inductor", "torch.compile generated code (fused elementwise)"),
+    ("reduced_float_copy", "dtype conversions (bf16 <-> fp32 copies)"),
+    ("cvt_to_fp32", "dtype conversions (bf16 <-> fp32 copies)"),
+    ("cvt_from_fp32", "dtype conversions (bf16 <-> fp32 copies)"),
+    ("invokeOperatorFromPython", "torch op calls from Python (dispatch, argument wrapping)"),
+    ("c10::Dispatcher::callBoxed", "torch op calls from Python (dispatch, argument wrapping)"),
+    ("THPVariable_", "torch op calls from Python (dispatch, argument wrapping)"),
+    ("is_tensor_and_append_overloaded", "torch op calls from Python (dispatch, argument wrapping)"),
+    ("check_has_torch_function", "torch op calls from Python (dispatch, argument wrapping)"),
+    ("pybind11::", "torch op calls from Python (dispatch, argument wrapping)"),
     ("libtorch", "other torch operators"),
     ("at::", "other torch operators"),
 )
@@ -188,9 +201,9 @@ WORKER_AREAS: tuple[tuple[str, str | None], ...] = (
 OUTER_AREAS = (("compute_logits", "LM head (logits over the vocabulary)"),)
 
 
-def _stack_area(frames: list[str], areas: tuple[tuple[str, str | None], ...]) -> str:
+def _stack_area(frames: list[str], areas: tuple[tuple[str, str | None], ...], ggml_run: bool = False) -> str:
     """The area of the innermost frame that has one. Run-time generated code ("(?)") is oneDNN's JIT unless its
-    named caller is another library's JIT kernel (ZenDNN's under zentorch)."""
+    named caller is another library's JIT kernel (ZenDNN's under zentorch), or, in a run on ggml, a torch op call."""
     if areas is WORKER_AREAS:
         for marker, area in OUTER_AREAS:
             if any(marker in f for f in frames):
@@ -203,6 +216,8 @@ def _stack_area(frames: list[str], areas: tuple[tuple[str, str | None], ...]) ->
             caller = _area(frames[i - 1], areas)
             if caller is not None and JIT in caller:
                 return caller
+            if ggml_run and areas is WORKER_AREAS and frames[i - 1].startswith("OpOverload.__call__"):
+                return GGML_AREA
         return area
     return "other"
 

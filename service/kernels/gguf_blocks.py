@@ -27,10 +27,13 @@ from service.policy.model_source import BLOCKS_METHOD as METHOD
 
 # A child of the plugin's logger, whose handler works in every vLLM process.
 log = logging.getLogger("service.vllm_plugin.gguf_blocks")
-# From this many rows on the op dequantizes chunks and runs torch's GEMM: the int4 kernel's crossover (Q4_0, Zen 4,
-# docs/quantization.md "prefill"); Q8_0's measured 64.
-DENSE_FROM_ROWS = {"Q8_0": 64}
-DENSE_FROM_DEFAULT = 128
+# From this many rows on the op dequantizes chunks and runs torch's GEMM (0: never): per type, the first row count of
+# 1, 8, 16, ..., 512 where dequantize + bf16 GEMM beat ggml on a Zen 4, one thread, the bench model's shapes
+# (`python -m bench.ggml_prefill --type T --reps 10`, docs/quantization.md). ggml's time grows with every row on
+# Q4_1 and Q5_1 (x1.39 / x1.23 of the GEMM's at 32 rows), more slowly on Q4_0, Q5_0 and Q8_0; its K-quant matmul
+# stayed ahead up to 512 rows (Q4_K x0.78, Q6_K x0.87, Q3_K x1.03 there).
+DENSE_FROM_ROWS = {"Q4_0": 128, "Q4_1": 32, "Q5_0": 128, "Q5_1": 32, "Q8_0": 64}
+DENSE_FROM_DEFAULT = 0  # the K-quants
 
 
 def block_shape(type_name: str) -> tuple[int, int]:
@@ -41,7 +44,7 @@ def block_shape(type_name: str) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
-def _dense_from(type_name: str) -> int:
+def dense_from(type_name: str) -> int:
     return DENSE_FROM_ROWS.get(type_name, DENSE_FROM_DEFAULT)
 
 
@@ -85,7 +88,7 @@ class GgufBlocksLinearMethod(LinearMethodBase):
         layer.weight = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return ggml_apply(layer, x, bias, _dense_from(self.type_name))
+        return ggml_apply(layer, x, bias, dense_from(self.type_name))
 
 
 class GgufMixedBlocksLinearMethod(LinearMethodBase):
@@ -142,7 +145,7 @@ class GgufMixedBlocksLinearMethod(LinearMethodBase):
         rows = x.reshape(-1, x.shape[-1])
         out = torch.cat(
             [
-                torch.ops.service_ggml.linear(rows, handle, n, None, _dense_from(type_name))
+                torch.ops.service_ggml.linear(rows, handle, n, None, dense_from(type_name))
                 for (handle, n), type_name in zip(layer.ggml_parts, self.type_names)
             ],
             dim=-1,

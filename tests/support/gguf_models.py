@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.ggml_blocks import blocks_of
+
 VERSION = "v1"  # bump when the recipe changes, so caches rebuild
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, LAYERS = 256, 512, 4, 2, 2
-K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 # Mixes: (the type of most tensors, {tensor: its type}). Q4_K_M as llama-quantize writes it keeps some layers' attn_v
 # and ffn_down in Q6_K (here layer 0's, so one merged q/k/v mixes types and the other does not); Q4_0+Q8_0 mixes the
 # same way with types gguf-py quantizes, so the model is the HF model's, not random blocks.
@@ -94,33 +95,15 @@ def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def _k_quant_blocks(rows: int, cols: int, qtype, rng: np.random.Generator) -> np.ndarray:
-    """Random K-quant blocks whose fp16 scales are small and finite."""
-    from gguf import GGML_QUANT_SIZES
-
-    block, size = GGML_QUANT_SIZES[qtype]
-    blocks = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    scale = np.frombuffer(np.float16(1e-3).tobytes(), dtype=np.uint8)
-    # Where each K-quant stores its fp16 super-block scale d (and dmin): ggml-common.h block layouts.
-    offsets = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}[qtype.name]
-    for offset in offsets:
-        blocks[:, :, offset : offset + 2] = scale
-    return blocks.reshape(rows, -1)
-
-
 def _encode(values: np.ndarray, tensor_type: str, rng: np.random.Generator):
     """(data, raw dtype) of one tensor: 1-D tensors and norms stay F32, as llama.cpp writes them."""
     from gguf import GGMLQuantizationType
-    from gguf.quants import quantize
 
     if values.ndim == 1 or tensor_type == "F32":
         return values.astype(np.float32), None
-    qtype = GGMLQuantizationType[tensor_type]
     if tensor_type == "F16":
         return values.astype(np.float16), None
-    if tensor_type in K_QUANTS:
-        return _k_quant_blocks(values.shape[0], values.shape[1], qtype, rng), qtype
-    return quantize(values.astype(np.float32), qtype), qtype
+    return blocks_of(values, tensor_type, rng), GGMLQuantizationType[tensor_type]
 
 
 def _tokenizer(cache: Path) -> tuple[list[str], list[int], list[str], str]:

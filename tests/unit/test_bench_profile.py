@@ -130,3 +130,23 @@ def test_the_lm_head_is_its_own_area_whatever_gemm_runs_it_and_a_step_line_gives
         "linear layers (ggml: the service's kernels) 50% (10.0 ms), LM head (logits over the vocabulary) 25% (5.0 ms)"
     )
     assert "ms" not in profile.step_line(s)
+
+
+def test_in_a_run_on_ggml_unnamed_code_under_a_torch_op_call_is_ggml_and_dispatch_is_named():
+    graph = "execute_model (/x/vllm/v1/worker/gpu_model_runner.py:2);Runner.call (/tmp/cx2e.py:1676)"
+    op = "OpOverload.__call__ (torch/_ops.py:875)"
+    folded = [
+        f"{graph};{op};linear (libservice_ggml.so);ggml_vec_dot_q4_1_q8_1 (libggml-cpu.so) 40",
+        f"{graph};{op};0x7fb77c5785b4 (?) 30",  # the unwinder lost ggml's frames
+        f"{graph};{op};torch::jit::invokeOperatorFromPython (libtorch_python.so) 20",
+        f"{graph};{op};linear (libservice_ggml.so);at::native::AVX2::reduced_float_copy_kernel (libtorch_cpu.so) 10",
+    ]
+    areas = dict(profile.summarize("\n".join(folded), areas=profile.WORKER_AREAS)["by_area"])
+    assert areas == {
+        "linear layers (ggml: the service's kernels)": 0.7,
+        "torch op calls from Python (dispatch, argument wrapping)": 0.2,
+        "dtype conversions (bf16 <-> fp32 copies)": 0.1,
+    }
+    # Without ggml anywhere in the run, the same unnamed code is oneDNN's JIT, as before.
+    alone = dict(profile.summarize(folded[1], areas=profile.WORKER_AREAS)["by_area"])
+    assert alone == {"linear layers (oneDNN JIT GEMM kernels)": 1.0}

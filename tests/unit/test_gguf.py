@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.ggml_blocks import K_QUANTS
 from service.facts.gguf import GgufError, read_gguf
 from service.facts.model import inspect_model, packaged_default_model_path
 from service.facts.software import read_software
@@ -22,7 +23,7 @@ from service.policy.model_source import converter_key, gguf_errors, plan_model_s
 from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import build_report, choose_model
-from tests.support.gguf_models import ARCHES, HIDDEN, K_QUANTS, tiny_gguf
+from tests.support.gguf_models import ARCHES, HIDDEN, tiny_gguf
 from tests.support.server import MODELS
 
 SOFTWARE = read_software()
