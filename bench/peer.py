@@ -44,6 +44,7 @@ FORMATS: dict[str, tuple[str | None, str]] = {
     "q4_0": ("w4a16", "Q4_0"),
     "q8_0-gguf": (GGUF, "Q8_0"),
     "q4_0-gguf": (GGUF, "Q4_0"),
+    "q4_k_m-gguf": (GGUF, "Q4_K_M"),  # the common download: Q4_K, some layers' attn_v and ffn_down in Q6_K
     "smollm2-q4_1": (DEFAULT_GGUF, "Q4_1"),
 }
 
@@ -94,9 +95,11 @@ def gguf_models(source: Path, formats: list[str], log: Path) -> dict[str, Path]:
         path = bf16 if gtype == "BF16" else source.parent / f"{source.name}.{gtype.lower()}.gguf"
         if not path.exists():
             with open(log, "ab") as f:
-                # --pure: every tensor in the one type (llama-quantize otherwise keeps output.weight at Q6_K/Q8_0).
+                # --pure: every tensor in the one type (llama-quantize otherwise keeps output.weight at Q6_K/Q8_0);
+                # a mix (Q4_K_M) is llama-quantize's own recipe.
+                pure = [] if gtype.endswith(("_M", "_S", "_L")) else ["--pure"]
                 subprocess.run(
-                    [str(BIN / "llama-quantize"), "--pure", str(bf16), str(path) + ".tmp", gtype, "1"],
+                    [str(BIN / "llama-quantize"), *pure, str(bf16), str(path) + ".tmp", gtype, "1"],
                     check=True,
                     stdout=f,
                     stderr=subprocess.STDOUT,

@@ -45,6 +45,7 @@ def test_each_format_pairs_a_service_model_with_a_gguf_type():
     assert peer.FORMATS["q8_0"] == ("w8a8", "Q8_0") and peer.FORMATS["q4_0"] == ("w4a16", "Q4_0")
     # The -gguf formats serve llama.cpp's own file on both sides.
     assert peer.FORMATS["q4_0-gguf"] == (peer.GGUF, "Q4_0") and peer.FORMATS["q8_0-gguf"] == (peer.GGUF, "Q8_0")
+    assert peer.FORMATS["q4_k_m-gguf"] == (peer.GGUF, "Q4_K_M")  # llama-quantize's mix, not --pure
     base, gguf = Path("/m/bench"), Path("/m/bench.q4_0.gguf")
     assert peer.sides("q4_0-gguf", base, {"q4_0-gguf": gguf}) == peer.Sides(gguf, gguf, base, {})
     assert peer.sides("bf16", base, {"bf16": gguf}) == peer.Sides(base, gguf, base, {})
