@@ -83,15 +83,15 @@ def build_report(
     environ: Mapping[str, str] = os.environ,
     verdicts: Mapping[str, Verdict] | None = None,
 ) -> StartupReport:
-    """Pure of side effects: reads the machine (or a recorded dump) and the model's config, decides. `model`
-    None: the machine alone."""
+    """Reads the machine (or a recorded dump) and the model's config, decides. Its one side effect: a GGUF file's
+    facts are kept under the cache dir for the next start. `model` None: the machine alone."""
     hardware = read_hardware(cpuinfo, sysfs)
     software = read_software()
     model_facts: ModelFacts | None = None
     model_error = model.error if model else None
     if model and model.location:
         try:
-            model_facts = inspect_model(model.location)
+            model_facts = inspect_model(model.location, cache_dir=settings.cache_dir)
         except (ModelNotFound, OSError, ValueError) as exc:
             model_error = f"model {model.location!r}: {exc}"
     plan = build_plan(

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from service.facts import gguf_cache
 from service.facts.chat_template import ChatTemplateFacts, chat_template_facts, read_chat_template
 from service.facts.gguf import GgufFacts, find_gguf, read_gguf
 from service.facts.quantization import QuantFacts, dense_layers, read_quantization
@@ -336,10 +337,12 @@ def _decode_reads(directory: Path) -> DecodeReads | None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def inspect_model(model: str, hf_cache: Path | None = None) -> ModelFacts:
+def inspect_model(model: str, hf_cache: Path | None = None, cache_dir: Path | None = None) -> ModelFacts:
+    """`cache_dir`: where a GGUF file's facts are kept between starts (service/facts/gguf_cache.py)."""
     gguf = find_gguf(Path(model).expanduser())
     if gguf is not None:
-        return _gguf_model(read_gguf(gguf.absolute()))
+        path = gguf.absolute()
+        return _gguf_model(gguf_cache.read_gguf(path, cache_dir) if cache_dir else read_gguf(path))
     directory = resolve_model_path(model, hf_cache)
     config_file = directory / "config.json"
     if not config_file.is_file():
