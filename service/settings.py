@@ -122,7 +122,8 @@ class Settings(BaseSettings):
     trust_remote_code: bool = Field(False, description="Run model code shipped with the model")
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
-        description="Generated files (converted GGUF models, demo model, compile cache)",
+        description="Generated files (converted GGUF models, a GGUF file's header facts so a restart does not parse and "
+        "hash it again, demo model, compile cache, calibration results)",
         json_schema_extra={"shown": "`$XDG_CACHE_HOME/cpu-llm-service`"},
     )
     metrics_require_auth: bool = Field(False, description="Require the API key on /metrics too")
