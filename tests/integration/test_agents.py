@@ -24,6 +24,7 @@ from tokenizers import Tokenizer
 
 from service.demo_model import demo_dir
 from tests.integration.conftest import _start
+from tests.support.release import release
 from tests.support.server import MODELS, REPO
 from tests.support.tiny_models import (
     SCRIPT_ANSWER,
@@ -56,7 +57,7 @@ def qwen_server(server_logs):
     model = tiny_qwen3_chat(MODELS)
     server = _start("qwen3-chat", server_logs, QWEN, model=str(model), served_model_name=QWEN)
     yield server
-    server.process.close()
+    release(server.process)
 
 
 def client(server) -> openai.OpenAI:

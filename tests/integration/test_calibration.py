@@ -16,6 +16,7 @@ from harness.quantized_models import quantized_demo
 from service.demo_model import ensure_demo_model
 from service.policy.backends import ZEN_PLATFORM
 from service.policy.quant_kernels import KERNELS
+from tests.support.release import release
 from tests.support.server import MODELS, REPO, process_states, service_env, start_service
 
 pytestmark = pytest.mark.engine
@@ -116,7 +117,7 @@ def test_the_engine_runs_the_kernel_the_calibration_chose(calibration, server_lo
         for key, value in chosen["env"].items():
             assert report["env"].get(key) == value
     finally:
-        process.close()
+        release(process)
 
 
 @pytest.mark.parametrize("model", ["demo", "w8a8"])
@@ -166,7 +167,7 @@ def test_the_engine_runs_the_backend_and_dtype_the_calibration_chose(tmp_path, s
         served = httpx.get(f"{process.url}/v1/hardware", timeout=30).json()
         log = process.log_tail(10**7)
     finally:
-        process.close()
+        release(process)
     assert "calibration: reusing" in log and "round 1/" not in log
     assert served["backend"] == report["backend"]
     platform = served["backend"]["platform"]

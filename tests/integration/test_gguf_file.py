@@ -24,6 +24,7 @@ from tests.integration.conftest import _start
 from tests.integration.test_reference import TEXTS
 from tests.support.gguf_models import tiny_gguf
 from tests.support.reference import compare, prompt_ids, query, reference_logprobs
+from tests.support.release import release
 from tests.support.server import MODELS
 
 pytestmark = pytest.mark.engine
@@ -39,7 +40,7 @@ def gguf_server(server_logs):
         "gguf-file", server_logs, SERVED, model=str(path), kv_cache_gib="0.25", dtype="float32", gguf_blocks="off"
     )
     yield server, path
-    server.process.close()
+    release(server.process)
 
 
 def test_the_file_is_converted_and_served_under_its_name(gguf_server):
@@ -112,7 +113,7 @@ def blocks_runs(server_logs):
                 served = [query(client, served_name, i, 16) for i in prompt_ids(_dequantized_copy(path), TEXTS)]
                 log = server.process.log_tail(10**6)
             finally:
-                server.process.close()
+                release(server.process)
             done[case.tensor_type] = BlocksRun(path, decisions, log, served)
         return done[case.tensor_type]
 

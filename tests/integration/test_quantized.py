@@ -30,6 +30,7 @@ from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.vllm_plugin import STATE_PREFIX
 from tests.integration.conftest import _start
+from tests.support.release import release
 from tests.support.server import MODELS
 
 SCHEMES = ("w8a8", "w4a16")
@@ -91,7 +92,7 @@ def started(server_logs):
     yield get
     for server in servers.values():
         if not isinstance(server, Refusal):
-            server.process.close()
+            release(server.process)
 
 
 @pytest.fixture(scope="session")

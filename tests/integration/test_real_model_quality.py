@@ -51,6 +51,7 @@ from service.startup import build_report, choose_model
 from tests.integration.conftest import _start
 from tests.support.reference import compare, query, scale_weight
 from tests.support.reference import reference_logprobs as greedy_reference
+from tests.support.release import release
 from tests.support.server import DEFAULT_MODEL, MODELS
 
 PROMPTS = ("What is the capital of France?", "What is 2 + 2?", "How many days are in a week?")
@@ -198,7 +199,7 @@ def measure(server_logs, fp32_model, text, chat_ids):
                 logprobs = served_logprobs(client, SERVED, text)
                 report = httpx.get(f"{server.url}/v1/hardware", headers=server.headers(), timeout=30).json()
             finally:
-                server.process.close()
+                release(server.process)
             kernel_setting = "model.gguf_blocks" if path.blocks else "quant.linear_kernel"
             kernel = next((d["value"] for d in report["decisions"] if d["setting"] == kernel_setting), None)
             done[path.name] = Measured(path, model, served, logprobs, kernel=kernel)

@@ -30,6 +30,7 @@ from service.policy.quant_kernels import KERNELS
 from service.vllm_plugin import STATE_PREFIX
 from tests.integration.conftest import _start
 from tests.support.reference import compare, prompt_ids, query, reference_logprobs, scale_weight, swap_rows
+from tests.support.release import release
 from tests.support.server import MODELS
 from tests.support.tiny_models import tiny_qwen3_next
 
@@ -70,7 +71,7 @@ def llama_bf16_weights(server_logs):
         assert states and all(s["linear_kernels"] == {BF16_KERNEL.vllm_class: "registered"} for s in states), states
         return _record(server, demo_dir(MODELS))
     finally:
-        server.process.close()
+        release(server.process)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import yaml
 
 from service.cpulist import parse_cpulist
 from tests.support.decode_rate import stream_timing
+from tests.support.release import release
 from tests.support.server import MODELS, REPO, ServerProcess, service_env, watch_until_exit
 
 pytestmark = pytest.mark.engine
@@ -84,7 +85,7 @@ def decisions(url: str) -> dict[str, dict]:
 def tp_server(server_logs):
     process = start(server_logs / "tensor-parallel.log")
     yield process
-    process.close()
+    release(process)
 
 
 def test_the_report_says_two_simulated_nodes_one_rank_on_each(tp_server):

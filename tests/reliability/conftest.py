@@ -17,6 +17,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.release import release
 from tests.support.server import MODELS, ServerProcess, start_service
 
 MODEL_CACHE = MODELS
@@ -127,4 +128,4 @@ def server(reliability_logs, api_key):
         shutdown_grace_seconds="10",
     )
     yield srv
-    srv.process.close()
+    release(srv.process)

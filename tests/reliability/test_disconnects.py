@@ -10,6 +10,7 @@ import pytest
 
 from tests.reliability.conftest import MAX_NUM_SEQS, MAX_QUEUED, SERVED, start_server
 from tests.support.decode_rate import stream_timing
+from tests.support.release import release
 
 pytestmark = pytest.mark.engine
 
@@ -36,7 +37,7 @@ def long_server(reliability_logs, api_key):
         extra_env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
     )
     yield srv
-    srv.process.close()
+    release(srv.process)
 
 
 def answer_tokens(server) -> int:
