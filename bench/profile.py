@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,7 @@ def _frame_name(frame: str) -> str:
 def summarize(
     folded: str,
     top: int = 15,
-    areas: tuple[tuple[str, str | None], ...] | None = None,
+    areas: Areas | None = None,
     threads_with: tuple[str, ...] = (),
 ) -> dict:
     """Self time per function, and samples by area (innermost frame with a known area), as fractions. With
@@ -109,7 +110,7 @@ def summarize(
         if frames:
             self_count[_frame_name(frames[-1])] += n
         # Each sample goes to the area of its innermost frame that has one: a partition that sums to 100%.
-        area = _stack_area(frames, areas or AREAS, ggml_run)
+        area = _stack_area(frames, areas or FRONT_END, ggml_run)
         area_count[area] += n
     out: dict = {"samples": total, "self": [], "by_area": []}
     if threads_with:
@@ -201,22 +202,36 @@ WORKER_AREAS: tuple[tuple[str, str | None], ...] = (
 OUTER_AREAS = (("compute_logits", "LM head (logits over the vocabulary)"),)
 
 
-def _stack_area(frames: list[str], areas: tuple[tuple[str, str | None], ...], ggml_run: bool = False) -> str:
+@dataclass(frozen=True)
+class Areas:
+    """How a profile's samples are named: `markers`, (substring of a frame, area) with the innermost known frame
+    winning; `outer`, whole calls that are one area whatever runs inside; `ggml_under_op`, whether in a run on ggml
+    code py-spy cannot name right under a torch op call is ggml's."""
+
+    markers: tuple[tuple[str, str | None], ...]
+    outer: tuple[tuple[str, str], ...] = ()
+    ggml_under_op: bool = False
+
+
+FRONT_END = Areas(AREAS)
+DECODE_STEP = Areas(WORKER_AREAS, OUTER_AREAS, ggml_under_op=True)
+
+
+def _stack_area(frames: list[str], areas: Areas, ggml_run: bool = False) -> str:
     """The area of the innermost frame that has one. Run-time generated code ("(?)") is oneDNN's JIT unless its
     named caller is another library's JIT kernel (ZenDNN's under zentorch), or, in a run on ggml, a torch op call."""
-    if areas is WORKER_AREAS:
-        for marker, area in OUTER_AREAS:
-            if any(marker in f for f in frames):
-                return area
+    for marker, area in areas.outer:
+        if any(marker in f for f in frames):
+            return area
     for i in range(len(frames) - 1, -1, -1):
-        area = _area(frames[i], areas)
+        area = _area(frames[i], areas.markers)
         if area is None:
             continue
         if "(?)" in frames[i] and i > 0:
-            caller = _area(frames[i - 1], areas)
+            caller = _area(frames[i - 1], areas.markers)
             if caller is not None and JIT in caller:
                 return caller
-            if ggml_run and areas is WORKER_AREAS and frames[i - 1].startswith("OpOverload.__call__"):
+            if ggml_run and areas.ggml_under_op and frames[i - 1].startswith("OpOverload.__call__"):
                 return GGML_AREA
         return area
     return "other"
@@ -245,7 +260,7 @@ def profile_decode(pid: int | None, run_load: Callable[[], object], out: Path) -
         stop_record(rec)
     if not out.exists():
         return {"error": f"py-spy wrote nothing (exit {rec.returncode}); ptrace not permitted?"}
-    return summarize(out.read_text(), areas=WORKER_AREAS, threads_with=COMPUTE_THREADS) | {
+    return summarize(out.read_text(), areas=DECODE_STEP, threads_with=COMPUTE_THREADS) | {
         "pid": pid,
         "folded": str(out),
     }

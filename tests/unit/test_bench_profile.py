@@ -38,7 +38,7 @@ def test_worker_profile_areas_take_the_innermost_known_native_frame():
             f"{step} 10",
         ]
     )
-    areas = dict(profile.summarize(folded, areas=profile.WORKER_AREAS)["by_area"])
+    areas = dict(profile.summarize(folded, areas=profile.DECODE_STEP)["by_area"])
     assert areas == {
         "linear layers (oneDNN JIT GEMM kernels)": 0.6,
         "attention over the KV cache": 0.2,
@@ -58,7 +58,7 @@ def test_worker_profile_names_zendnn_jit_code_by_its_zentorch_caller():
             f"{step};sched_yield (/x/site-packages/vllm/distributed/device_communicators/shm_broadcast.py:9) 10",
         ]
     )
-    areas = dict(profile.summarize(folded, areas=profile.WORKER_AREAS)["by_area"])
+    areas = dict(profile.summarize(folded, areas=profile.DECODE_STEP)["by_area"])
     assert areas == {
         "linear layers (ZenDNN JIT GEMM kernels, zentorch)": 0.7,
         "linear layers (oneDNN JIT GEMM kernels)": 0.2,
@@ -77,7 +77,7 @@ def test_worker_profile_counts_only_the_compute_threads_and_names_jit_kernels():
             "thread (12): Thread-1;0x7f8adb5278ec (libc.so.6);read (libc.so.6) 300",
         ]
     )
-    s = profile.summarize(folded, areas=profile.WORKER_AREAS, threads_with=profile.COMPUTE_THREADS)
+    s = profile.summarize(folded, areas=profile.DECODE_STEP, threads_with=profile.COMPUTE_THREADS)
     assert s["samples"] == 100 and s["samples_of_other_threads"] == 300 and s["threads"] == ["MainThread"]
     assert dict(s["by_area"]) == {"linear layers (oneDNN JIT GEMM kernels)": 0.9, "sampling and logits": 0.1}
 
@@ -119,7 +119,7 @@ def test_the_lm_head_is_its_own_area_whatever_gemm_runs_it_and_a_step_line_gives
             f"{step};dequeue (/x/site-packages/vllm/distributed/device_communicators/shm_broadcast.py:9) 20",
         ]
     )
-    s = profile.summarize(folded, areas=profile.WORKER_AREAS)
+    s = profile.summarize(folded, areas=profile.DECODE_STEP)
     assert dict(s["by_area"]) == {
         "linear layers (ggml: the service's kernels)": 0.5,
         "LM head (logits over the vocabulary)": 0.25,
@@ -141,12 +141,12 @@ def test_in_a_run_on_ggml_unnamed_code_under_a_torch_op_call_is_ggml_and_dispatc
         f"{graph};{op};torch::jit::invokeOperatorFromPython (libtorch_python.so) 20",
         f"{graph};{op};linear (libservice_ggml.so);at::native::AVX2::reduced_float_copy_kernel (libtorch_cpu.so) 10",
     ]
-    areas = dict(profile.summarize("\n".join(folded), areas=profile.WORKER_AREAS)["by_area"])
+    areas = dict(profile.summarize("\n".join(folded), areas=profile.DECODE_STEP)["by_area"])
     assert areas == {
         "linear layers (ggml: the service's kernels)": 0.7,
         "torch op calls from Python (dispatch, argument wrapping)": 0.2,
         "dtype conversions (bf16 <-> fp32 copies)": 0.1,
     }
     # Without ggml anywhere in the run, the same unnamed code is oneDNN's JIT, as before.
-    alone = dict(profile.summarize(folded[1], areas=profile.WORKER_AREAS)["by_area"])
+    alone = dict(profile.summarize(folded[1], areas=profile.DECODE_STEP)["by_area"])
     assert alone == {"linear layers (oneDNN JIT GEMM kernels)": 1.0}
