@@ -29,14 +29,16 @@ def plan_dense_kernel(
     kernels_built: str | None,  # what the service's kernel library was built from, if it is built
     gguf_blocks: str | None = None,  # the types a GGUF file's linear layers keep (model.gguf_blocks)
 ) -> PolicyResult:
-    if quant is not None or dtype != "float32":
+    if quant is not None:
         return PolicyResult()
     asked = settings.bf16_weights if "bf16_weights" in user else "auto"
-    if gguf_blocks:  # no dense linear layer is left to keep in bf16 or fp32
+    if gguf_blocks:  # in either engine dtype, no dense linear layer is left to keep in bf16 or fp32
         why = f"the GGUF file's {gguf_blocks} blocks on ggml's kernel (model.gguf_blocks)"
         if asked != "auto":
             why += f"; bf16_weights={asked} applies to dense weights and has nothing to change here"
         return PolicyResult.of(record("engine", "linear_weights", f"gguf {gguf_blocks}", why, "policy"))
+    if dtype != "float32":
+        return PolicyResult()
     if asked == "off":
         return PolicyResult.of(record("engine", "linear_weights", "fp32", "set by the user (bf16_weights=off)", "user"))
     if asked == "auto" and not backend.bf16_weights:

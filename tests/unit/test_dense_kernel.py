@@ -64,11 +64,12 @@ def test_bf16_and_quantized_engines_are_left_alone(tmp_path):
 
 def test_a_gguf_files_kept_blocks_are_named_and_bf16_weights_says_it_has_nothing_to_change(tmp_path):
     model = inspect_model(str(tiny_gguf(GGUF_MODELS, "llama", "Q4_0")))
-    for asked, says in (({}, None), ({"bf16_weights": "on"}, "bf16_weights=on applies to dense weights")):
-        p = build_plan(
-            hw(AVX2, memory=256 * GiB), model, software(True, None, BUILT), load_settings(gguf_blocks="on", **asked), {}
-        )
-        d = decision(p, "engine.linear_weights")
-        assert d.value == "gguf Q4_0" and "ggml's kernel" in d.reason
-        assert (says in d.reason) if says else "bf16_weights" not in d.reason
-        assert p.env["SERVICE_LINEAR_KERNELS"] == "GgufBlocksLinearMethod"
+    for cpu, dtype in ((AVX2, "float32"), (ZEN, "bfloat16")):  # in an fp32 and in a bf16 engine
+        for asked, says in (({}, None), ({"bf16_weights": "on"}, "bf16_weights=on applies to dense weights")):
+            settings = load_settings(gguf_blocks="on", dtype=dtype, **asked)
+            p = build_plan(hw(cpu, memory=256 * GiB), model, software(True, None, BUILT), settings, {})
+            assert decision(p, "engine.dtype").value == dtype
+            d = decision(p, "engine.linear_weights")
+            assert d.value == "gguf Q4_0" and "ggml's kernel" in d.reason
+            assert (says in d.reason) if says else "bf16_weights" not in d.reason
+            assert p.env["SERVICE_LINEAR_KERNELS"] == "GgufBlocksLinearMethod"
