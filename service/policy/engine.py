@@ -121,8 +121,23 @@ def build_plan(
     source: ModelSourcePlan | None = None
     questions: tuple[Question, ...] = ()
     if model is not None:
+        blocks = None
+        if model.gguf is not None:
+            asked = settings.gguf_blocks if "gguf_blocks" in user else "auto"
+            blocks = choose_blocks(
+                model.gguf, asked, "gguf_blocks" in user, software.ggml_kernel, default_model, threads.tp_size
+            )
         decided, dtype_question = _model_decisions(
-            hardware, model, entry, settings, user, environ, threads.tp_size, default_model, verdicts.get("dtype")
+            hardware,
+            model,
+            entry,
+            settings,
+            user,
+            environ,
+            threads.tp_size,
+            default_model,
+            verdicts.get("dtype"),
+            blocks.type_name if blocks else None,
         )
         results.append(decided)
         dtype = decided.engine_args["dtype"]
@@ -144,12 +159,6 @@ def build_plan(
 
             questions += _backend_question(model, backend, backend_decided, dtype, lowered)
         architectures = vllm_names.text_generation_architectures if vllm_names else frozenset()
-        blocks = None
-        if model.gguf is not None:
-            asked = settings.gguf_blocks if "gguf_blocks" in user else "auto"
-            blocks = choose_blocks(
-                model.gguf, asked, "gguf_blocks" in user, software.ggml_kernel, default_model, threads.tp_size
-            )
         source = plan_model_source(
             model, dtype, settings.cache_dir, software, architectures, settings.served_model_name, known_as, blocks
         )
@@ -265,10 +274,13 @@ def _model_decisions(
     tp_size: int,
     default_model: bool,
     verdict: Verdict | None,
+    kept_blocks: str | None,  # the types a GGUF file's linear layers keep (choose_blocks)
 ) -> tuple[PolicyResult, tuple[Question, ...]]:
     isa = hardware.cpu.isa
     fp32_blocked = dtype_limit(model, backend, "float32") or (
-        None if _fits(hardware, _in_dtype(model, "float32"), settings) else "the model's fp32 weights do not fit"
+        None
+        if _fits(hardware, _in_dtype(model, "float32", kept_blocks), settings)
+        else "the model's fp32 weights do not fit"
     )
     dtype_result = choose_dtype(isa, backend, settings.dtype, model.declared_dtype, fp32_blocked, default_model)
     table_dtype = dtype_result.engine_args["dtype"]
@@ -309,7 +321,7 @@ def _model_decisions(
             dtype_result,
             PolicyResult.of(engine("max_model_len", max_len, len_reason, len_source), warnings=warnings),
             _cache_decisions(model, backend, settings, user, environ),
-            _kv_decision(hardware, _in_dtype(model, dtype), dtype, max_len, tp_size, settings, environ),
+            _kv_decision(hardware, _in_dtype(model, dtype, kept_blocks), dtype, max_len, tp_size, settings, environ),
             chat_decisions(model, settings),
         ]
     )
@@ -419,8 +431,12 @@ def _calibrated(result: PolicyResult, verdict: Verdict | None, user: frozenset[s
     )
 
 
-def _in_dtype(model: ModelFacts, dtype: str) -> ModelFacts:
-    """The model as the engine holds it: unquantized weights are cast to the engine dtype at load."""
+def _in_dtype(model: ModelFacts, dtype: str, kept_blocks: str | None = None) -> ModelFacts:
+    """The model as the engine holds it: unquantized weights are cast to the engine dtype at load; a GGUF file's
+    kept blocks (`kept_blocks`) stay as the file stores them."""
+    if kept_blocks and model.gguf is not None:
+        gguf = model.gguf
+        return replace(model, weight_bytes=gguf.linear_bytes + (gguf.parameters - gguf.linear_elements) * BYTES[dtype])
     stored = BYTES.get(model.declared_dtype or "")
     if model.quant is not None or stored is None or stored == BYTES[dtype]:
         return model

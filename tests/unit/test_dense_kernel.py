@@ -73,3 +73,24 @@ def test_a_gguf_files_kept_blocks_are_named_and_bf16_weights_says_it_has_nothing
             assert d.value == "gguf Q4_0" and "ggml's kernel" in d.reason
             assert (says in d.reason) if says else "bf16_weights" not in d.reason
             assert p.env["SERVICE_LINEAR_KERNELS"] == "GgufBlocksLinearMethod"
+
+
+def test_the_kv_cache_gets_what_kept_blocks_leave_unused():
+    """Memory is planned for the weights as the engine holds them: kept blocks as stored, not dequantized."""
+    model = inspect_model(str(tiny_gguf(GGUF_MODELS, "llama", "Q4_0")))
+    gguf = model.gguf
+    for cpu, dtype, size in ((AVX2, "float32", 4), (ZEN, "bfloat16", 2)):
+        kv = {
+            blocks: decision(
+                build_plan(
+                    hw(cpu, memory=8 * GiB),
+                    model,
+                    software(True, None, BUILT),
+                    load_settings(gguf_blocks=blocks, dtype=dtype, memory_headroom_gib=7.75, tensor_parallel_size=1),
+                    {},
+                ),
+                "engine.kv_cache_memory_bytes",
+            ).value
+            for blocks in ("on", "off")
+        }
+        assert kv["on"] - kv["off"] == gguf.linear_elements * size - gguf.linear_bytes > 0, (dtype, kv)
