@@ -229,8 +229,16 @@ def decoder_projections(model) -> frozenset[str]:
     return frozenset(name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in name)
 
 
-def _check(result: Measured, fp32_model: Path, text: list[int], corrupt=None, state_from: Path | None = None):
-    """(comparison, perplexity ratio) of the served path against its reference."""
+def _check(
+    result: Measured,
+    fp32_model: Path,
+    text: list[int],
+    corrupt=None,
+    state_from: Path | None = None,
+    fp32_perplexity: float | None = None,
+):
+    """(comparison, perplexity ratio) of the served path against its reference. `fp32_perplexity`: the fp32 model's
+    own, which is the reference's where the path serves the model's weights unchanged (no copy, blocks, corruption)."""
     state, prepare = _prepare(result, corrupt)
     if state_from is not None:
         state = dequantized_state(state_from)
@@ -239,6 +247,8 @@ def _check(result: Measured, fp32_model: Path, text: list[int], corrupt=None, st
     comparison = compare(result.served, reference, tie_margin=result.path.bound.tie, router_margin=0.0)
     # ggml's kernel computes the text's prefill (every row at once) in fp32: no activation quantization there.
     text_prepare = corrupt if result.path.blocks else prepare
+    if fp32_perplexity is not None and state is None and corrupt is None and not result.path.blocks:
+        return comparison, result.perplexity / fp32_perplexity
     ratio = result.perplexity / perplexity(reference_logprobs(fp32_model, text, state=state, corrupt=text_prepare))
     return comparison, ratio
 
@@ -267,7 +277,7 @@ def test_each_path_computes_what_its_weights_say(path, measure, fp32_model, text
             assert result.kernel in wanted if wanted else result.kernel not in ours, (asked, result.kernel)
     if path.blocks:  # the file's own type, read back from the running service
         assert result.kernel == "Q4_1", result.kernel
-    comparison, ratio = _check(result, fp32_model, text)
+    comparison, ratio = _check(result, fp32_model, text, fp32_perplexity=fp32_perplexity)
     loss = result.perplexity / fp32_perplexity
     print(
         f"\n{path.name}: perplexity {result.perplexity:.3f}, x{ratio:.4f} of its reference, x{loss:.4f} of fp32's "
