@@ -1,6 +1,6 @@
 """The warm-restart tests (native and in the default image) start the engine twice with torch.compile, the first
 time compiling from scratch: minutes each on a small machine (docs/performance.md). They run only when asked for:
-`pytest -m compile_cache`. Servers the tests release stop in the background; the session waits for them at its end
+`pytest -m compile_cache`. Servers the tests release stop in the background; each test, and the session's end, waits for them
 (tests/support/release.py)."""
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ def pytest_collection_modifyitems(config, items):
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures start their servers
+def pytest_runtest_setup(item):
+    reap()  # what a test plans from free memory must not see a server released before it
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,7 +1,9 @@
 """Test servers stopped in the background: a vLLM engine takes ~4 s to shut down (engine core, workers), and a
 session starts and stops ~40 of them. `release(process)` sends SIGTERM at once and leaves the wait (and the kill,
-should the group linger) to a thread, so the next test starts meanwhile; `reap()` waits for them all at the
-session's end. Tests that check how a server stops call its `stop()` instead."""
+should the group linger) to a thread, so the test goes on meanwhile (a quality check computes its reference) and the
+session's last teardown stops every shared server at once. `reap()` waits for them: before each test and each server
+start, since a server (and `detect`) plans its KV cache from the memory free at start, which a server still shutting
+down holds. Tests that check how a server stops call its `stop()` instead."""
 
 from __future__ import annotations
 

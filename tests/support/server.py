@@ -13,6 +13,7 @@ import httpx
 from harness import REPO, ServerProcess, free_port, offline_env
 from service.demo_model import DEMO_NAME
 from service.vllm_plugin import STATE_PREFIX
+from tests.support.release import reap
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -51,6 +52,7 @@ def start_service(
     """`python -m service serve` with `service_env(MODELS, **settings)` (and `extra_env` over it), ready; nothing of
     it left running when it does not get there."""
     env = service_env(MODELS, **settings) | (extra_env or {})
+    reap()  # its KV cache is sized from the memory free now
     process = ServerProcess(env, log_path, name=name).start()
     try:
         process.wait_ready(timeout=480)
