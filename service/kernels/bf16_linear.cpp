@@ -4,6 +4,7 @@
 // Below `dense_from` rows a GEMV over output rows, one chunk of rows per torch thread; from `dense_from` rows on, the
 // weight is widened chunk by chunk and multiplied by torch's GEMM, whose compute then dominates.
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
@@ -45,7 +46,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const c10::opti
   if (dense_from > 0 && m >= dense_from) {
     at::Tensor y = at::empty({m, n}, x.options());
     constexpr int64_t chunk = 512;
+    const at::ThreadLocalState caller;
     at::parallel_for(0, (n + chunk - 1) / chunk, 1, [&](int64_t begin, int64_t end) {
+      // OpenMP's other threads start without the caller's inference mode, and y (made in it) refuses their copy_.
+      at::ThreadLocalStateGuard state(caller);
       for (int64_t c = begin; c < end; ++c) {
         const int64_t first = c * chunk, rows = std::min(chunk, n - first);
         y.narrow(1, first, rows).copy_(at::matmul(x, weight.narrow(0, first, rows).to(x.scalar_type()).t()));

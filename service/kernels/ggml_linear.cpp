@@ -7,6 +7,7 @@
 // keeps its thread binding.
 // From `dense_from` rows on (prefill), the slices are dequantized instead and multiplied by torch's GEMM.
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
@@ -147,7 +148,10 @@ void dequantize_rows(const Weight* w, int64_t s, int64_t first, int64_t rows, fl
 // Each slice in chunks of rows: dequantized to floats, converted to x's dtype, multiplied by torch's GEMM.
 void dense(const Weight* w, const at::Tensor& x, at::Tensor& y) {
   const int64_t slices = static_cast<int64_t>(w->slices.size());
+  const at::ThreadLocalState caller;
   at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
+    // OpenMP's other threads start without the caller's inference mode, and y (made in it) refuses their copy_.
+    at::ThreadLocalStateGuard state(caller);
     constexpr int64_t chunk = 512;
     at::Tensor floats = at::empty({chunk, w->k}, x.options().dtype(at::kFloat));
     at::Tensor weight = at::empty({chunk, w->k}, x.options());

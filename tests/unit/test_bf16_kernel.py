@@ -37,3 +37,20 @@ def test_only_weights_that_are_bf16_values_are_narrowed():
     exact = torch.randn(8, 32).to(torch.bfloat16).float()
     assert torch.equal(bf16_exact(exact).float(), exact)
     assert bf16_exact(exact + 1e-6) is None
+
+
+def test_the_dense_path_splits_across_threads_under_inference_mode(op):
+    """vLLM runs the model under torch.inference_mode(). A rank with more than one OpenMP thread (a server with more
+    cores than this test machine's one compute core) computes the dense path's chunks on threads that must work in
+    the caller's mode: the output, made in it, refuses a copy_ from outside it."""
+    g = torch.Generator().manual_seed(5)
+    weight = (torch.randn(1100, K, generator=g) * 0.05).to(torch.bfloat16)  # three 512-row chunks
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.inference_mode():
+            x = torch.randn(DENSE_FROM_ROWS, K, generator=g)
+            got = op(x, weight, None, DENSE_FROM_ROWS)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(got, x @ weight.float().T, rtol=1e-5, atol=1e-5)

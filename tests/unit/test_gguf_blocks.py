@@ -167,6 +167,32 @@ def test_the_op_computes_each_kept_type_as_its_dequantization(tensor_type, rows,
     assert (1e-4 < error <= 0.02) if on_ggml else error <= 1e-4, (dense_from, error)
 
 
+@pytest.mark.kernels
+def test_the_dense_path_splits_across_threads_under_inference_mode():
+    """vLLM runs the model under torch.inference_mode(). A rank with more than one OpenMP thread (a server with more
+    cores than this test machine's one compute core) dequantizes and multiplies the slices on threads that must work
+    in the caller's mode: the output, made in it, refuses a copy_ from outside it."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from service.kernels.ggml_linear import load_library
+
+    load_library()
+    g = torch.Generator().manual_seed(1)
+    n, k = 64, 512
+    blocks = quantize((torch.randn(n, k, generator=g) * 0.05).numpy(), GGMLQuantizationType.Q8_0)
+    handle = torch.ops.service_ggml.load(torch.from_numpy(blocks.copy()), int(GGMLQuantizationType.Q8_0), k, n, 2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.inference_mode():
+            x = torch.randn(8, k, generator=g)
+            got = torch.ops.service_ggml.linear(x, handle, n, None, 8)  # two slices, on two threads
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(got, x @ _dequantized_rows(blocks, "Q8_0").T, rtol=1e-4, atol=1e-4)
+
+
 def _file_tensors(tensor_type: str):
     from gguf import GGUFReader
 
