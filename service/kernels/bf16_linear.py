@@ -1,6 +1,7 @@
 """The service's kernel for the unquantized linear layers of a model computed in fp32 (CPUs without native bf16:
-AVX2): the weights stay bf16 in memory, half the bytes each decode step reads, and are widened to fp32 in registers
-(bf16_linear.cpp, op `service_bf16::linear`, built with the ggml kernel by `make kernels`).
+AVX2, AVX-512 without its bf16 extension): the weights stay bf16 in memory, half the bytes each decode step reads,
+and are widened to fp32 in registers (bf16_linear.cpp, op `service_bf16::linear`, built with the ggml kernel by
+`make kernels`).
 
 It takes vLLM's own unquantized GEMM dispatch (`dispatch_cpu_unquantized_gemm`, which each linear layer calls once
 at load) in the vLLM processes where the service's plugin registers it. A layer whose fp32 weights are not exactly
