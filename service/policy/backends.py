@@ -70,13 +70,13 @@ class KernelOrder:
 
 
 VLLM_INT4 = KernelOrder(("vllm",), "vLLM's int4 kernels by default", ("ggml-q4_0", "amx-w4a8", "wna16-amx"))
-# llama.cpp's peer runs ggml's int4 kernels on every CPU `make bench-peer` has met, reading at 58-69% of the read
-# ceiling where vLLM's int4 kernels read at 14-25% (docs/bench-history.md); the engine-level row is Zen 4's.
-GGML_INT4 = KernelOrder(
-    ("ggml", "vllm"),
-    "the service's ggml kernel (llama.cpp's Q4_0 GEMV) by default: in llama.cpp it decoded int4 at 58-69% of the "
-    "read ceiling where vLLM's int4 kernels read at 14-25% (make bench-peer, docs/bench-history.md)",
-    ("ggml-q4_0", "zentorch-woq", "wna16-vec"),
+# Measured on an Intel Emerald Rapids guest without AMX or AVX-512 BF16 (quant_measurements.py): auto-round-lib's
+# kernel decoded W4A16 x1.20 of ggml's and x3.4 of vLLM's cpu_gemm_wna16, and prefilled x10 / x4.3 (a bf16 engine).
+AVX512_INT4 = KernelOrder(
+    ("auto-round", "ggml", "vllm"),
+    "auto-round-lib's kernel by default: it decoded and prefilled faster than the service's ggml kernel and vLLM's "
+    "cpu_gemm_wna16 on AVX-512 without AMX",
+    ("auto-round", "ggml-q4_0", "wna16-vec"),
 )
 # ggml's int8 kernel prefills at the activation dtype's GEMM speed (it dequantizes for batches), vLLM's at int8 GEMM
 # speed: about half on a Zen 4 (docs/quantization.md), so it must win decode by much to be a default.
@@ -225,7 +225,12 @@ BACKENDS: dict[str, Backend] = {
             _GENERIC_QUANT,
             openmp="intel",
             dtype_class="avx512",
-            int4_kernel=GGML_INT4,
+            int4_kernel=AVX512_INT4,
+            bf16_weights="on AVX-512 without its bf16 extension, where the service computes in fp32, linear weights "
+            "that are bf16 values stay bf16 (half the bytes a decode step reads), widened to fp32 in registers by the "
+            "service's kernel: an fp32 engine on them decoded x1.55 (10.1 vs 6.5 tok/s) and prefilled x0.90 (131 vs "
+            "146 tok/s) of fp32 weights on an Intel Emerald Rapids guest without AMX or AVX-512 BF16 (python "
+            "bench/quant_kernels.py --formats bf16,fp32 --reps 3, 2026-11-26; docs/performance.md)",
         ),
         Backend(
             "avx2",

@@ -71,11 +71,53 @@ ZEN4_INT8 = Machine(
     "python bench/quant_kernels.py --formats w8a8 --reps 3, 2026-11-26 08:17, quiet machine",
 )
 
+EMERALD_RAPIDS_NO_AMX_2 = Machine(
+    "Intel Xeon Emerald Rapids KVM guest, AMX and AVX-512 BF16 hidden (1 compute core)",
+    "avx512",
+    "python bench/quant_kernels.py --formats bf16,fp32,w8a8,w4a16 --reps 3, 2026-11-26 22:08, quiet machine",
+)
+
 MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(EMERALD_RAPIDS_NO_AMX, "bf16", "bf16", "", 8.0, 71.0, (7.7, 8.7), (68.0, 72.0)),
     Measurement(EMERALD_RAPIDS_NO_AMX, "w8a8", "onednn-w8a8", "", 17.0, 291.0, (15.2, 17.3), (248.0, 314.0)),
     Measurement(EMERALD_RAPIDS_NO_AMX, "w8a8-static", "onednn-w8a8", "", 14.8, 290.0, (14.3, 14.9), (252.0, 302.0)),
     Measurement(EMERALD_RAPIDS_NO_AMX, "w4a16", "wna16-vec", "", 6.0, 58.0, (5.9, 6.4), (55.0, 60.0)),
+    Measurement(
+        EMERALD_RAPIDS_NO_AMX_2,
+        "w8a8",
+        "onednn-w8a8",
+        "SERVICE_INT8_KERNEL=vllm",
+        21.1,
+        371.0,
+        (20.7, 21.3),
+        (365.0, 376.0),
+    ),
+    Measurement(
+        EMERALD_RAPIDS_NO_AMX_2, "w8a8", "ggml-q8_0", "SERVICE_INT8_KERNEL=ggml", 13.6, 30.0, (13.1, 13.7), (30.0, 30.0)
+    ),
+    Measurement(
+        EMERALD_RAPIDS_NO_AMX_2, "w4a16", "wna16-vec", "SERVICE_INT4_KERNEL=vllm", 7.0, 71.0, (6.9, 7.0), (71.0, 72.0)
+    ),
+    Measurement(
+        EMERALD_RAPIDS_NO_AMX_2,
+        "w4a16",
+        "auto-round",
+        "SERVICE_INT4_KERNEL=auto-round",
+        23.7,
+        307.0,
+        (23.5, 23.9),
+        (305.0, 308.0),
+    ),
+    Measurement(
+        EMERALD_RAPIDS_NO_AMX_2,
+        "w4a16",
+        "ggml-q4_0",
+        "SERVICE_INT4_KERNEL=ggml",
+        19.8,
+        30.0,
+        (18.6, 19.9),
+        (29.0, 30.0),
+    ),
     Measurement(ZEN5, "bf16", "bf16", "zentorch", 26.5, 390.0, (26.0, 26.9), (388.0, 408.0)),
     Measurement(ZEN5, "w8a8", "zentorch-w8a8", "", 32.9, 565.0, (30.4, 37.6), (476.0, 632.0)),
     Measurement(

@@ -99,7 +99,7 @@ def test_nothing_ran_keeps_the_table():
     [
         (ZEN, {"vllm-weight-only", "vllm-w4a8", "auto-round"}, "vllm-weight-only"),
         (AMX, {"vllm-weight-only", "vllm-w4a8", "auto-round"}, "vllm-w4a8"),
-        (AVX512, {"vllm", "auto-round"}, "vllm"),
+        (AVX512, {"vllm", "auto-round"}, "auto-round"),
     ],
 )
 def test_an_int4_checkpoint_asks_which_kernel_with_what_each_candidate_runs(tmp_path, cpu, expected, default):

@@ -1,27 +1,32 @@
-"""Where the service keeps an fp32 model's linear weights in bf16 (service/policy/dense_kernel.py): on AVX2 by
-default where its kernels are built, elsewhere when asked; never for quantized or bf16 engines."""
+"""Where the service keeps an fp32 model's linear weights in bf16 (service/policy/dense_kernel.py): on AVX2 and
+AVX-512 without its bf16 extension by default where its kernels are built, elsewhere when asked; never for quantized
+or bf16 engines."""
 
 from __future__ import annotations
 
+import pytest
+
 from service.facts.model import inspect_model
+from service.policy.dtype import MEASUREMENTS
 from service.policy.engine import build_plan
 from service.settings import load_settings
 from tests.support.gguf_models import tiny_gguf
 from tests.support.server import MODELS as GGUF_MODELS
 from tests.unit.conftest import software
 from tests.unit.test_policy_engine import GiB, decision, hw
-from tests.unit.test_quant_policy import AVX2, AVX512, LLAMA, W8A8_DYNAMIC, ZEN, quant_plan
+from tests.unit.test_quant_policy import AMX, AVX2, AVX512, LLAMA, W8A8_DYNAMIC, ZEN, quant_plan
 
 BUILT = "ggml from llama-cpp-python 0.3.36"
+NO_BF16 = "xeon_emeraldrapids_kvm_nobf16.txt"  # AVX-512 without its bf16 extension: the avx512 dtype class
 FP32_LLAMA = {**LLAMA, "torch_dtype": "bfloat16"}
 
 
-def test_avx2_keeps_bf16_weights_for_fp32_engines_where_the_kernel_is_built(tmp_path):
-    p = quant_plan(FP32_LLAMA, AVX2, tmp_path, ggml_kernel=BUILT)
-    assert decision(p, "engine.dtype").value == "float32"
+@pytest.mark.parametrize("cpu,measured", [(AVX2, "x2.27"), (AVX512, "x1.55")])
+def test_fp32_engines_keep_bf16_weights_where_the_kernel_is_built(tmp_path, cpu, measured):
+    p = quant_plan(FP32_LLAMA, cpu, tmp_path, ggml_kernel=BUILT, dtype="float32")
     d = decision(p, "engine.linear_weights")
     assert (d.value, d.source) == ("bf16", "policy")
-    assert "x2.27" in d.reason and "not bf16 keep vLLM's fp32 GEMM" in d.reason  # the measurement, the exactness
+    assert measured in d.reason and "not bf16 keep vLLM's fp32 GEMM" in d.reason  # the measurement, the exactness
     assert p.env["SERVICE_LINEAR_KERNELS"] == "Bf16WeightsLinear"
 
 
@@ -40,7 +45,7 @@ def test_without_the_build_avx2_says_why_it_stays_fp32(tmp_path):
 
 
 def test_other_backends_keep_fp32_weights_unless_asked(tmp_path):
-    for cpu in (ZEN, AVX512):
+    for cpu in (ZEN, AMX):
         p = quant_plan(FP32_LLAMA, cpu, tmp_path, ggml_kernel=BUILT, dtype="float32")
         kept = decision(p, "engine.linear_weights")
         assert kept.value == "fp32" and "SERVICE_LINEAR_KERNELS" not in p.env
@@ -94,3 +99,19 @@ def test_the_kv_cache_gets_what_kept_blocks_leave_unused():
             for blocks in ("on", "off")
         }
         assert kv["on"] - kv["off"] == gguf.linear_elements * size - gguf.linear_bytes > 0, (dtype, kv)
+
+
+def test_avx512_without_bf16_follows_its_measurement_only_where_fp32_keeps_bf16_weights(tmp_path):
+    """The avx512 class's bf16/fp32 measurement ran fp32 on bf16 weights: it decides for a bf16 checkpoint where the
+    service's kernel is built; without the build fp32 would read twice the bytes, and bf16 stays."""
+    measured = MEASUREMENTS["avx512"]
+    assert measured.fp32_weights == "bf16"
+    built = quant_plan(FP32_LLAMA, NO_BF16, tmp_path, ggml_kernel=BUILT)
+    dtype = decision(built, "engine.dtype")
+    assert dtype.value == ("float32" if measured.fp32_faster() else "bfloat16") and str(measured) in dtype.reason
+    if dtype.value == "float32":
+        assert decision(built, "engine.linear_weights").value == "bf16"
+    unbuilt = decision(quant_plan(FP32_LLAMA, NO_BF16, tmp_path), "engine.dtype")
+    assert unbuilt.value == "bfloat16" and "does not keep for this model here" in unbuilt.reason
+    quantized = decision(quant_plan(W8A8_DYNAMIC, NO_BF16, tmp_path, ggml_kernel=BUILT), "engine.dtype")
+    assert quantized.value == "bfloat16" and "does not keep for this model here" in quantized.reason

@@ -137,7 +137,7 @@ def test_ignored_projections_are_not_checked():
         (AVX2, W8A8_STATIC, "onednn-w8a8"),
         (ZEN, W4A16, "zentorch-woq"),  # the measured Zen default: weight-only, VLLM_CPU_INT4_W4A8=0
         (AMX, W4A16, "amx-w4a8"),
-        (AVX512, W4A16, "wna16-vec"),
+        (AVX512, W4A16, "auto-round"),  # the service's auto-round-lib kernel, measured fastest there
     ],
 )
 def test_kernel_per_format_and_backend(tmp_path, cpu, config, expected):
@@ -286,7 +286,7 @@ def test_int4_on_avx2_without_the_services_kernel_is_refused_before_the_engine_d
     assert not [d for d in p.decisions if d.setting == "quant.linear_kernel"]
 
 
-@pytest.mark.parametrize("cpu", [ZEN, AMX, AVX512])
+@pytest.mark.parametrize("cpu", [ZEN, AMX])
 def test_the_user_can_run_the_services_int4_kernel_anywhere(tmp_path, cpu):
     default = quant_plan(W4A16, cpu, tmp_path)
     assert kernel(default) != "auto-round" and "SERVICE_LINEAR_KERNELS" not in handed_over(default)
@@ -323,7 +323,7 @@ def test_static_act_order_runs(tmp_path):
     p = quant_plan(
         ct_config({"num_bits": 4, "strategy": "group", "group_size": 128, "actorder": "static"}), AVX512, tmp_path
     )
-    assert not p.errors and kernel(p) == "wna16-vec"
+    assert not p.errors and kernel(p) == "auto-round"  # folded into the weights: no g_idx for the kernel to read
 
 
 def test_shapes_no_kernel_can_take_are_refused(tmp_path):
@@ -386,7 +386,7 @@ def test_zen_keeps_vllms_int4_kernel_where_the_service_kernel_measured_slower(tm
 GGML = "ggml from llama-cpp-python 0.3.36"
 
 
-@pytest.mark.parametrize("cpu", [ZEN, AVX512, AVX2])
+@pytest.mark.parametrize("cpu", [ZEN, AVX2])
 @pytest.mark.parametrize("method", ["compressed-tensors", "gptq"])
 def test_symmetric_int4_runs_ggmls_q4_0_kernel_where_it_is_built(tmp_path, cpu, method):
     """llama.cpp's Q4_0 GEMV read the weights faster than vLLM's int4 kernels and auto-round-lib's on the CPUs
@@ -399,6 +399,18 @@ def test_symmetric_int4_runs_ggmls_q4_0_kernel_where_it_is_built(tmp_path, cpu, 
     reason = decision(p, "quant.linear_kernel").reason
     assert GGML in reason  # what runs, and the measurement it rests on where one was taken
     assert ("ggml-q4_0: decode 45.4" in reason) == (cpu == ZEN), reason
+
+
+def test_avx512_int4_runs_auto_round_lib_first_as_measured_then_ggml(tmp_path):
+    """On AVX-512 without AMX auto-round-lib's kernel decoded and prefilled faster than ggml's and vLLM's
+    (quant_measurements.py): it runs where installed, even beside a ggml build; without it, ggml's."""
+    p = quant_plan(W4A16, AVX512, tmp_path, ggml_kernel=GGML)
+    assert not p.errors and kernel(p) == "auto-round"
+    reason = decision(p, "quant.linear_kernel").reason
+    ours, theirs = (find("avx512", "w4a16", k) for k in ("auto-round", "ggml-q4_0"))
+    assert ours is not None and theirs is not None and ours.decode_tok_s > theirs.decode_tok_s
+    assert ours.describe() in reason and theirs.describe() in reason, reason
+    assert kernel(quant_plan(W4A16, AVX512, tmp_path, auto_round_lib=None, ggml_kernel=GGML)) == "ggml-q4_0"
 
 
 def test_int4_with_zero_points_runs_ggmls_q4_1_kernel(tmp_path):
