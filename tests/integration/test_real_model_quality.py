@@ -20,11 +20,14 @@ below what a broken kernel does):
   perplexity within 0.1%, logprob max 0.01 / mean 0.001.
 - bf16: values rounded to 8 significant bits through 30 layers. Measured: perplexity within 0.1%, logprob max
   0.50 / mean 0.05. Bound: perplexity within 2%, logprob max 1.0 / mean 0.1; a greedy pick may differ from the
-  reference's top-1 only within a 1.0-nat near-tie (every path).
+  reference's top-1 only within a 1.0-nat near-tie (every path but W8A8, below).
 - W4A16 (bf16 activations): measured perplexity x1.002, logprob max 1.09 / mean 0.066. Bound: 2%, 2.0 / 0.15.
 - W8A8: its int8 per-token activations are rounded from bf16 inputs in the kernel, from fp32 ones in the
   reference, so single roundings differ. Measured perplexity x0.985 (x0.994 under another tokenization of the same
-  text), logprob max 2.05 / mean 0.28. Bound: 4%, 3.0 / 0.4 (a scale off by 2x moves the mean by 6.7).
+  text), logprob max 2.05 / mean 0.28. Bound: 4%, 3.0 / 0.4 (a scale off by 2x moves the mean by 6.7). Its greedy
+  picks may differ within a 2.0-nat near-tie: a shift of one token's logprob by up to 2 nats is what this rounding
+  does, and on an Emerald Rapids guest without AVX-512 BF16 (perplexity x1.012, logprob max 1.44 / mean 0.29) one
+  pick rose 0.98 nat over a reference top-1 1.11 nat ahead.
 - A corrupted scale fails these: one o_proj weight x1.05 for fp32, x1.25 for bf16, every o_proj scale x2 in the
   W4A16 copy.
 - Quantization's own loss against the fp32 model (round-to-nearest, no calibration): W8A8 within 10% (measured
@@ -72,7 +75,7 @@ FP32 = Bound(0.001, 0.01, 0.001, 0.02)
 BF16 = Bound(0.02, 1.0, 0.1, 1.0)
 # Kernels whose int8 activations are quantized per block of inputs, not per token as W8A8 says (ggml's Q8_0 blocks).
 ACTIVATION_BLOCKS = {"ggml-q8_0": 32}
-SCHEME_BOUNDS = {"w8a8": Bound(0.04, 3.0, 0.4, 1.0), "w4a16-g64": Bound(0.02, 2.0, 0.15, 1.0)}
+SCHEME_BOUNDS = {"w8a8": Bound(0.04, 3.0, 0.4, 2.0), "w4a16-g64": Bound(0.02, 2.0, 0.15, 1.0)}
 QUANTIZATION_LOSS = {"w8a8": 1.10, "w4a16-g64": 1.60}  # perplexity / the fp32 model's, at most
 
 

@@ -38,6 +38,8 @@ class Comparison:
     top1_mismatches: int  # differ from the reference's top-1 by more than the tie margin
     max_abs_diff: float  # max |service logprob - reference logprob| over the compared positions
     mean_abs_diff: float
+    # per mismatch: the reference's margin of its top-1 over the pick, and |served - reference| on the pick
+    mismatch_margins: tuple[tuple[float, float], ...] = ()
 
     def passes(self, max_tolerance: float, mean_tolerance: float) -> bool:
         return self.top1_mismatches == 0 and self.max_abs_diff <= max_tolerance and self.mean_abs_diff <= mean_tolerance
@@ -112,7 +114,8 @@ def compare(served: list[Served], reference: list[Reference], tie_margin: float,
     Where an MoE router's fp32 choice between its last chosen and first unchosen expert is closer than
     `router_margin`, bf16 may pick the other expert: a legitimate jump, left out of the logprob statistics."""
     diffs: list[float] = []
-    router_ties = greedy = top1 = ties = mismatches = 0
+    router_ties = greedy = top1 = ties = 0
+    mismatches: list[tuple[float, float]] = []
     for s, ref in zip(served, reference):
         n = len(s.prompt)
         rows = [(j, token, lp) for j, (token, lp) in enumerate(zip(s.prompt[1:], s.prompt_logprobs))]
@@ -133,8 +136,19 @@ def compare(served: list[Served], reference: list[Reference], tie_margin: float,
             elif router_tie or scores[best].item() - scores[token].item() < tie_margin:
                 ties += 1
             else:
-                mismatches += 1
-    return Comparison(len(diffs), router_ties, greedy, top1, ties, mismatches, max(diffs), sum(diffs) / len(diffs))
+                margin = scores[best].item() - scores[token].item()
+                mismatches.append((round(margin, 3), round(abs(lp - scores[token].item()), 3)))
+    return Comparison(
+        len(diffs),
+        router_ties,
+        greedy,
+        top1,
+        ties,
+        len(mismatches),
+        max(diffs),
+        sum(diffs) / len(diffs),
+        tuple(mismatches),
+    )
 
 
 def scale_weight(path: str, factor: float) -> Callable[[torch.nn.Module], None]:
