@@ -95,7 +95,7 @@ class Settings(BaseSettings):
     bf16_weights: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Unquantized models computed in fp32: keep linear weights that are bf16 values in bf16 (the "
-        "service's kernel, half the bytes read) or fp32 (vLLM's GEMM); auto: policy (on for AVX2)",
+        "service's kernel, half the bytes read) or fp32 (vLLM's GEMM); auto: policy (on for AVX2 and the avx512 backend)",
     )
     gguf_blocks: Literal["auto", "on", "off"] = Field(
         "auto",
