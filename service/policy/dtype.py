@@ -1,6 +1,5 @@
 """The model dtype: bf16 where the CPU computes it natively, elsewhere what `make bench` measured on that class of
-CPU (bf16 against fp32 decode, and prefill where decode is level, side by side: bench/dtype.py), when fp32's weights
-fit and, where the measurement's fp32 ran on bf16 weights, when this model's are kept so."""
+CPU (bf16 against fp32 decode, side by side: bench/dtype.py), when fp32's weights fit."""
 
 from __future__ import annotations
 
@@ -20,18 +19,6 @@ def isa_class(isa: Isa, backend: Backend) -> str:
 
 
 @dataclass(frozen=True)
-class Ratio:
-    """bf16/fp32 with its 95% interval."""
-
-    value: float
-    low: float
-    high: float
-
-    def __str__(self) -> str:
-        return f"x{self.value:.2f} [{self.low:.2f}, {self.high:.2f}]"
-
-
-@dataclass(frozen=True)
 class Measurement:
     """bf16/fp32 batch-1 rates on one CPU of a class: decode (ratio, low, high of its 95% interval), prefill too."""
 
@@ -40,26 +27,18 @@ class Measurement:
     low: float
     high: float
     source: str  # the command and the run it comes from
-    prefill: Ratio | None = None
-    # fp32's linear weights in the run: "fp32", or "bf16" (kept for the service's kernel, dense_kernel.py), in which
-    # case the measurement speaks only for models an fp32 engine keeps in bf16 here
-    fp32_weights: str = "fp32"
-
-    def fp32_faster(self) -> bool:
-        """fp32 decodes faster, or decodes level (interval across 1) and prefills faster."""
-        level = self.low <= 1 <= self.high
-        return self.high < 1 or (level and self.prefill is not None and self.prefill.high < 1)
+    prefill: str = ""  # the prefill ratio with its interval, as printed
 
     def __str__(self) -> str:
         prefill = f", prefill {self.prefill}" if self.prefill else ""
-        weights = " (fp32 on bf16 weights)" if self.fp32_weights == "bf16" else ""
         return (
-            f"bf16/fp32{weights} decode x{self.ratio:.2f} [{self.low:.2f}, {self.high:.2f}]{prefill} on {self.cpu} "
+            f"bf16/fp32 decode x{self.ratio:.2f} [{self.low:.2f}, {self.high:.2f}]{prefill} on {self.cpu} "
             f"({self.source})"
         )
 
 
-# One entry per dtype class of the backend registry, from `python -m bench.dtype` (or `python -m bench --dtype`).
+# One entry per dtype class of the backend registry, from `python -m bench.dtype` (or `python -m bench --dtype`);
+# "avx512" (AVX-512 without its bf16 extension: vLLM's _C_AVX512 build) has none yet.
 MEASUREMENTS: dict[str, Measurement] = {
     # bf16 runs torch's reference GEMM there (oneDNN refuses a bf16 matmul without AVX-512), fp32 oneDNN's.
     "avx2": Measurement(
@@ -68,17 +47,7 @@ MEASUREMENTS: dict[str, Measurement] = {
         0.836,
         0.969,
         "python -m bench.dtype --repetitions 3 --requests 3 --max-tokens 32, 2026-11-24",
-        prefill=Ratio(0.16, 0.15, 0.16),
-    ),
-    # AVX-512 without its bf16 extension (vLLM's _C_AVX512): bf16 GEMMs convert in software, fp32 ones are native.
-    "avx512": Measurement(
-        "an Intel Xeon Emerald Rapids KVM guest without AMX or AVX-512 BF16",
-        1.015,
-        0.901,
-        1.142,
-        "python -m bench.dtype --repetitions 3, 2026-11-26 22:41",
-        prefill=Ratio(0.229, 0.135, 0.389),
-        fp32_weights="bf16",
+        prefill="x0.16 [0.15, 0.16]",
     ),
 }
 
@@ -101,11 +70,9 @@ def choose_dtype(
     declared: str | None,
     fp32_blocked: str | None = None,
     default_model: bool = False,
-    fp32_bf16_weights: bool = False,
 ) -> PolicyResult:
     """The `dtype` engine argument. `fp32_blocked`: why this model cannot run in fp32 here (its kernels, the memory
-    limit), if it cannot; `default_model`: the packaged default model (fp32 for its answers, DEFAULT_MODEL_FP32);
-    `fp32_bf16_weights`: an fp32 engine would keep this model's linear weights in bf16 here (dense_kernel.py)."""
+    limit), if it cannot; `default_model`: the packaged default model (fp32 for its answers, DEFAULT_MODEL_FP32)."""
     kernels = backend.kernels
     if requested != "auto" and requested not in kernels.dtypes:
         warning = f"{requested} requested, but the {backend.name} backend's kernels compute {'/'.join(sorted(kernels.dtypes))} only ({kernels.dtype_source}): running bfloat16 instead"
@@ -124,25 +91,18 @@ def choose_dtype(
         return _policy("bfloat16", f"the CPU computes bf16 natively ({unit}){declares}")
     cls = isa_class(isa, backend)
     measured = MEASUREMENTS.get(cls)
-    if measured is not None and measured.fp32_weights == "bf16" and not fp32_bf16_weights:
-        return _policy(
-            "bfloat16",
-            f"no native bf16 on this CPU ({cls}); fp32 was measured on bf16 weights ({measured}), which an fp32 engine "
-            "does not keep for this model here (engine.linear_weights): bf16 halves the bytes a decode reads"
-            f"{declares}",
-        )
     if measured is None:
         return _policy(
             "bfloat16",
             f"no native bf16 on this CPU ({cls}), and no CPU of that class measured yet (bench/dtype.py): bf16 "
             f"halves the bytes a bandwidth-bound decode reads{declares}",
         )
-    if measured.fp32_faster():
+    if measured.high < 1:
         if fp32_blocked is None:
             return _policy("float32", f"no native bf16 on this CPU ({cls}): {measured}{declares}")
         return _policy(
             "bfloat16",
-            f"no native bf16 on this CPU ({cls}): fp32 is faster ({measured}), but {fp32_blocked}{declares}",
+            f"no native bf16 on this CPU ({cls}): fp32 decodes faster ({measured}), but {fp32_blocked}{declares}",
         )
     verdict = "faster" if measured.low > 1 else "not resolved from fp32, and half the bytes"
     return _policy("bfloat16", f"no native bf16 on this CPU ({cls}): bf16 {verdict} ({measured}){declares}")

@@ -138,7 +138,6 @@ def build_plan(
             default_model,
             verdicts.get("dtype"),
             blocks.type_name if blocks else None,
-            software.ggml_kernel,
         )
         results.append(decided)
         dtype = decided.engine_args["dtype"]
@@ -276,21 +275,14 @@ def _model_decisions(
     default_model: bool,
     verdict: Verdict | None,
     kept_blocks: str | None,  # the types a GGUF file's linear layers keep (choose_blocks)
-    kernels_built: str | None,  # what the service's kernel library was built from, if it is built
 ) -> tuple[PolicyResult, tuple[Question, ...]]:
     isa = hardware.cpu.isa
-    fp32_weights = plan_dense_kernel(
-        model.quant, model.declared_dtype, backend, "float32", settings, user, kernels_built, kept_blocks
-    )
-    fp32_bf16_weights = any(d.setting == "engine.linear_weights" and d.value == "bf16" for d in fp32_weights.decisions)
     fp32_blocked = dtype_limit(model, backend, "float32") or (
         None
         if _fits(hardware, _in_dtype(model, "float32", kept_blocks), settings)
         else "the model's fp32 weights do not fit"
     )
-    dtype_result = choose_dtype(
-        isa, backend, settings.dtype, model.declared_dtype, fp32_blocked, default_model, fp32_bf16_weights
-    )
+    dtype_result = choose_dtype(isa, backend, settings.dtype, model.declared_dtype, fp32_blocked, default_model)
     table_dtype = dtype_result.engine_args["dtype"]
     questions: tuple[Question, ...] = ()
     # Without native bf16 the table's dtype rests on another CPU's measurement: time both here.

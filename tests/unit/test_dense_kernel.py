@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from service.facts.model import inspect_model
-from service.policy.dtype import MEASUREMENTS
 from service.policy.engine import build_plan
 from service.settings import load_settings
 from tests.support.gguf_models import tiny_gguf
@@ -17,7 +16,6 @@ from tests.unit.test_policy_engine import GiB, decision, hw
 from tests.unit.test_quant_policy import AMX, AVX2, AVX512, LLAMA, W8A8_DYNAMIC, ZEN, quant_plan
 
 BUILT = "ggml from llama-cpp-python 0.3.36"
-NO_BF16 = "xeon_emeraldrapids_kvm_nobf16.txt"  # AVX-512 without its bf16 extension: the avx512 dtype class
 FP32_LLAMA = {**LLAMA, "torch_dtype": "bfloat16"}
 
 
@@ -99,19 +97,3 @@ def test_the_kv_cache_gets_what_kept_blocks_leave_unused():
             for blocks in ("on", "off")
         }
         assert kv["on"] - kv["off"] == gguf.linear_elements * size - gguf.linear_bytes > 0, (dtype, kv)
-
-
-def test_avx512_without_bf16_follows_its_measurement_only_where_fp32_keeps_bf16_weights(tmp_path):
-    """The avx512 class's bf16/fp32 measurement ran fp32 on bf16 weights: it decides for a bf16 checkpoint where the
-    service's kernel is built; without the build fp32 would read twice the bytes, and bf16 stays."""
-    measured = MEASUREMENTS["avx512"]
-    assert measured.fp32_weights == "bf16"
-    built = quant_plan(FP32_LLAMA, NO_BF16, tmp_path, ggml_kernel=BUILT)
-    dtype = decision(built, "engine.dtype")
-    assert dtype.value == ("float32" if measured.fp32_faster() else "bfloat16") and str(measured) in dtype.reason
-    if dtype.value == "float32":
-        assert decision(built, "engine.linear_weights").value == "bf16"
-    unbuilt = decision(quant_plan(FP32_LLAMA, NO_BF16, tmp_path), "engine.dtype")
-    assert unbuilt.value == "bfloat16" and "does not keep for this model here" in unbuilt.reason
-    quantized = decision(quant_plan(W8A8_DYNAMIC, NO_BF16, tmp_path, ggml_kernel=BUILT), "engine.dtype")
-    assert quantized.value == "bfloat16" and "does not keep for this model here" in quantized.reason

@@ -8,7 +8,7 @@ import pytest
 
 from service.facts.hardware import read_hardware
 from service.facts.model import inspect_model
-from service.policy.dtype import MEASUREMENTS, Measurement, Ratio
+from service.policy.dtype import MEASUREMENTS, Measurement
 from service.policy.engine import build_plan
 from service.policy.memory import default_headroom
 from service.settings import Settings
@@ -122,8 +122,7 @@ def test_bf16_where_native(cpu, expected):
     assert d.value == "bfloat16" and expected in d.reason
 
 
-def test_dtype_on_a_class_without_a_measurement_says_so(monkeypatch):
-    monkeypatch.delitem(MEASUREMENTS, "avx512")
+def test_dtype_on_a_class_without_a_measurement_says_so():
     d = decision(plan(hw("xeon_8380_icelake.txt")), "engine.dtype")
     assert (d.value, d.source) == ("bfloat16", "policy")
     assert "avx512" in d.reason and "measured yet" in d.reason and "bench/dtype.py" in d.reason
@@ -135,21 +134,6 @@ def test_dtype_on_avx2_follows_the_measurement_of_its_class(cpu):
     d = decision(plan(hw(cpu, memory=128 * GiB), max_model_len=8192), "engine.dtype")
     assert d.value == ("float32" if measured.high < 1 else "bfloat16") and d.source == "policy"
     assert str(measured) in d.reason
-
-
-@pytest.mark.parametrize(
-    "decode,prefill,fp32",
-    [
-        ((0.90, 0.84, 0.97), None, True),  # fp32 decodes faster
-        ((0.98, 0.93, 1.04), (0.23, 0.21, 0.25), True),  # decodes level, prefills faster
-        ((0.98, 0.93, 1.04), (1.10, 1.02, 1.20), False),  # decodes level, prefills slower
-        ((0.98, 0.93, 1.04), None, False),  # level, and nothing else measured: bf16's half the bytes
-        ((1.30, 1.20, 1.40), (0.20, 0.18, 0.22), False),  # bf16 decodes faster
-    ],
-)
-def test_fp32_is_taken_where_it_decodes_faster_or_level_and_prefills_faster(decode, prefill, fp32):
-    m = Measurement("a test CPU", *decode, "a test", prefill=Ratio(*prefill) if prefill else None)
-    assert m.fp32_faster() is fp32
 
 
 def test_fp32_measured_faster_but_too_big_keeps_bf16_and_says_why(monkeypatch):
