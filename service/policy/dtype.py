@@ -37,8 +37,7 @@ class Measurement:
         )
 
 
-# One entry per dtype class of the backend registry, from `python -m bench.dtype` (or `python -m bench --dtype`);
-# "avx512" (AVX-512 without its bf16 extension: vLLM's _C_AVX512 build) has none yet.
+# One entry per dtype class of the backend registry, from `python -m bench.dtype` (or `python -m bench --dtype`).
 MEASUREMENTS: dict[str, Measurement] = {
     # bf16 runs torch's reference GEMM there (oneDNN refuses a bf16 matmul without AVX-512), fp32 oneDNN's.
     "avx2": Measurement(
@@ -48,6 +47,16 @@ MEASUREMENTS: dict[str, Measurement] = {
         0.969,
         "python -m bench.dtype --repetitions 3 --requests 3 --max-tokens 32, 2026-11-24",
         prefill="x0.16 [0.15, 0.16]",
+    ),
+    # AVX-512 without its bf16 extension (vLLM's _C_AVX512): bf16 GEMMs convert in software. Decode level, fp32's
+    # prefill ~4x, but an fp32 engine's KV cache takes twice the bytes per token (docs/performance.md): bf16 stays.
+    "avx512": Measurement(
+        "an Intel Xeon Emerald Rapids KVM guest without AMX or AVX-512 BF16, fp32 on bf16 weights",
+        1.015,
+        0.901,
+        1.142,
+        "python -m bench.dtype --repetitions 3, 2026-11-26 22:41; fp32's KV cache is twice bf16's per token",
+        prefill="x0.23 [0.14, 0.39]",
     ),
 }
 

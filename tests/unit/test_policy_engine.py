@@ -122,7 +122,8 @@ def test_bf16_where_native(cpu, expected):
     assert d.value == "bfloat16" and expected in d.reason
 
 
-def test_dtype_on_a_class_without_a_measurement_says_so():
+def test_dtype_on_a_class_without_a_measurement_says_so(monkeypatch):
+    monkeypatch.delitem(MEASUREMENTS, "avx512")
     d = decision(plan(hw("xeon_8380_icelake.txt")), "engine.dtype")
     assert (d.value, d.source) == ("bfloat16", "policy")
     assert "avx512" in d.reason and "measured yet" in d.reason and "bench/dtype.py" in d.reason
@@ -131,6 +132,14 @@ def test_dtype_on_a_class_without_a_measurement_says_so():
 @pytest.mark.parametrize("cpu", ["epyc_zen1_kvm_avx2.txt", "epyc_7763_zen3.txt", "core_i7_12700k_alderlake.txt"])
 def test_dtype_on_avx2_follows_the_measurement_of_its_class(cpu):
     measured = MEASUREMENTS["avx2"]
+    d = decision(plan(hw(cpu, memory=128 * GiB), max_model_len=8192), "engine.dtype")
+    assert d.value == ("float32" if measured.high < 1 else "bfloat16") and d.source == "policy"
+    assert str(measured) in d.reason
+
+
+@pytest.mark.parametrize("cpu", ["xeon_8380_icelake.txt", "xeon_emeraldrapids_kvm_nobf16.txt"])
+def test_dtype_on_avx512_without_bf16_follows_the_measurement_of_its_class(cpu):
+    measured = MEASUREMENTS["avx512"]
     d = decision(plan(hw(cpu, memory=128 * GiB), max_model_len=8192), "engine.dtype")
     assert d.value == ("float32" if measured.high < 1 else "bfloat16") and d.source == "policy"
     assert str(measured) in d.reason
