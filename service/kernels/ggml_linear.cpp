@@ -145,8 +145,12 @@ void dequantize_rows(const Weight* w, int64_t s, int64_t first, int64_t rows, fl
   }
 }
 
-// Each slice in chunks of rows: dequantized to floats, converted to x's dtype, multiplied by torch's GEMM.
-void dense(const Weight* w, const at::Tensor& x, at::Tensor& y) {
+// Each slice in chunks of rows: dequantized to floats, converted to x's dtype, multiplied by torch's GEMM. A CPU
+// without bf16 arithmetic (AVX2, AVX-512 without BF16) converts a bf16 GEMM in software, about 4x slower than fp32's
+// (docs/performance.md): there bf16 activations are widened once and the products summed in fp32, and only y is bf16.
+void dense(const Weight* w, const at::Tensor& x_in, at::Tensor& y) {
+  static const bool bf16_arithmetic = __builtin_cpu_supports("avx512bf16");
+  const at::Tensor x = x_in.scalar_type() == at::kBFloat16 && !bf16_arithmetic ? x_in.to(at::kFloat) : x_in;
   const int64_t slices = static_cast<int64_t>(w->slices.size());
   const at::ThreadLocalState caller;
   at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
