@@ -60,8 +60,9 @@ class Candidate:
         return f"{self.format}" + (f" [{knobs}]" if knobs else "")
 
 
-def candidates(backend: str, formats: list[str], corrupt: bool) -> list[Candidate]:
-    """The knobs that change the kernel on this backend (service/policy/quant.py RULES)."""
+def candidates(backend: str, formats: list[str], corrupt: bool, native_bf16: bool) -> list[Candidate]:
+    """The knobs that change the kernel on this backend (service/policy/quant.py RULES) and CPU (`native_bf16`: it
+    computes bf16, AVX-512 BF16 or AMX)."""
     from service.policy.backends import BACKENDS
 
     out = []
@@ -75,6 +76,8 @@ def candidates(backend: str, formats: list[str], corrupt: bool) -> list[Candidat
         elif fmt == "bf16":  # the calibration's backend and prepack questions, where the backend has them
             entry = BACKENDS[backend]
             out.append(Candidate(fmt, {}))
+            if not native_bf16:  # vLLM's bf16 GEMM (converted in software) or the service's kernel
+                out[-1:] = [Candidate(fmt, {"SERVICE_BF16_WEIGHTS": v}) for v in ("off", "on")]
             out += [Candidate(fmt, {"SERVICE_BACKEND": low}) for low in entry.lowers_to]
             if entry.decide is not None:
                 out.append(Candidate(fmt, {"SERVICE_ZENTORCH_WEIGHT_PREPACK": "false"}))
@@ -138,18 +141,21 @@ def _dense_plan(settings: Any, dtype: str) -> tuple[str, dict[str, str]]:
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software
     from service.policy.backend import choose_backend
-    from service.policy.dense_kernel import plan_dense_kernel
+    from service.policy.dense_kernel import OURS_BF16, plan_dense_kernel
     from service.policy.platform import PLATFORM_ENV
 
-    choice = choose_backend(read_hardware().cpu, read_software(), settings.backend)
+    cpu = read_hardware().cpu
+    choice = choose_backend(cpu, read_software(), settings.backend)
     if choice.entry is None:
         return f"refused: {choice.reason}", {}
     own = choice.entry.decide(settings, frozenset()).env if choice.entry.decide else {}
     user = settings.explicitly_set()
     # the bench model is stored in bf16
-    dense = plan_dense_kernel(None, "bfloat16", choice.entry, dtype, settings, user, read_software().ggml_kernel)
+    dense = plan_dense_kernel(
+        None, "bfloat16", choice.entry, dtype, cpu.isa.native_bf16, settings, user, read_software().ggml_kernel
+    )
     weights = dense.find("engine.linear_weights")
-    kernel = "bf16-weights" if weights and weights.value == "bf16" else f"{choice.name} GEMM"
+    kernel = "bf16-weights" if weights and weights.value in ("bf16", OURS_BF16) else f"{choice.name} GEMM"
     # VLLM_TARGET_DEVICE emptied as the policy does: vLLM takes "cpu" as its platform and never asks the plugin.
     return kernel, {PLATFORM_ENV: choice.entry.platform, "VLLM_TARGET_DEVICE": "", **own, **dense.env}
 
@@ -270,7 +276,7 @@ def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path
     prompts = prompt_ids(source)
     exact: dict[str, dict] = {}  # per scheme: the clean checkpoint's dequantized weights (the ideal kernel)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for cand in candidates(backend, formats, corrupt):
+    for cand in candidates(backend, formats, corrupt, hardware.cpu.isa.native_bf16):
         directory = model_dir(cache, cand.format)
         kernel, policy_env = predicted_kernel(
             backend, directory, cand.env, "float32" if cand.format == "fp32" else "bfloat16"

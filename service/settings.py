@@ -94,8 +94,10 @@ class Settings(BaseSettings):
     )
     bf16_weights: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="Unquantized models computed in fp32: keep linear weights that are bf16 values in bf16 (the "
-        "service's kernel, half the bytes read) or fp32 (vLLM's GEMM); auto: policy (on for AVX2 and the avx512 backend)",
+        description="Unquantized models on CPUs without native bf16: in fp32, keep linear weights that are bf16 values "
+        "in bf16 (the service's kernel, half the bytes read) or fp32 (vLLM's GEMM); in bf16, run them on the service's "
+        "kernel (fp32 arithmetic) or vLLM's GEMM (bf16 converted in software); auto: policy (on for the avx512 backend, "
+        "and for fp32 on AVX2)",
     )
     gguf_blocks: Literal["auto", "on", "off"] = Field(
         "auto",

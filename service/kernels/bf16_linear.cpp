@@ -1,9 +1,9 @@
-// bf16 weights with fp32 activations as a torch op: service_bf16::linear. For CPUs without native bf16 (AVX2,
-// AVX-512 without BF16), where the service computes in fp32: the linear weights stay bf16 in memory, half the bytes a
-// decode step reads, and each is widened to fp32 in registers, so the products and sums are fp32's (no activation
-// rounding).
+// bf16 weights times fp32 or bf16 activations as a torch op: service_bf16::linear, for CPUs without native bf16
+// (AVX2, AVX-512 without BF16). In an fp32 engine the linear weights stay bf16 in memory, half the bytes a decode
+// step reads; in a bf16 engine this replaces a GEMM that converts bf16 in software. Either way the weights are
+// widened to fp32 and the products and sums are fp32's; a bf16 engine's output is rounded to bf16 once, at the end.
 // Below `dense_from` rows a GEMV over output rows, one chunk of rows per torch thread; from `dense_from` rows on, the
-// weight is widened chunk by chunk and multiplied by torch's GEMM, whose compute then dominates.
+// weight is widened chunk by chunk and multiplied by torch's fp32 GEMM, whose compute then dominates.
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 #include <torch/library.h>
@@ -43,15 +43,16 @@ void dots(const uint16_t* w, int64_t k, const float* x, float* out) {
 
 }  // namespace
 
-// x: [m, k] fp32 (or bf16); weight: the layer's own bf16 [n, k], read in place -> [m, n] in x's dtype.
+// x: [m, k] fp32 or bf16; weight: the layer's own bf16 [n, k], read in place -> [m, n] in x's dtype.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                   int64_t dense_from) {
   TORCH_CHECK(weight.scalar_type() == at::kBFloat16 && weight.is_contiguous() && weight.dim() == 2,
               "weight: contiguous bf16 2-D");
   const int64_t n = weight.size(0), k = weight.size(1), m = x.size(0);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == k, "x ", x.sizes(), " for a ", n, "x", k, " weight");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
   if (dense_from > 0 && m >= dense_from) {
-    at::Tensor y = at::empty({m, n}, x.options());
+    at::Tensor y = at::empty({m, n}, xf.options());
     constexpr int64_t chunk = 512;
     const at::ThreadLocalState caller;
     at::parallel_for(0, (n + chunk - 1) / chunk, 1, [&](int64_t begin, int64_t end) {
@@ -59,13 +60,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const c10::opti
       at::ThreadLocalStateGuard state(caller);
       for (int64_t c = begin; c < end; ++c) {
         const int64_t first = c * chunk, rows = std::min(chunk, n - first);
-        y.narrow(1, first, rows).copy_(at::matmul(x, weight.narrow(0, first, rows).to(x.scalar_type()).t()));
+        y.narrow(1, first, rows).copy_(at::matmul(xf, weight.narrow(0, first, rows).to(at::kFloat).t()));
       }
     });
-    if (bias.has_value()) y.add_(*bias);
-    return y;
+    if (bias.has_value()) y.add_(bias->to(at::kFloat));
+    return y.to(x.scalar_type());
   }
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
   at::Tensor y = at::empty({m, n}, xf.options());
   const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr());
   const float* xs = xf.data_ptr<float>();

@@ -1,7 +1,7 @@
-"""The service's kernel for the unquantized linear layers of a model computed in fp32 (CPUs without native bf16:
-AVX2, AVX-512 without its bf16 extension): the weights stay bf16 in memory, half the bytes each decode step reads,
-and are widened to fp32 in registers (bf16_linear.cpp, op `service_bf16::linear`, built with the ggml kernel by
-`make kernels`).
+"""The service's kernel for the unquantized linear layers of a model on a CPU without native bf16 (AVX2, AVX-512
+without its bf16 extension): the weights are bf16 in memory and widened to fp32 in registers (bf16_linear.cpp, op
+`service_bf16::linear`, built with the ggml kernel by `make kernels`). In an fp32 engine they stay bf16, half the
+bytes each decode step reads; in a bf16 engine the kernel replaces vLLM's GEMM, which converts bf16 in software.
 
 It takes vLLM's own unquantized GEMM dispatch (`dispatch_cpu_unquantized_gemm`, which each linear layer calls once
 at load) in the vLLM processes where the service's plugin registers it. A layer whose fp32 weights are not exactly
@@ -25,8 +25,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("service.vllm_plugin.bf16_weights")
 KERNEL = KERNELS["bf16-weights"]
 # From this many rows on, the weight is widened chunk by chunk and multiplied by torch's fp32 GEMM: the first row
-# count where that won on 1 and 2 threads (docs/performance.md, "bf16 weights in an fp32 engine").
-DENSE_FROM_ROWS = 8
+# count where that won on 1 and 2 threads (docs/performance.md, "bf16 weights in an fp32 engine"). With bf16
+# activations the GEMV won up to 8 rows and the GEMM from 16 (level at 2 threads): `python -m bench.bf16_weights
+# --activations bf16`, Emerald Rapids guest without AVX-512 BF16.
+DENSE_FROM_ROWS = {"float32": 8, "bfloat16": 16}  # per activation dtype
 
 
 @functools.cache
@@ -51,12 +53,14 @@ def bf16_exact(weight: torch.Tensor) -> torch.Tensor | None:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     import torch
 
-    out = torch.ops.service_bf16.linear(x.reshape(-1, x.shape[-1]), weight, bias, DENSE_FROM_ROWS)
+    dense_from = DENSE_FROM_ROWS[str(x.dtype).removeprefix("torch.")]
+    out = torch.ops.service_bf16.linear(x.reshape(-1, x.shape[-1]), weight, bias, dense_from)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def register() -> None:
-    """Take vLLM's unquantized GEMM dispatch in this process: fp32 linear weights that are bf16 values run here."""
+    """Take vLLM's unquantized GEMM dispatch in this process: bf16 linear weights, and fp32 ones that are bf16 values,
+    run here."""
     import torch
     from vllm.model_executor.layers import utils
 
@@ -66,17 +70,27 @@ def register() -> None:
     if getattr(original, "service_bf16", False):  # once per process
         return
     load_library()
-    said: set[bool] = set()
+    said: set[tuple[torch.dtype, bool]] = set()
 
     def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
         weight = layer.weight
         # Linear layers only (vLLM removes their weight; embeddings and tied heads keep theirs for the lookup).
-        if remove_weight and not weight.is_meta and weight.ndim == 2 and weight.dtype == torch.float32:
-            narrowed = bf16_exact(weight.data)
-            exact = narrowed is not None
-            if exact not in said:  # the first layer of each outcome, per process
-                said.add(exact)
-                how = "kept bf16, run by the service's kernel" if exact else "not bf16 values, left to vLLM in fp32"
+        if (
+            remove_weight
+            and not weight.is_meta
+            and weight.ndim == 2
+            and weight.dtype in (torch.float32, torch.bfloat16)
+        ):
+            narrowed = weight.data.contiguous() if weight.dtype == torch.bfloat16 else bf16_exact(weight.data)
+            outcome = (weight.dtype, narrowed is not None)
+            if outcome not in said:  # the first layer of each outcome, per process
+                said.add(outcome)
+                how = (
+                    "not bf16 values, left to vLLM in fp32"
+                    if narrowed is None
+                    else "kept bf16, run by the service's kernel"
+                    + (" (fp32 arithmetic, bf16 output)" if weight.dtype == torch.bfloat16 else "")
+                )
                 log.info("%s layer %s %s", KERNEL.log_markers[0], tuple(weight.shape), how)
             if narrowed is not None:
                 layer.weight = torch.nn.Parameter(narrowed, requires_grad=False)

@@ -109,6 +109,8 @@ class Backend:
     quant_note: str = ""  # said with every quantized model's kernel decision
     # Unquantized models computed in fp32: why the service's bf16-weight kernel runs them by default ("": it does not)
     bf16_weights: str = ""
+    # Unquantized models computed in bf16 on a CPU without native bf16: the same, for the service's kernel
+    bf16_engine: str = ""
 
     @property
     def generic(self) -> bool:
@@ -231,6 +233,11 @@ BACKENDS: dict[str, Backend] = {
             "service's kernel: an fp32 engine on them decoded x1.55 (10.1 vs 6.5 tok/s) and prefilled x0.90 (131 vs "
             "146 tok/s) of fp32 weights on an Intel Emerald Rapids guest without AMX or AVX-512 BF16 (python "
             "bench/quant_kernels.py --formats bf16,fp32 --reps 3, 2026-11-26; docs/performance.md)",
+            bf16_engine="on AVX-512 without its bf16 extension vLLM's bf16 GEMM converts bf16 in software; the "
+            "service's kernel widens the bf16 weights and activations and sums in fp32: a bf16 engine on it decoded "
+            "x0.97 (10.2 vs 10.5 tok/s, level) and prefilled x4.2 (131 vs 31 tok/s) of vLLM's GEMM on an Intel "
+            "Emerald Rapids guest without AMX or AVX-512 BF16, with the KV cache still bf16 (python "
+            "bench/quant_kernels.py --formats bf16 --reps 3, 2026-11-27; docs/performance.md)",
         ),
         Backend(
             "avx2",

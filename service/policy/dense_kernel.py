@@ -1,7 +1,8 @@
-"""The unquantized linear layers of a model the engine computes in fp32: vLLM's fp32 GEMM, or the service's kernel on
-weights kept in bf16 (service/kernels/bf16_linear.py), per backend default (service/policy/backends.py, with the
-measurement it rests on) or the user's bf16_weights. Only layers whose values are bf16 are kept so (checked at load),
-so the choice changes speed and memory, not results."""
+"""The unquantized linear layers on a CPU without native bf16: in an fp32 engine, vLLM's fp32 GEMM or the service's
+kernel on weights kept in bf16; in a bf16 engine, vLLM's bf16 GEMM (bf16 converted in software) or the service's
+kernel (service/kernels/bf16_linear.py). Per backend default (service/policy/backends.py, with the measurement it
+rests on) or the user's bf16_weights. In an fp32 engine only layers whose values are bf16 are kept so (checked at
+load), so the choice changes speed and memory, not results."""
 
 from __future__ import annotations
 
@@ -19,11 +20,16 @@ MEASURED = (
 )
 
 
+# The bf16 engine's two choices on a CPU without native bf16: the weights are bf16 either way, the kernel differs.
+VLLM_BF16, OURS_BF16 = "bf16, vLLM's GEMM", "bf16, the service's kernel"
+
+
 def plan_dense_kernel(
     quant: QuantFacts | None,
     declared_dtype: str | None,  # the checkpoint's torch_dtype (a GGUF file's converted copy: float32)
     backend: Backend,
     dtype: str,
+    native_bf16: bool,  # the CPU computes bf16 (AVX-512 BF16, AMX): vLLM's bf16 GEMMs are native there
     settings: Settings,
     user: frozenset[str],
     kernels_built: str | None,  # what the service's kernel library was built from, if it is built
@@ -37,6 +43,8 @@ def plan_dense_kernel(
         if asked != "auto":
             why += f"; bf16_weights={asked} applies to dense weights and has nothing to change here"
         return PolicyResult.of(record("engine", "linear_weights", f"gguf {gguf_blocks}", why, "policy"))
+    if dtype == "bfloat16" and not native_bf16:
+        return _bf16_engine(backend, asked, kernels_built)
     if dtype != "float32":
         return PolicyResult()
     if asked == "off":
@@ -50,15 +58,41 @@ def plan_dense_kernel(
     if asked == "auto" and declared_dtype != "bfloat16":
         why = f"the checkpoint's weights are {declared_dtype or 'of an undeclared dtype'}, not bf16 values to keep"
         return PolicyResult.of(record("engine", "linear_weights", "fp32", why, "policy"))
-    source: Source = "user" if asked == "on" else "policy"
     why = "set by the user (bf16_weights=on)" if asked == "on" else backend.bf16_weights
+    return _service_kernel(
+        ("bf16", "fp32"), why, asked, kernels_built, "; layers whose values are not bf16 keep vLLM's fp32 GEMM"
+    )
+
+
+def _bf16_engine(backend: Backend, asked: str, kernels_built: str | None) -> PolicyResult:
+    if asked == "off":
+        return PolicyResult.of(
+            record("engine", "linear_weights", VLLM_BF16, "set by the user (bf16_weights=off)", "user")
+        )
+    if asked == "auto" and not backend.bf16_engine:
+        why = (
+            f"no native bf16 on this CPU: vLLM's bf16 GEMM converts it in software, the {backend.name} backend's "
+            "default; bf16_weights=on runs the service's kernel (fp32 arithmetic on the bf16 weights)"
+        )
+        return PolicyResult.of(record("engine", "linear_weights", VLLM_BF16, why, "default"))
+    why = "set by the user (bf16_weights=on)" if asked == "on" else backend.bf16_engine
+    return _service_kernel((OURS_BF16, VLLM_BF16), why, asked, kernels_built, "")
+
+
+def _service_kernel(
+    values: tuple[str, str],  # the decision's value with the service's kernel, and without it
+    why: str,
+    asked: str,
+    kernels_built: str | None,
+    also: str,  # said after the reason when the kernel runs
+) -> PolicyResult:
+    source: Source = "user" if asked == "on" else "policy"
     if not kernels_built:
         missing = "the service's kernels are not built (make kernels)"
         if asked == "on":
             return PolicyResult(errors=(f"bf16_weights=on was set, but {missing}",))
-        return PolicyResult.of(record("engine", "linear_weights", "fp32", f"{why}; but {missing}", "policy"))
-    why += f"; layers whose values are not bf16 keep vLLM's fp32 GEMM ({kernels_built})"
+        return PolicyResult.of(record("engine", "linear_weights", values[1], f"{why}; but {missing}", "policy"))
     return PolicyResult.of(
-        record("engine", "linear_weights", "bf16", why, source),
+        record("engine", "linear_weights", values[0], f"{why}{also} ({kernels_built})", source),
         env(KERNELS_ENV, KERNEL.vllm_class, f"{KERNEL.op}; the service's vLLM plugin registers it", source),
     )

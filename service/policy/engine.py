@@ -184,7 +184,15 @@ def build_plan(
         reads = _read_per_token(model, dtype, kept)
         results.append(
             plan_dense_kernel(
-                model.quant, model.declared_dtype, entry, dtype, settings, user, software.ggml_kernel, kept
+                model.quant,
+                model.declared_dtype,
+                entry,
+                dtype,
+                hardware.cpu.isa.native_bf16,
+                settings,
+                user,
+                software.ggml_kernel,
+                kept,
             )
         )
         results += [

@@ -22,10 +22,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 from openai import OpenAI
 
 from service.demo_model import demo_dir
+from service.policy.dense_kernel import OURS_BF16
 from service.policy.quant_kernels import KERNELS
 from service.vllm_plugin import STATE_PREFIX
 from tests.integration.conftest import _start
@@ -55,6 +57,13 @@ def _record(server, model_dir: Path) -> tuple[Path, list]:
 
 @pytest.fixture(scope="module")
 def llama(chat_server):
+    """The demo model as the chat server runs it. In a bf16 engine on a CPU without native bf16 the policy may run
+    its linear layers on the service's kernel: what the server decided is what its engine must have run."""
+    report = httpx.get(f"{chat_server.url}/v1/hardware", headers=chat_server.headers(), timeout=30).json()
+    decided = {d["setting"]: d["value"] for d in report["decisions"]}
+    ours = (decided["engine.dtype"], decided.get("engine.linear_weights")) == ("bfloat16", OURS_BF16)
+    log = chat_server.process.log_tail(10**7)
+    assert ("kept bf16, run by the service's kernel (fp32 arithmetic, bf16 output)" in log) == ours, log[-3000:]
     return _record(chat_server, demo_dir(MODELS))
 
 

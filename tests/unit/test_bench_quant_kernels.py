@@ -50,7 +50,7 @@ def test_w4a16_rows_cover_vllms_int4_kernels_and_the_services():
     from bench.quant_kernels import candidates
 
     def w4a16(backend):
-        return [c.label for c in candidates(backend, ["w4a16"], False)]
+        return [c.label for c in candidates(backend, ["w4a16"], False, True)]
 
     ours = ["w4a16 [SERVICE_INT4_KERNEL=auto-round]", "w4a16 [SERVICE_INT4_KERNEL=ggml]"]
     assert w4a16("zen") == [
@@ -65,11 +65,17 @@ def test_w4a16_rows_cover_vllms_int4_kernels_and_the_services():
 def test_bf16_rows_cover_the_calibrations_backend_and_prepack_questions():
     from bench.quant_kernels import candidates
 
-    def bf16(backend):
-        return [c.label for c in candidates(backend, ["bf16"], False)]
+    def bf16(backend, native_bf16=True):
+        return [c.label for c in candidates(backend, ["bf16"], False, native_bf16)]
 
     assert bf16("zen") == ["bf16", "bf16 [SERVICE_BACKEND=avx512]", "bf16 [SERVICE_ZENTORCH_WEIGHT_PREPACK=false]"]
-    assert bf16("amx") == bf16("avx512") == bf16("avx2") == ["bf16"]
+    assert bf16("amx") == bf16("avx512") == ["bf16"]
+    # without native bf16: vLLM's bf16 GEMM (converted in software) against the service's kernel
+    assert (
+        bf16("avx512", False)
+        == bf16("avx2", False)
+        == ["bf16 [SERVICE_BF16_WEIGHTS=off]", "bf16 [SERVICE_BF16_WEIGHTS=on]"]
+    )
 
 
 def test_a_dense_row_runs_the_platform_its_backend_names():
@@ -81,10 +87,10 @@ def test_a_dense_row_runs_the_platform_its_backend_names():
     from service.settings import Settings
 
     live = choose_backend(read_hardware().cpu, read_software())  # the live CPU's, whatever it is
-    kernel, env = _dense_plan(Settings(), "bfloat16")
+    kernel, env = _dense_plan(Settings(bf16_weights="off"), "bfloat16")
     assert (kernel, env[PLATFORM_ENV]) == (f"{live.name} GEMM", live.platform)
     for low in live.entry.lowers_to:
-        kernel, env = _dense_plan(Settings(backend=low), "bfloat16")
+        kernel, env = _dense_plan(Settings(backend=low, bf16_weights="off"), "bfloat16")
         assert (kernel, env[PLATFORM_ENV]) == (
             f"{low} GEMM",
             choose_backend(read_hardware().cpu, read_software(), low).platform,
@@ -97,7 +103,7 @@ def test_fp32_rows_compare_vllms_fp32_gemm_with_the_services_bf16_weights():
     from service.policy.quant_kernels import KERNELS, KERNELS_ENV
     from service.settings import Settings
 
-    assert [c.label for c in candidates("zen", ["fp32"], False)] == [
+    assert [c.label for c in candidates("zen", ["fp32"], False, True)] == [
         "fp32 [SERVICE_BF16_WEIGHTS=off]",
         "fp32 [SERVICE_BF16_WEIGHTS=on]",
     ]

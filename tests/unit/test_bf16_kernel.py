@@ -1,17 +1,18 @@
 """The service's bf16-weight kernel (bf16_linear.cpp, built by `make kernels`) against fp32's own GEMM on the same
-values: its GEMV and its widen-then-GEMM path compute fp32 products, so they agree to fp32 rounding; a weight that
-is not bf16 values is left to vLLM."""
+values: its GEMV and its widen-then-GEMM path compute fp32 products, so they agree to fp32 rounding (bf16
+activations: to the one rounding of the output to bf16); a weight that is not bf16 values is left to vLLM."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from service.kernels.bf16_linear import DENSE_FROM_ROWS, bf16_exact, load_library
+from service.kernels.bf16_linear import DENSE_FROM_ROWS, bf16_exact, linear, load_library
 
 pytestmark = pytest.mark.kernels
 
 N, K = 200, 320
+FP32_DENSE = DENSE_FROM_ROWS["float32"]
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +21,8 @@ def op():
     return torch.ops.service_bf16.linear
 
 
-@pytest.mark.parametrize("rows", [1, 3, DENSE_FROM_ROWS, 40])
-@pytest.mark.parametrize("dense_from", [0, DENSE_FROM_ROWS])
+@pytest.mark.parametrize("rows", [1, 3, FP32_DENSE, 40])
+@pytest.mark.parametrize("dense_from", [0, FP32_DENSE])
 def test_both_paths_compute_fp32_products_of_the_bf16_weights(op, rows, dense_from):
     g = torch.Generator().manual_seed(4)
     weight = (torch.randn(N, K, generator=g) * 0.05).to(torch.bfloat16)
@@ -31,6 +32,21 @@ def test_both_paths_compute_fp32_products_of_the_bf16_weights(op, rows, dense_fr
     assert got.dtype == torch.float32 and got.shape == (rows, N)
     # fp32 sums in another order; a bf16-rounded activation would be ~1e-3 off
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 3, DENSE_FROM_ROWS["bfloat16"], 40])
+def test_a_bf16_engines_activations_get_fp32_products_and_one_rounding(rows):
+    """Both paths (GEMV below DENSE_FROM_ROWS["bfloat16"], widen-then-GEMM from it) widen the bf16 activations and
+    weights, sum in fp32 and round the output to bf16 once: what a bf16 GEMM with fp32 accumulation returns."""
+    load_library()
+    g = torch.Generator().manual_seed(6)
+    weight = (torch.randn(N, K, generator=g) * 0.05).to(torch.bfloat16)
+    x, bias = torch.randn(2, rows, K, generator=g).to(torch.bfloat16), torch.randn(N, generator=g).to(torch.bfloat16)
+    got = linear(x, weight, bias)
+    expected = torch.nn.functional.linear(x.float(), weight.float(), bias.float()).to(torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and got.shape == (2, rows, N)
+    # one bf16 rounding apart at most (fp32 sums in another order can round the other way)
+    torch.testing.assert_close(got.float(), expected.float(), rtol=2**-7, atol=1e-6)
 
 
 def test_only_weights_that_are_bf16_values_are_narrowed():
@@ -49,8 +65,8 @@ def test_the_dense_path_splits_across_threads_under_inference_mode(op):
     torch.set_num_threads(2)
     try:
         with torch.inference_mode():
-            x = torch.randn(DENSE_FROM_ROWS, K, generator=g)
-            got = op(x, weight, None, DENSE_FROM_ROWS)
+            x = torch.randn(FP32_DENSE, K, generator=g)
+            got = op(x, weight, None, FP32_DENSE)
     finally:
         torch.set_num_threads(threads)
     torch.testing.assert_close(got, x @ weight.float().T, rtol=1e-5, atol=1e-5)

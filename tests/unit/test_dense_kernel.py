@@ -1,12 +1,14 @@
 """Where the service keeps an fp32 model's linear weights in bf16 (service/policy/dense_kernel.py): on AVX2 and
 AVX-512 without its bf16 extension by default where its kernels are built, elsewhere when asked; never for quantized
-or bf16 engines."""
+models. A bf16 engine on a CPU without native bf16 runs them on the service's kernel by default on the avx512
+backend, elsewhere when asked; with native bf16 it is left to vLLM."""
 
 from __future__ import annotations
 
 import pytest
 
 from service.facts.model import inspect_model
+from service.policy.dense_kernel import OURS_BF16, VLLM_BF16
 from service.policy.engine import build_plan
 from service.settings import load_settings
 from tests.support.gguf_models import tiny_gguf
@@ -16,6 +18,8 @@ from tests.unit.test_policy_engine import GiB, decision, hw
 from tests.unit.test_quant_policy import AMX, AVX2, AVX512, LLAMA, W8A8_DYNAMIC, ZEN, quant_plan
 
 BUILT = "ggml from llama-cpp-python 0.3.36"
+NO_BF16_VM, ICELAKE = "xeon_emeraldrapids_kvm_nobf16.txt", "xeon_8380_icelake.txt"  # AVX-512 without its bf16
+BF16_ENGINE_MEASURED = "python bench/quant_kernels.py --formats bf16"
 FP32_LLAMA = {**LLAMA, "torch_dtype": "bfloat16"}
 
 
@@ -57,12 +61,45 @@ def test_other_backends_keep_fp32_weights_unless_asked(tmp_path):
     assert decision(off, "engine.linear_weights").source == "user" and "SERVICE_LINEAR_KERNELS" not in off.env
 
 
-def test_bf16_and_quantized_engines_are_left_alone(tmp_path):
+def test_native_bf16_and_quantized_engines_are_left_alone(tmp_path):
     for p in (
-        quant_plan(FP32_LLAMA, ZEN, tmp_path, ggml_kernel=BUILT),  # bf16 engine
+        quant_plan(FP32_LLAMA, ZEN, tmp_path, ggml_kernel=BUILT),  # bf16 engine, AVX-512 BF16
+        quant_plan(FP32_LLAMA, AMX, tmp_path, ggml_kernel=BUILT, bf16_weights="on"),
         quant_plan(W8A8_DYNAMIC, AVX2, tmp_path, ggml_kernel=BUILT, bf16_weights="on"),
     ):
         assert not [d for d in p.decisions if d.setting == "engine.linear_weights"]
+
+
+@pytest.mark.parametrize("cpu", [NO_BF16_VM, ICELAKE])
+def test_a_bf16_engine_without_native_bf16_runs_the_services_kernel_on_avx512(tmp_path, cpu):
+    p = quant_plan(FP32_LLAMA, cpu, tmp_path, ggml_kernel=BUILT)
+    assert decision(p, "engine.dtype").value == "bfloat16"
+    d = decision(p, "engine.linear_weights")
+    assert (d.value, d.source) == (OURS_BF16, "policy")
+    assert BF16_ENGINE_MEASURED in d.reason and BUILT in d.reason  # the measurement it rests on, the build
+    assert p.env["SERVICE_LINEAR_KERNELS"] == "Bf16WeightsLinear"
+    off = quant_plan(FP32_LLAMA, cpu, tmp_path, ggml_kernel=BUILT, bf16_weights="off")
+    assert (decision(off, "engine.linear_weights").value, decision(off, "engine.linear_weights").source) == (
+        VLLM_BF16,
+        "user",
+    )
+    assert "SERVICE_LINEAR_KERNELS" not in off.env
+    unbuilt = decision(quant_plan(FP32_LLAMA, cpu, tmp_path), "engine.linear_weights")
+    assert unbuilt.value == VLLM_BF16 and "make kernels" in unbuilt.reason
+    asked = quant_plan(FP32_LLAMA, cpu, tmp_path, bf16_weights="on")
+    assert any("bf16_weights=on" in e and "make kernels" in e for e in asked.errors), asked.errors
+
+
+def test_a_bf16_engine_on_avx2_keeps_vllms_gemm_unless_asked(tmp_path):
+    p = quant_plan(FP32_LLAMA, AVX2, tmp_path, ggml_kernel=BUILT, dtype="bfloat16")
+    d = decision(p, "engine.linear_weights")
+    assert (d.value, d.source) == (VLLM_BF16, "default") and "bf16_weights=on" in d.reason
+    assert "SERVICE_LINEAR_KERNELS" not in p.env
+    asked = quant_plan(FP32_LLAMA, AVX2, tmp_path, ggml_kernel=BUILT, dtype="bfloat16", bf16_weights="on")
+    assert (decision(asked, "engine.linear_weights").value, asked.env["SERVICE_LINEAR_KERNELS"]) == (
+        OURS_BF16,
+        "Bf16WeightsLinear",
+    )
 
 
 def test_a_gguf_files_kept_blocks_are_named_and_bf16_weights_says_it_has_nothing_to_change(tmp_path):
