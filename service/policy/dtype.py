@@ -48,15 +48,16 @@ MEASUREMENTS: dict[str, Measurement] = {
         "python -m bench.dtype --repetitions 3 --requests 3 --max-tokens 32, 2026-11-24",
         prefill="x0.16 [0.15, 0.16]",
     ),
-    # AVX-512 without its bf16 extension (vLLM's _C_AVX512): bf16 GEMMs convert in software. Decode level, fp32's
-    # prefill ~4x, but an fp32 engine's KV cache takes twice the bytes per token (docs/performance.md): bf16 stays.
+    # AVX-512 without its bf16 extension (vLLM's _C_AVX512): both engines' linear layers on the service's bf16 kernel
+    # (bf16's replaces vLLM's software-converted GEMM, which prefilled ~4x slower). Decode level, prefill close, and
+    # an fp32 engine's KV cache takes twice the bytes per token (docs/performance.md): bf16 stays.
     "avx512": Measurement(
-        "an Intel Xeon Emerald Rapids KVM guest without AMX or AVX-512 BF16, fp32 on bf16 weights",
-        1.015,
-        0.901,
-        1.142,
-        "python -m bench.dtype --repetitions 3, 2026-11-26 22:41; fp32's KV cache is twice bf16's per token",
-        prefill="x0.23 [0.14, 0.39]",
+        "an Intel Xeon Emerald Rapids KVM guest without AMX or AVX-512 BF16, both on the service's bf16 kernel",
+        1.007,
+        0.972,
+        1.043,
+        "python -m bench.dtype --repetitions 3, 2026-11-27 01:37; fp32's KV cache is twice bf16's per token",
+        prefill="x0.81 [0.69, 0.95]",
     ),
 }
 
