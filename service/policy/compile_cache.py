@@ -1,4 +1,4 @@
-"""Where vLLM keeps its torch.compile cache, and whether its 0.32 loader needs our fix to reuse it.
+"""Where vLLM keeps its torch.compile cache, what keys it, and whether its 0.32 loader needs our fix to reuse it.
 
 vLLM stores compiled graphs under VLLM_CACHE_ROOT (default ~/.cache/vllm). The service keeps them under its
 own cache_dir, next to the demo model, so one directory (the container's cache volume) holds everything a
@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from service.policy.decision import PolicyResult, env, record
+from service.policy.decision import PolicyResult, engine, env, record
 
 ROOT_VAR = "VLLM_CACHE_ROOT"
 PATCH_NAME = "vllm_aot_compile_cache"
@@ -47,3 +47,18 @@ def plan_compile_cache(cache_dir: Path, vllm_version: str | None, environ: Mappi
     # Applied by service/compile_cache_patch.py in every vLLM process, which checks the version itself.
     patch = record("patch", PATCH_NAME, needs_patch(vllm_version), reason(vllm_version), "policy")
     return PolicyResult.of(root, patch)
+
+
+def compile_key(planned_env: Mapping[str, str]) -> PolicyResult:
+    """The service's variables (SERVICE_*: the platform and the linear kernels its vLLM plugin registers) in vLLM's
+    torch.compile cache key, through additional_config, which the key hashes."""
+    service = {name: value for name, value in sorted(planned_env.items()) if name.startswith("SERVICE_")}
+    if not service:
+        return PolicyResult()
+    why = (
+        "vLLM keys its torch.compile cache on its own config and VLLM_* variables only: a graph compiled with "
+        "other linear kernels (another bf16_weights, int4_kernel or backend) was loaded at a warm start and failed "
+        "the engine start ('NoneType' object is not subscriptable); the service's variables go into "
+        "additional_config, which the key hashes"
+    )
+    return PolicyResult.of(engine("additional_config", {"service": service}, why, "policy"))

@@ -29,7 +29,7 @@ from service.policy.calibration import (
     w8a8_question,
 )
 from service.policy.chat import chat_decisions
-from service.policy.compile_cache import plan_compile_cache
+from service.policy.compile_cache import compile_key, plan_compile_cache
 from service.policy.decision import Decision, PolicyResult, Source, engine, env, record
 from service.policy.dense_kernel import plan_dense_kernel
 from service.policy.dtype import BYTES, choose_dtype
@@ -215,6 +215,7 @@ def build_plan(
         plan_compile_cache(settings.cache_dir, software.vllm, environ),
         fxgraph_patch(software.torch),
     ]
+    results.append(compile_key(PolicyResult.merge(results).env))
     return EnginePlan.of_results(results, backend, threads, source, questions)
 
 

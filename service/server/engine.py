@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from argparse import Namespace
 from collections.abc import AsyncIterator
@@ -20,6 +21,8 @@ def _flag(name: str, value: Any) -> list[str]:
     opt = "--" + name.replace("_", "-")
     if isinstance(value, bool):
         return [opt if value else "--no-" + opt[2:]]
+    if isinstance(value, dict):  # vLLM parses config flags as JSON
+        return [opt, json.dumps(value)]
     return [opt, str(value)]
 
 

@@ -35,11 +35,15 @@ class Comparison:
     greedy: int  # continuation tokens
     top1_equal: int  # continuation tokens that are also the reference's top-1
     near_ties: int  # continuation tokens that differ from the reference's top-1 within the tie margin
-    top1_mismatches: int  # differ from the reference's top-1 by more than the tie margin
     max_abs_diff: float  # max |service logprob - reference logprob| over the compared positions
     mean_abs_diff: float
-    # per mismatch: the reference's margin of its top-1 over the pick, and |served - reference| on the pick
+    # per token that differs from the reference's top-1 by more than the tie margin: the reference's margin of its
+    # top-1 over the pick, and |served - reference| on the pick
     mismatch_margins: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def top1_mismatches(self) -> int:
+        return len(self.mismatch_margins)
 
     def passes(self, max_tolerance: float, mean_tolerance: float) -> bool:
         return self.top1_mismatches == 0 and self.max_abs_diff <= max_tolerance and self.mean_abs_diff <= mean_tolerance
@@ -144,7 +148,6 @@ def compare(served: list[Served], reference: list[Reference], tie_margin: float,
         greedy,
         top1,
         ties,
-        len(mismatches),
         max(diffs),
         sum(diffs) / len(diffs),
         tuple(mismatches),

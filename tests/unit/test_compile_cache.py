@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -65,3 +66,19 @@ def test_patch_is_registered_as_our_own_vllm_general_plugin():
         ep for ep in entry_points(group="vllm.general_plugins") if ep.value.startswith("service.compile_cache_patch")
     ]
     assert len(ours) == 1 and ours[0].load() is patch.register
+
+
+def test_the_services_variables_key_the_compiled_graph():
+    """vLLM hashes additional_config into its torch.compile cache key: plans that differ only in the kernels the
+    service's plugin registers get different keys; the flag vLLM parses is JSON."""
+    from service.policy.compile_cache import compile_key
+    from service.server.engine import engine_flags
+
+    plain = {"SERVICE_VLLM_PLATFORM": "vllm.platforms.cpu.CpuPlatform", "VLLM_CPU_OMP_THREADS_BIND": "0"}
+    kernel = {**plain, "SERVICE_LINEAR_KERNELS": "Bf16WeightsLinear"}
+    keys = [compile_key(env).engine_args["additional_config"] for env in (plain, kernel)]
+    assert keys[0] == {"service": {"SERVICE_VLLM_PLATFORM": "vllm.platforms.cpu.CpuPlatform"}}  # vLLM hashes its own
+    assert keys[1]["service"]["SERVICE_LINEAR_KERNELS"] == "Bf16WeightsLinear"
+    assert compile_key({"VLLM_CPU_OMP_THREADS_BIND": "0"}).decisions == ()
+    flags = engine_flags({"additional_config": keys[1]})
+    assert flags[0] == "--additional-config" and json.loads(flags[1]) == keys[1]
