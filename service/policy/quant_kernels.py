@@ -119,8 +119,9 @@ KERNELS: dict[str, Kernel] = {
     ),
     "bf16-weights": Kernel(
         "Bf16WeightsLinear",
-        "the service's bf16-weight GEMV (weights kept bf16, widened to fp32 in registers; fp32 GEMM on widened "
-        "chunks from 8 rows) for the unquantized linear layers of a model computed in fp32",
+        "the service's bf16-weight kernel for unquantized linear layers on a CPU without native bf16 (weights "
+        "bf16 in memory, widened to fp32; a GEMV, then fp32 GEMM on widened chunks from 8 rows in an fp32 engine, "
+        "16 in a bf16 one)",
         ("[service] bf16 weights:",),
         provider="service.kernels.bf16_linear",
     ),
