@@ -112,7 +112,9 @@ def live_paths() -> list[Path_]:
     backend = expected_backend()
     backends = [backend, "avx512"] if backend == "zen" else [backend]
     native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    dtypes = ["float32", "bfloat16"] if native_bf16 else ["float32"]
+    # Without native bf16, a bf16 engine is a default only where the service's bf16 kernel runs it (dense_kernel.py).
+    ours = bool(BACKENDS[backend].bf16_engine and read_software().ggml_kernel)
+    dtypes = ["float32", "bfloat16"] if native_bf16 or ours else ["float32"]
     paths = [Path_(f"{b}-{d}", {"backend": b, "dtype": d}) for b in backends for d in dtypes]
     quantized = [Path_(scheme, {}, scheme) for scheme in ("w8a8", "w4a16-g64")]
     if read_software().ggml_kernel:
