@@ -67,7 +67,7 @@ def register() -> None:
     if not available():
         raise ImportError("the service's kernels are not built (make kernels)")
     original = utils.dispatch_cpu_unquantized_gemm
-    if getattr(original, "service_bf16", False):  # once per process
+    if hasattr(original, "wrapped"):  # once per process
         return
     load_library()
     said: set[tuple[torch.dtype, bool]] = set()
@@ -98,5 +98,5 @@ def register() -> None:
                 return
         original(layer, remove_weight)
 
-    dispatch.service_bf16 = True  # type: ignore[attr-defined]
+    dispatch.wrapped = original  # type: ignore[attr-defined]  # vLLM's own, for a caller that must bypass this
     utils.dispatch_cpu_unquantized_gemm = dispatch

@@ -152,18 +152,26 @@ def _use_env(candidate: dict[str, Any]) -> None:
 
 
 def _dense_runner(question: dict[str, Any], candidate: dict[str, Any], k: int, n: int) -> tuple[Callable, str, Any]:
-    """An unquantized linear layer through vLLM's CPU GEMM dispatch (oneDNN, zentorch, torch), as its
-    UnquantizedLinearMethod sets it up at load, in the candidate's dtype and environment."""
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    """An unquantized linear layer set up as vLLM's UnquantizedLinearMethod does at load (its CPU GEMM dispatch:
+    oneDNN, zentorch, torch; or the service's bf16 kernel where the candidate's environment names it), in the
+    candidate's dtype. The weights are bf16 values, as a bf16 checkpoint's are in either engine dtype."""
+    from vllm.model_executor.layers import utils
+
+    from service.kernels import bf16_linear
 
     _use_env(candidate)
+    dispatch = utils.dispatch_cpu_unquantized_gemm
+    if bf16_linear.KERNEL.vllm_class not in candidate["env"].get(KERNELS_ENV, "").split(","):
+        dispatch = getattr(dispatch, "wrapped", dispatch)  # registered for an earlier candidate of this process
     dtype = getattr(torch, candidate["settings"].get("dtype", question["act_dtype"]))
     layer = torch.nn.Module()
-    layer.weight = torch.nn.Parameter((torch.randn(n, k) * 0.02).to(dtype), requires_grad=False)
-    reference = layer.weight.float().t().clone()
-    dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+    weight = (torch.randn(n, k) * 0.02).to(torch.bfloat16).to(dtype)
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    reference = weight.float().t().clone()
+    dispatch(layer, remove_weight=True)  # as vLLM's linear method calls it (the service's kernel takes only this)
     linear = layer.cpu_linear
-    return (lambda x: linear(x, layer.weight, None)), f"vLLM's CPU GEMM dispatch, {dtype}", reference
+    by = "the service's bf16 kernel" if linear is bf16_linear.linear else "vLLM's CPU GEMM dispatch"
+    return (lambda x: linear(x, layer.weight, None)), f"{by}, {dtype}", reference
 
 
 def _read_bandwidth() -> float:

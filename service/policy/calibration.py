@@ -131,9 +131,10 @@ def backend_question(
     return Question("backend", default, candidates, shapes, "dense", act_dtype=dtype, min_gain=BACKEND_MIN_GAIN)
 
 
-def dtype_question(shapes: tuple[tuple[int, int], ...], default: str) -> Question:
-    """bf16 against fp32 on a CPU without native bf16."""
-    candidates = tuple(Candidate(d, {"dtype": d}, d) for d in ("bfloat16", "float32"))
+def dtype_question(shapes: tuple[tuple[int, int], ...], default: str, env: Mapping[str, Mapping[str, str]]) -> Question:
+    """bf16 against fp32 on a CPU without native bf16, each with what its engine's linear layers would run (`env`
+    per dtype: the service's bf16 kernel where the dense-kernel policy plans it for that dtype)."""
+    candidates = tuple(Candidate(d, {"dtype": d}, d, env.get(d, {})) for d in ("bfloat16", "float32"))
     return dense_question("dtype", default, candidates, shapes, default)
 
 

@@ -127,6 +127,23 @@ def build_plan(
             blocks = choose_blocks(
                 model.gguf, asked, "gguf_blocks" in user, software.ggml_kernel, default_model, threads.tp_size
             )
+        kept_blocks = blocks.type_name if blocks else None
+
+        def dense_env(dtype: str) -> dict[str, str]:
+            """What the engine's unquantized linear layers would read in `dtype` (the service's bf16 kernel)."""
+            planned = plan_dense_kernel(
+                model.quant,
+                model.declared_dtype,
+                entry,
+                dtype,
+                hardware.cpu.isa.native_bf16,
+                settings,
+                user,
+                software.ggml_kernel,
+                kept_blocks,
+            )
+            return {k: v for k, v in planned.env.items() if k in CALIBRATED_ENV}
+
         decided, dtype_question = _model_decisions(
             hardware,
             model,
@@ -137,7 +154,8 @@ def build_plan(
             threads.tp_size,
             default_model,
             verdicts.get("dtype"),
-            blocks.type_name if blocks else None,
+            kept_blocks,
+            dense_env,
         )
         results.append(decided)
         dtype = decided.engine_args["dtype"]
@@ -157,7 +175,7 @@ def build_plan(
                     default_model,
                 )
 
-            questions += _backend_question(model, backend, backend_decided, dtype, lowered)
+            questions += _backend_question(model, backend, backend_decided, dense_env(dtype), dtype, lowered)
         architectures = vllm_names.text_generation_architectures if vllm_names else frozenset()
         source = plan_model_source(
             model, dtype, settings.cache_dir, software, architectures, settings.served_model_name, known_as, blocks
@@ -284,6 +302,7 @@ def _model_decisions(
     default_model: bool,
     verdict: Verdict | None,
     kept_blocks: str | None,  # the types a GGUF file's linear layers keep (choose_blocks)
+    dense_env: Callable[[str], Mapping[str, str]],  # per engine dtype, what its dense linear kernel reads
 ) -> tuple[PolicyResult, tuple[Question, ...]]:
     isa = hardware.cpu.isa
     fp32_blocked = dtype_limit(model, backend, "float32") or (
@@ -304,7 +323,8 @@ def _model_decisions(
         and model.linear_shapes
         and {"bfloat16", "float32"} <= set(backend.kernels.dtypes)
     ):
-        questions = (dtype_question(model.linear_shapes, table_dtype),)
+        dtypes = ("bfloat16", "float32")
+        questions = (dtype_question(model.linear_shapes, table_dtype, {d: dense_env(d) for d in dtypes}),)
         if verdict is not None and verdict.settings:
             why = f"calibrated on this machine ({verdict.chosen}; calibration.dtype)"
             dtype_result = PolicyResult.of(engine("dtype", verdict.settings["dtype"], why, "calibration"))
@@ -391,6 +411,7 @@ def _backend_question(
     model: ModelFacts,
     backend: BackendChoice,
     backend_decided: PolicyResult,
+    dense_env: Mapping[str, str],  # what the backend's own dense linear kernel reads (the service's bf16 kernel)
     dtype: str,
     lowered: Callable[[str], EnginePlan],
 ) -> tuple[Question, ...]:
@@ -400,12 +421,13 @@ def _backend_question(
     entry = backend.entry
     if entry is None or backend.requested != "auto" or model.quant is not None or not model.linear_shapes:
         return ()
-    own = {d.name: str(d.value) for d in backend_decided.decisions if d.name == PREPACK_ENV}
+    own = {d.name: str(d.value) for d in backend_decided.decisions if d.name == PREPACK_ENV} | dict(dense_env)
     candidates = [Candidate(entry.name, {"backend": entry.name}, entry.name, own)]
     for name in entry.lowers_to:
         plan = lowered(name)
         if plan.ok:
-            candidates.append(Candidate(name, {"backend": name}, name, process_env=plan.env))
+            kernels = {k: v for k, v in plan.env.items() if k == KERNELS_ENV}
+            candidates.append(Candidate(name, {"backend": name}, name, kernels, process_env=plan.env))
     if len(candidates) < 2:
         return ()
     return (backend_question(entry.name, tuple(candidates), model.linear_shapes, dtype),)

@@ -212,20 +212,18 @@ def test_an_awq_checkpoints_kernels_are_timed_from_its_own_packing(tmp_path):
     assert _decided(report)["calibration.int4_kernel"]["value"] in timings
 
 
-def test_a_candidate_that_fails_is_excluded_and_the_others_are_timed():
-    """The timing child on the live CPU: a candidate it cannot build is reported with why, the rest run."""
-    good = {"name": "float32", "settings": {"dtype": "float32"}, "kernel": "float32", "env": {}}
-    broken = {"name": "broken", "settings": {"dtype": "no_such_dtype"}, "kernel": "broken", "env": {}}
+def _time_in_child(candidates: list[dict], act_dtype: str, shapes: list[list[int]]) -> dict[str, dict]:
+    """The timing child on the live CPU, one dense question: each candidate's timings, by name."""
     question = {
         "decision": "dtype",
-        "default": "float32",
-        "candidates": [good, broken],
-        "shapes": [[256, 256]],
+        "default": candidates[0]["name"],
+        "candidates": candidates,
+        "shapes": shapes,
         "weights": "dense",
         "layout": "compressed-tensors",
         "group_size": None,
         "symmetric": True,
-        "act_dtype": "float32",
+        "act_dtype": act_dtype,
     }
     out = subprocess.run(
         [sys.executable, "-m", "service.kernels.timing"],
@@ -238,6 +236,31 @@ def test_a_candidate_that_fails_is_excluded_and_the_others_are_timed():
         check=True,
     )
     (answer,) = json.loads(out.stdout.strip().splitlines()[-1])["answers"]
-    timings = {t["candidate"]: t for t in answer["timings"]}
+    return {t["candidate"]: t for t in answer["timings"]}
+
+
+def test_a_candidate_that_fails_is_excluded_and_the_others_are_timed():
+    """The timing child on the live CPU: a candidate it cannot build is reported with why, the rest run."""
+    good = {"name": "float32", "settings": {"dtype": "float32"}, "kernel": "float32", "env": {}}
+    broken = {"name": "broken", "settings": {"dtype": "no_such_dtype"}, "kernel": "broken", "env": {}}
+    timings = _time_in_child([good, broken], "float32", [[256, 256]])
     assert "no_such_dtype" in timings["broken"]["error"] and "decode_s" not in timings["broken"]
     assert len(timings["float32"]["decode_s"]) == 2 and timings["float32"]["max_rel_err"] < 0.05
+
+
+@pytest.mark.kernels
+def test_a_dense_candidate_is_timed_on_the_kernel_its_environment_names():
+    """The service's bf16 kernel where a candidate's environment names it, vLLM's GEMM where the next candidate's
+    does not (in the same process, after the first registered the kernel): what each engine would run."""
+    ours = {"SERVICE_LINEAR_KERNELS": KERNELS["bf16-weights"].vllm_class}
+    candidates = [
+        {"name": f"{dtype}-{who}", "settings": {"dtype": dtype}, "kernel": dtype, "env": env}
+        for who, env in (("ours", ours), ("vllm", {}))
+        for dtype in ("bfloat16", "float32")
+    ]
+    timings = _time_in_child(candidates, "bfloat16", [[256, 512]])
+    for name, t in timings.items():
+        dtype, who = name.split("-")
+        by = "the service's bf16 kernel" if who == "ours" else "vLLM's CPU GEMM dispatch"
+        assert t["kernel_class"] == [f"{by}, torch.{dtype}"] and t["max_rel_err"] < 0.05, (name, t)
+        assert len(t["decode_s"]) == 2

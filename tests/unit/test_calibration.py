@@ -200,6 +200,25 @@ def test_without_native_bf16_the_dtype_is_asked_and_a_verdict_sets_it(tmp_path):
     assert (decision(user, "engine.dtype").value, user.questions) == (table, ())
 
 
+@pytest.mark.parametrize("cpu", [AVX2, "xeon_8380_icelake.txt", "xeon_emeraldrapids_kvm_nobf16.txt"])
+def test_each_dtype_candidate_times_the_linear_kernel_its_engine_would_run(tmp_path, cpu):
+    """With the service's kernels built, each dtype candidate carries what the dense-kernel policy plans for an
+    engine in that dtype (its bf16 kernel, or vLLM's GEMM), so the calibration times what the engine runs."""
+    built = "ggml from llama-cpp-python 0.3.36"
+    for bf16_weights in ("auto", "on", "off"):
+        user = {} if bf16_weights == "auto" else {"bf16_weights": bf16_weights}
+        (q,) = plan_for(LLAMA_BF16, cpu, tmp_path, ggml_kernel=built, **user).questions
+        for c in q.candidates:
+            engine = plan_for(LLAMA_BF16, cpu, tmp_path, ggml_kernel=built, dtype=c.name, **user)
+            runs = decision(engine, "engine.linear_weights").value
+            assert "the service's kernel" in runs or runs == "bf16" or "vLLM's GEMM" in runs or runs == "fp32"
+            ours = runs in ("bf16", "bf16, the service's kernel")
+            assert dict(c.env) == ({"SERVICE_LINEAR_KERNELS": "Bf16WeightsLinear"} if ours else {}), (c.name, runs)
+    # Without the build every candidate runs vLLM's GEMM.
+    (q,) = plan_for(LLAMA_BF16, cpu, tmp_path).questions
+    assert [dict(c.env) for c in q.candidates] == [{}, {}]
+
+
 def test_native_bf16_asks_no_dtype_and_zen_asks_about_zentorchs_prepack(tmp_path):
     assert all(q.decision != "dtype" for q in plan_for(LLAMA_BF16, ZEN, tmp_path).questions)
     assert plan_for(LLAMA_BF16, AMX, tmp_path).questions == ()
