@@ -23,7 +23,7 @@ LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=ON
 LLAMA_CPP_SOURCE := $(LLAMA_CPP_TREE)/vendor/llama.cpp/CMakeLists.txt
 $(LLAMA_CPP_SOURCE):
 	mkdir -p $(BENCH_SRC)
-	test -f $(LLAMA_CPP_SDIST) || $(PYTHON) -m pip download -q --no-deps --no-binary :all: \
+	test -f $(LLAMA_CPP_SDIST) || $(PYTHON) -m pip download -q --no-deps --no-binary llama-cpp-python \
 	  llama-cpp-python==$(LLAMA_CPP_VERSION) -d $(BENCH_SRC)
 	tar xzf $(LLAMA_CPP_SDIST) -C $(BENCH_SRC)
 	touch $@

@@ -1,23 +1,65 @@
-"""Builds the service's kernel library (ggml_linear.cpp against ggml's CPU library, and bf16_linear.cpp), which `make kernels` has built from
-the llama.cpp source first: `python -m service.kernels.ggml_build <llama.cpp tree> <ggml build dir> <built from>`.
-torch's extension builder compiles it with torch's own headers and ABI; the stamp it writes is what the service's
-software facts read (service/facts/software.py ggml_kernel_built)."""
+"""Builds the service's kernel library for the CPU it runs on (-march=native): ggml's CPU library from a llama.cpp
+source tree, without OpenMP since torch's thread pool calls it, then the torch op library over it (ggml_linear.cpp
+against ggml, and bf16_linear.cpp). `make kernels` runs it on a checkout, the service at start where its image
+carries the source (service/kernels/build_at_start.py):
+`python -m service.kernels.ggml_build <llama.cpp tree> <built from>`.
+torch's extension builder compiles the op library with torch's own headers and ABI; the stamp it writes last is what
+the service's software facts read (service/facts/software.py ggml_kernel_built)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
-from service.facts.software import GGML_KERNEL_BUILT, GGML_KERNEL_LIBRARY
+from service.facts.software import GGML_KERNEL_BUILT, GGML_KERNEL_DIR, GGML_KERNEL_LIBRARY
 
 SOURCES = [str(Path(__file__).with_name(name)) for name in ("ggml_linear.cpp", "bf16_linear.cpp")]
+# ggml alone: the rest of llama.cpp (its library, tools, tests) is neither configured nor built.
+CMAKE_OPTIONS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    "-DGGML_OPENMP=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_COMMON=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+)
 
 
-def build(tree: Path, ggml_build: Path, built_from: str) -> None:
+def _beside_python(tool: str) -> str:
+    """`tool` beside this Python (cmake's and ninja's wheels: dependencies of the service and of vLLM), else PATH's."""
+    beside = Path(sys.executable).with_name(tool)
+    return str(beside) if beside.is_file() else (shutil.which(tool) or tool)
+
+
+def build_ggml(tree: Path, out: Path) -> Path:
+    """ggml's shared libraries for this CPU, built afresh from `tree` under `out`; the directory that holds them."""
+    build_dir = out / "build"
+    shutil.rmtree(build_dir, ignore_errors=True)  # a tree configured by another generator or source is refused
+    cmake = _beside_python("cmake")
+    # Ninja: the images have no make.
+    generator = ("-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_beside_python('ninja')}")
+    configure = [cmake, "-S", str(tree), "-B", str(build_dir), *generator, *CMAKE_OPTIONS]
+    subprocess.run(configure, check=True, stdout=subprocess.DEVNULL)
+    jobs = str(len(os.sched_getaffinity(0)))
+    subprocess.run(
+        [cmake, "--build", str(build_dir), "-j", jobs, "--target", "ggml"], check=True, stdout=subprocess.DEVNULL
+    )
+    return (build_dir / "bin").resolve()
+
+
+def build(tree: Path, built_from: str) -> None:
     from torch.utils.cpp_extension import load
 
-    libraries = (ggml_build / "bin").resolve()
+    libraries = build_ggml(tree, GGML_KERNEL_DIR)
     GGML_KERNEL_LIBRARY.parent.mkdir(parents=True, exist_ok=True)
     load(
         name=GGML_KERNEL_LIBRARY.stem,
@@ -35,4 +77,4 @@ def build(tree: Path, ggml_build: Path, built_from: str) -> None:
 
 
 if __name__ == "__main__":
-    build(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
+    build(Path(sys.argv[1]), sys.argv[2])
