@@ -104,6 +104,11 @@ class Settings(BaseSettings):
         description="GGUF files: serve the quantized linear layers from the file's own blocks on ggml's kernel (on) or "
         "dequantize them to the engine dtype (off); auto: policy (blocks, except for the packaged default model)",
     )
+    build_kernels: Literal["auto", "off"] = Field(
+        "auto",
+        description="Build the service's kernels (ggml, bf16 weights) for this CPU at start when it has none and the "
+        "llama.cpp source is at hand (the images carry it): once per CPU, kept in the cache; off: vLLM's kernels run",
+    )
     calibrate: Literal["off", "auto", "force"] = Field(
         "auto",
         description="Time the candidates of the speed decisions on this machine before the engine starts: auto once "

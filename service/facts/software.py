@@ -53,6 +53,9 @@ GGML_KERNEL_DIR = (
 )
 GGML_KERNEL_LIBRARY = GGML_KERNEL_DIR / "kernel" / "service_ggml_linear.so"
 GGML_KERNEL_BUILT = GGML_KERNEL_DIR / "kernel" / "built.json"
+# The llama.cpp source the service builds its kernels from at start where this CPU has none (the images set it:
+# they run on CPUs they were not built on); a checkout builds them with `make kernels` instead.
+KERNEL_SOURCE = Path(os.environ["SERVICE_KERNEL_SOURCE"]) if os.environ.get("SERVICE_KERNEL_SOURCE") else None
 
 _MAJOR_MINOR = re.compile(r"^(\d+)\.(\d+)")
 

@@ -18,6 +18,8 @@ import uvicorn
 import uvloop
 from rich.console import Console
 
+from service.facts.software import KERNEL_SOURCE
+from service.kernels.build_at_start import build_at_start
 from service.report import StartupReport
 from service.self_preload import mapped_files, missing_from, reexec_argv, reexec_environ, restore_user_preload
 from service.server.lifecycle import Lifecycle, Phase
@@ -91,6 +93,9 @@ def run(settings: Settings) -> int:
     reexecuted = restore_user_preload(os.environ)
     user_preload = os.environ.get("LD_PRELOAD")
     started = time.monotonic()
+    # Before the facts are read: they find the build this makes (an image's first start on a CPU).
+    if built := build_at_start(settings.build_kernels, KERNEL_SOURCE):
+        log.info("%s", built)
     choice = choose_model(settings, build_demo=True)
     report = build_report(settings, model=choice)
     if report.ok:

@@ -5,7 +5,8 @@ Each image is started offline, must turn /ready, answer a chat completion, and r
 /metrics the backend the host's own detection expects. The compose default image (zentorch included) runs with no
 model configured: it must serve the default model it ships (SmolLM2-135M-Instruct) and answer a question right,
 pick the live CPU's backend by itself (zen on an AMD EPYC) and preload that backend's libraries into its engine
-processes. The other images run the tiny demo model (what they test is the image, not the model); the Zen image on a
+processes. The default and the generic image build the service's kernels for this CPU at their first start, into
+the shared cache volume, and run them. The other images run the tiny demo model (what they test is the image, not the model); the Zen image on a
 non-AMD host must say why Zen acceleration is unavailable, and refuse cleanly when `backend: zen` is forced.
 """
 
@@ -25,6 +26,9 @@ from contextlib import contextmanager
 import pytest
 
 from service.demo_model import DEMO_NAME
+from service.kernels.build_at_start import AT_START
+from service.policy.dense_kernel import OURS_BF16
+from service.policy.quant_kernels import KERNELS
 
 from .conftest import (
     DEFAULT_TARGET,
@@ -236,6 +240,17 @@ def preload_check(name: str, hw: dict) -> list[str]:
     return libraries
 
 
+def kernels_check(name: str, hw: dict) -> None:
+    """The service's kernels, compiled for this CPU in the cache volume at an image's first start on it (this start or
+    an earlier one on the volume), are what its decisions found; where they run the dense layers, the engine did."""
+    assert (hw["software"]["ggml_kernel"] or "").endswith(AT_START), hw["software"]
+    assert not [d for d in hw["decisions"] if "not built" in d["reason"]], hw["decisions"]
+    weights = next((d["value"] for d in hw["decisions"] if d["setting"] == "engine.linear_weights"), None)
+    if weights in ("bf16", OURS_BF16):
+        log = podman("logs", name, check=False)
+        assert KERNELS["bf16-weights"].log_markers[0] in log.stdout + log.stderr, weights
+
+
 def test_default_image_chooses_the_live_cpus_backend_and_preload(images, cache_volume, host_report):
     """`docker compose up` with no choice: the image serves the default model it ships and answers right, picks
     what the host's own detection picks (zen on an AMD EPYC with AVX-512), and preloads tcmalloc and that
@@ -243,6 +258,7 @@ def test_default_image_chooses_the_live_cpus_backend_and_preload(images, cache_v
     with running(f"{IMAGE}:{DEFAULT_TARGET}", cache_volume, model="") as (name, base):
         hw = check_serving(name, base)
         libraries = preload_check(name, hw)
+        kernels_check(name, hw)
         status, body = http("GET", f"{base}/v1/models")
         card = json.loads(body)["data"][0]
         status, body = http(
@@ -272,6 +288,7 @@ def test_default_image_restarts_warm_from_the_cache_volume(images, cache_volume)
             log = podman("logs", name, check=False)
             log = log.stdout + log.stderr
     assert "Directly load AOT compilation from path /home/app/.cache/cpu-llm-service/vllm/" in log, log[-6000:]
+    assert "building the service's kernels" not in log, log[-6000:]  # built once per CPU, in the volume
     assert "Compiling model again due to a load failure" not in log, log[-6000:]
 
 
@@ -279,6 +296,7 @@ def test_generic_image_serves(images, cache_volume, host_backend_without_zentorc
     with running(f"{IMAGE}:vllm-openai", cache_volume) as (name, base):
         hw = check_serving(name, base)
         preload_check(name, hw)
+        kernels_check(name, hw)
     # Without zentorch an AMD host gets the best generic backend, with the reason.
     assert hw["backend"]["name"] == host_backend_without_zentorch, hw["backend"]
     assert hw["hardware"]["vendor"] == host_report["hardware"]["vendor"]

