@@ -129,9 +129,9 @@ def build_plan(
             )
         kept_blocks = blocks.type_name if blocks else None
 
-        def dense_env(dtype: str) -> dict[str, str]:
-            """What the engine's unquantized linear layers would read in `dtype` (the service's bf16 kernel)."""
-            planned = plan_dense_kernel(
+        def dense(dtype: str) -> PolicyResult:
+            """What runs the model's unquantized linear layers in an engine of `dtype`."""
+            return plan_dense_kernel(
                 model.quant,
                 model.declared_dtype,
                 entry,
@@ -142,7 +142,10 @@ def build_plan(
                 software.ggml_kernel,
                 kept_blocks,
             )
-            return {k: v for k, v in planned.env.items() if k in CALIBRATED_ENV}
+
+        def dense_env(dtype: str) -> dict[str, str]:
+            """What those kernels read (the service's bf16 kernel), for the calibration's candidates."""
+            return {k: v for k, v in dense(dtype).env.items() if k in CALIBRATED_ENV}
 
         decided, dtype_question = _model_decisions(
             hardware,
@@ -198,21 +201,8 @@ def build_plan(
                 software.ggml_kernel,
             )
 
-        kept = source.conversion.blocks if source.conversion else None  # a GGUF file's blocks, not dense layers
-        reads = _read_per_token(model, dtype, kept)
-        results.append(
-            plan_dense_kernel(
-                model.quant,
-                model.declared_dtype,
-                entry,
-                dtype,
-                hardware.cpu.isa.native_bf16,
-                settings,
-                user,
-                software.ggml_kernel,
-                kept,
-            )
-        )
+        reads = _read_per_token(model, dtype, kept_blocks)  # a GGUF file's blocks are read as stored
+        results.append(dense(dtype))
         results += [
             source.result,
             check_kernels(model, entry, dtype, hardware.cpu.isa),
