@@ -1,6 +1,6 @@
 """Carries out the policy's GGUF conversion (service/policy/model_source.py): the file's tensors dequantized one at a
-time into safetensors shards in the engine dtype (or, where the plan keeps them, the linear layers' blocks copied as
-stored, for service/kernels/gguf_blocks.py), its metadata written as a Hugging Face config and tokenizer.
+time into safetensors shards in the engine dtype (or, where the plan keeps them, the linear layers' and the LM head's
+blocks copied as stored, for service/kernels/gguf_blocks.py), its metadata written as a Hugging Face config and tokenizer.
 
 transformers does the mapping (`load_gguf_checkpoint` for the config, its per-architecture tensor processors and
 gguf-py's name map for the tensors, its GGUF tokenizer builders), gguf-py the dequantization. Memory stays near one
@@ -114,8 +114,9 @@ def _write_weights(conversion: GgufConversion, config: Any, out: Path) -> int:
     total = sum(int(t.n_bytes) for t in reader.tensors)
     done, last_log, skipped = 0, time.monotonic(), []
     for tensor in reader.tensors:
-        if conversion.blocks and LINEAR_TENSOR.fullmatch(tensor.name):
-            name, rows = _block_rows(tensor, conversion.blocks, processor, names, stash)
+        if conversion.blocks and (LINEAR_TENSOR.fullmatch(tensor.name) or tensor.name in conversion.heads):
+            allowed = conversion.blocks if LINEAR_TENSOR.fullmatch(tensor.name) else tensor.tensor_type.name
+            name, rows = _block_rows(tensor, allowed, processor, names, stash)
             shards.add(names[name], torch.from_numpy(rows))
             kept[names[name].removesuffix(".weight")] = tensor.tensor_type.name
             done += int(tensor.n_bytes)
@@ -142,13 +143,16 @@ def _write_weights(conversion: GgufConversion, config: Any, out: Path) -> int:
     if missing:
         raise ConversionError(f"the file lacks tensors the model needs: {', '.join(sorted(missing)[:8])}")
     if conversion.blocks:
+        if "model.embed_tokens" in kept and getattr(config, "tie_word_embeddings", False):
+            kept["lm_head"] = kept["model.embed_tokens"]  # the head vLLM ties to the embedding reads its blocks
         config.quantization_config = {"quant_method": BLOCKS_METHOD, "ggml_type": conversion.blocks, "types": kept}
     return len(shards.names)
 
 
 def _block_rows(tensor: Any, kept: str, processor: Any, names: dict[str, str], stash: Any) -> tuple[str, Any]:
-    """A linear tensor's rows of blocks, as stored, in the order transformers gives the dequantized rows (llama's
-    Q/K rows are un-permuted): the processor is run on the row numbers, so its reordering is the one applied."""
+    """A linear (or head) tensor's rows of blocks, as stored, in the order transformers gives the dequantized rows
+    (llama's Q/K rows are un-permuted): the processor is run on the row numbers, so its reordering is the one applied.
+    `kept`: the types the plan keeps for it, "+"-joined."""
     import numpy as np
 
     if tensor.tensor_type.name not in kept.split("+"):

@@ -44,6 +44,17 @@ class GgufError(ValueError):
 
 
 @dataclass(frozen=True)
+class HeadTensor:
+    """The token embedding or the output head, as the file stores it."""
+
+    name: str  # token_embd.weight or output.weight
+    type_name: str  # its ggml type
+    n_bytes: int
+    n_elements: int
+    read_per_token: bool  # the LM head's weight (output, or the token embedding where the head is tied to it)
+
+
+@dataclass(frozen=True)
 class GgufFacts:
     path: str
     size_bytes: int
@@ -70,6 +81,7 @@ class GgufFacts:
     linear_types: tuple[tuple[str, int], ...] = ()
     linear_bytes: int = 0
     linear_elements: int = 0
+    heads: tuple[HeadTensor, ...] = ()  # the token embedding and the output head, where the file has them
 
     @property
     def served_name(self) -> str:
@@ -137,7 +149,8 @@ def _facts(path: Path, size: int, reader: Any) -> GgufFacts:
     if head_dim is not None:
         config["head_dim"] = int(head_dim)
     names = {t.name for t in reader.tensors}
-    decode_reads = [t for t in reader.tensors if t.name != _EMBEDDING or _OUTPUT not in names]
+    read_whole = {t.name for t in reader.tensors if t.name != _EMBEDDING or _OUTPUT not in names}
+    decode_reads = [t for t in reader.tensors if t.name in read_whole]
     linear = [t for t in reader.tensors if LINEAR_TENSOR.fullmatch(t.name)]
     tokens = tokenizer.get("tokens") or []
     types = tokenizer.get("token_type") or []
@@ -166,6 +179,11 @@ def _facts(path: Path, size: int, reader: Any) -> GgufFacts:
         linear_types=tuple(Counter(t.tensor_type.name for t in linear).most_common()),
         linear_bytes=sum(int(t.n_bytes) for t in linear),
         linear_elements=sum(int(t.n_elements) for t in linear),
+        heads=tuple(
+            HeadTensor(t.name, t.tensor_type.name, int(t.n_bytes), int(t.n_elements), t.name in read_whole)
+            for t in reader.tensors
+            if t.name in (_EMBEDDING, _OUTPUT)
+        ),
     )
 
 

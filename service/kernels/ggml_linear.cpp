@@ -1,4 +1,5 @@
-// ggml's CPU matrix multiplication (llama.cpp's kernels) as a torch op: service_ggml::linear.
+// ggml's CPU matrix multiplication (llama.cpp's kernels) as a torch op: service_ggml::linear; and the row lookup of a
+// token embedding kept in ggml blocks (service_ggml::embedding), for a head whose weight is that embedding.
 //
 // A weight goes into ggml once, at load, as ggml blocks (Q4_0, Q4_1, Q8_0). Q4_0 goes through ggml's CPU_REPACK
 // buffer, which interleaves it for the 8x8 GEMV/GEMM that llama.cpp runs on AVX2 and AVX-512. The weight is split by
@@ -11,6 +12,7 @@
 #include <torch/library.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -223,12 +225,41 @@ at::Tensor linear(const at::Tensor& x, int64_t handle, int64_t n, const c10::opt
   return y.to(x.scalar_type());
 }
 
-// load and repacked run at load time, outside any graph; linear is the one torch.compile traces (its fake
-// implementation is in ggml_linear.py).
+// ids: int64 [t] rows of the weight -> floats [t, k], each row dequantized as ggml stores it (the token embedding of a
+// model whose LM head reads the same blocks).
+at::Tensor embedding(const at::Tensor& ids, int64_t handle, int64_t k) {
+  const Weight* w;
+  {
+    std::lock_guard<std::mutex> guard(registry_lock);
+    w = registry.at(handle).get();
+  }
+  TORCH_CHECK(ids.dim() == 1 && k == w->k, "ids ", ids.sizes(), " of a ", w->n, "x", w->k, " weight, k ", k);
+  const at::Tensor rows = ids.to(at::kLong).contiguous();
+  const int64_t* row = rows.data_ptr<int64_t>();
+  const int64_t t = rows.size(0);
+  for (int64_t i = 0; i < t; ++i) TORCH_CHECK(row[i] >= 0 && row[i] < w->n, "row ", row[i], " of ", w->n);
+  at::Tensor out = at::empty({t, k}, rows.options().dtype(at::kFloat));
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, t, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      // The slice holding the row: the last whose first row is at or before it.
+      const auto s = std::upper_bound(w->first_row.begin(), w->first_row.end(), row[i]) - w->first_row.begin() - 1;
+      dequantize_rows(w, s, row[i] - w->first_row[s], 1, dst + i * k);
+    }
+  });
+  return out;
+}
+
+// load and repacked run at load time, outside any graph; linear and embedding are the ones torch.compile traces (their
+// fake implementations are in ggml_linear.py).
 TORCH_LIBRARY(service_ggml, m) {
   m.def("load(Tensor blocks, int type, int k, int n, int parts) -> int", &load);
   m.def("repacked(int handle) -> bool", &repacked);
   m.def("linear(Tensor x, int handle, int n, Tensor? bias, int dense_from) -> Tensor");
+  m.def("embedding(Tensor ids, int handle, int k) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(service_ggml, CPU, m) { m.impl("linear", &linear); }
+TORCH_LIBRARY_IMPL(service_ggml, CPU, m) {
+  m.impl("linear", &linear);
+  m.impl("embedding", &embedding);
+}

@@ -89,7 +89,7 @@ def available() -> bool:
 
 @functools.cache
 def load_library() -> None:
-    """The op library, and the fake implementation torch.compile traces with (output shape only)."""
+    """The op library, and the fake implementations torch.compile traces with (output shapes only)."""
     import torch
 
     torch.ops.load_library(str(GGML_KERNEL_LIBRARY))
@@ -97,6 +97,10 @@ def load_library() -> None:
     @torch.library.register_fake("service_ggml::linear")
     def _(x: torch.Tensor, handle: int, n: int, bias: torch.Tensor | None, dense_from: int) -> torch.Tensor:
         return x.new_empty((x.shape[0], n))
+
+    @torch.library.register_fake("service_ggml::embedding")
+    def _(ids: torch.Tensor, handle: int, k: int) -> torch.Tensor:
+        return ids.new_empty((ids.shape[0], k), dtype=torch.float32)
 
 
 def blocks_of(layer_q: torch.Tensor, layer_s: torch.Tensor, layer_zp: torch.Tensor | None) -> tuple[torch.Tensor, int]:

@@ -7,8 +7,10 @@ vLLM 0.32 has a GGUF method of its own, but its kernels are CUDA's. This one reg
 `register_quantization_config` in every vLLM process (the service's vLLM plugin, when the policy kept the blocks:
 service/policy/model_source.py). A block row is independent of the others, so vLLM's own loaders stack q/k/v and
 gate/up rows into merged layers, and split a row-parallel layer's bytes by rank as they split its values; a merged
-layer whose parts differ in type keeps one handle per part. Only vLLM's
-processes import this module; its classes live at module level because vLLM pickles the config to its engine core.
+layer whose parts differ in type keeps one handle per part. The token embedding and LM head keep their blocks too
+where their type allows (service/policy/model_source.py kept_heads): a decode step's head is ggml's matmul on them.
+Only vLLM's processes import this module; its classes live at module level because vLLM pickles the config to its
+engine core.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from typing import Any
 
 import torch
 from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase
-from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.parameter import ModelWeightParameter
+from vllm.model_executor.utils import set_weight_attrs
 
 from service.kernels.ggml_linear import apply as ggml_apply
 from service.kernels.ggml_linear import available, load_library
@@ -155,6 +159,56 @@ class GgufMixedBlocksLinearMethod(LinearMethodBase):
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+class GgufBlocksEmbeddingMethod(QuantizeMethodBase):
+    """A token embedding or LM head kept in its blocks: the head is ggml's matmul, the embedding dequantizes the rows
+    it looks up. A head tied to the embedding shares its weight (vLLM's `tie_weights`), and so its ggml handle."""
+
+    def __init__(self, type_name: str) -> None:
+        self.type_name = type_name
+        self.block_values, self.block_bytes = block_shape(type_name)
+
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        if input_size_per_partition % self.block_values:
+            raise ValueError(
+                f"{self.type_name} blocks hold {self.block_values} values; rows have {input_size_per_partition}"
+            )
+        row_bytes = input_size_per_partition // self.block_values * self.block_bytes
+        weight = torch.nn.Parameter(
+            torch.empty(sum(output_partition_sizes), row_bytes, dtype=torch.uint8), requires_grad=False
+        )
+        # vLLM's vocab-parallel loader narrows the rows of this rank and zeroes its padding rows.
+        set_weight_attrs(weight, {"input_dim": 1, "output_dim": 0, **extra_weight_attrs})
+        layer.register_parameter("weight", weight)
+        layer.gguf_k, layer.gguf_dtype = input_size_per_partition, params_dtype
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        weight = layer.weight
+        if not hasattr(weight, "ggml_args"):  # the first of a tied embedding and head loads it
+            load_library()
+            blocks = weight.data.contiguous()
+            weight.ggml_args = (_load(blocks, self.type_name, layer.gguf_k), blocks.shape[0])
+            log.info("[service] GGUF blocks: %s %s on ggml's kernel", self.type_name, type(layer).__name__)
+        layer.ggml_args = weight.ggml_args
+        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return ggml_apply(layer, x, bias, dense_from(self.type_name))
+
+    def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
+        handle, _ = layer.ggml_args
+        rows = torch.ops.service_ggml.embedding(input_.reshape(-1), handle, layer.gguf_k)
+        return rows.to(layer.gguf_dtype).reshape(*input_.shape, layer.gguf_k)
+
+
 def _load(blocks: torch.Tensor, type_name: str, k: int) -> int:
     """ggml's handle for rows of blocks, in one slice per thread of this worker's pool."""
     from gguf import GGMLQuantizationType
@@ -189,7 +243,11 @@ class GgufBlocksConfig(QuantizationConfig):
         return cls(config["types"])
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Any:
-        # Linear layers only: embeddings, the output head and norms are dequantized in the checkpoint.
+        if isinstance(layer, VocabParallelEmbedding):
+            # By role: vLLM's llama names its embedding "" (a head tied to it is in `types` as "lm_head" too).
+            kept = self.types.get("lm_head" if isinstance(layer, ParallelLMHead) else "model.embed_tokens")
+            return GgufBlocksEmbeddingMethod(kept) if kept else None
+        # Norms, and a head or embedding the converter dequantized, are plain weights.
         if not isinstance(layer, LinearBase):
             return None
         parent, _, name = prefix.rpartition(".")

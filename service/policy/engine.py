@@ -35,7 +35,7 @@ from service.policy.dense_kernel import plan_dense_kernel
 from service.policy.dtype import BYTES, choose_dtype
 from service.policy.kernels import check_kernels, dtype_limit
 from service.policy.memory import plan_memory
-from service.policy.model_source import ModelSourcePlan, choose_blocks, plan_model_source
+from service.policy.model_source import ModelSourcePlan, choose_blocks, kept_bytes, kept_heads, plan_model_source
 from service.policy.patches import fxgraph_patch
 from service.policy.platform import choose_platform
 from service.policy.preload import choose_preload
@@ -368,14 +368,17 @@ def _read_per_token(model: ModelFacts, dtype: str, gguf_blocks: str | None = Non
     """The weight bytes one decode step reads, as the engine holds them: what bounds batch-1 decode on a CPU.
     `gguf_blocks`: the type a GGUF file's linear layers keep, read as the file stores them."""
     reads = model.decode_reads
+    stored = "quantized values and zero points"
     if reads is not None and gguf_blocks and model.gguf is not None:
-        reads = DecodeReads(model.gguf.read_per_token_elements - model.gguf.linear_elements, model.gguf.linear_bytes)
+        stored_bytes, stored_elements = kept_bytes(model.gguf, per_token=True)
+        reads = DecodeReads(model.gguf.read_per_token_elements - stored_elements, stored_bytes)
+        head = [h.type_name for h in kept_heads(model.gguf) if h.read_per_token]
+        stored = f"the file's {gguf_blocks} blocks" + (f" and its {head[0]} LM head" if head else "")
     if reads is None:
         return ()
     total = reads.bytes_in(BYTES[dtype])
     parts = [f"{reads.float_elements / 1e6:.1f} M float values (layers, scales) in {dtype}"]
     if reads.packed_bytes:
-        stored = f"the file's {gguf_blocks} blocks" if gguf_blocks else "quantized values and zero points"
         parts.insert(0, f"{reads.packed_bytes / 1e6:.1f} MB of {stored} as stored")
     why = (
         f"one decode step reads {total / 1e6:.1f} MB of weights: {', '.join(parts)}; the input embedding table only "
@@ -456,8 +459,8 @@ def _in_dtype(model: ModelFacts, dtype: str, kept_blocks: str | None = None) -> 
     """The model as the engine holds it: unquantized weights are cast to the engine dtype at load; a GGUF file's
     kept blocks (`kept_blocks`) stay as the file stores them."""
     if kept_blocks and model.gguf is not None:
-        gguf = model.gguf
-        return replace(model, weight_bytes=gguf.linear_bytes + (gguf.parameters - gguf.linear_elements) * BYTES[dtype])
+        stored_bytes, stored_elements = kept_bytes(model.gguf, per_token=False)
+        return replace(model, weight_bytes=stored_bytes + (model.gguf.parameters - stored_elements) * BYTES[dtype])
     stored = BYTES.get(model.declared_dtype or "")
     if model.quant is not None or stored is None or stored == BYTES[dtype]:
         return model

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.facts.gguf import GgufFacts
+from service.facts.gguf import GgufFacts, HeadTensor
 from service.facts.model import ModelFacts
 from service.facts.software import SoftwareFacts
 from service.policy.decision import PolicyResult, Source, env, record
@@ -22,7 +22,7 @@ from service.policy.dtype import BYTES
 from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 
 # Bump when the conversion's output changes for the same inputs (layout, files written, tokenizer rules).
-CONVERTER_VERSION = "3"
+CONVERTER_VERSION = "4"
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class GgufConversion:
     config: dict[str, Any]  # the Hugging Face config, as the facts mapped it
     split_rules: tuple[str, ...]  # llama.cpp's pre-tokenizer regexes, where transformers has none (else empty)
     blocks: str | None = None  # the ggml types whose blocks the linear layers keep, "+"-joined (None: all dequantized)
+    heads: tuple[str, ...] = ()  # the token embedding and output tensors that keep their blocks (kept_heads)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,14 @@ BLOCKS_METHOD = "service_gguf"  # the converted checkpoint's quantization_config
 BLOCKS_MEASURED = (
     "on a Zen 4 the bench model decoded at 45.4 tok/s on ggml's Q4_0 kernel and 10.7 tok/s dequantized to fp32 "
     "(two runs: python bench/quant_kernels.py --formats w4a16 --reps 3, then --formats fp32 --reps 3)"
+)
+
+
+# What keeping the LM head's blocks rests on: ggml's matmul on them against the head dequantized to the engine dtype.
+HEAD_MEASURED = (
+    "ggml's matmul on the head's blocks took x0.26-0.42 of the dequantized head's time for one sequence and "
+    "x0.28-0.40 for four, in bf16 and fp32 (SmolLM2's Q8_0 head 49152x576; a Q6_K head 151936x1024; 2 threads, "
+    "Emerald Rapids guest without AVX-512 BF16: python -m bench.lm_head, and --type Q6_K --vocab 151936 --hidden 1024)"
 )
 
 
@@ -115,6 +124,46 @@ def choose_blocks(
 
 def _block_values(type_name: str) -> int:
     return 256 if type_name.endswith("_K") else 32
+
+
+def kept_heads(gguf: GgufFacts) -> tuple[HeadTensor, ...]:
+    """The token embedding and output tensors that keep their blocks when the linear layers do: those of a type
+    ggml's kernel computes, whose rows (the hidden size) are whole blocks. The embedding's row lookup dequantizes the
+    looked-up rows; the LM head is ggml's matmul."""
+    hidden = gguf.config.get("hidden_size")
+    return tuple(
+        h
+        for h in gguf.heads
+        if h.type_name in BLOCK_TYPES and isinstance(hidden, int) and hidden % _block_values(h.type_name) == 0
+    )
+
+
+def kept_bytes(gguf: GgufFacts, per_token: bool) -> tuple[int, int]:
+    """(bytes, elements) of the tensors that keep their blocks: all of them, or (`per_token`) those a decode step
+    reads whole."""
+    heads = [h for h in kept_heads(gguf) if h.read_per_token or not per_token]
+    return (
+        gguf.linear_bytes + sum(h.n_bytes for h in heads),
+        gguf.linear_elements + sum(h.n_elements for h in heads),
+    )
+
+
+def _describe_heads(heads: tuple[HeadTensor, ...], tied: bool) -> str:
+    roles = {"token_embd.weight": "token embedding", "output.weight": "LM head"}
+    return ", ".join(
+        f"{h.type_name} ({roles[h.name]}{', the tied LM head' if tied and h.name == 'token_embd.weight' else ''})"
+        for h in heads
+    )
+
+
+def _no_head_blocks(gguf: GgufFacts) -> str:
+    if not gguf.heads:
+        return "the file has no token embedding or output tensor"
+    types = ", ".join(f"{h.name} {h.type_name}" for h in gguf.heads)
+    return (
+        f"{types}: not a type ggml's kernel computes ({', '.join(BLOCK_TYPES)}) in whole blocks of the hidden size "
+        f"{gguf.config.get('hidden_size')}"
+    )
 
 
 def converter_key(software: SoftwareFacts) -> str:
@@ -182,9 +231,15 @@ def plan_model_source(
     # Named by content alone: the same file under another name or path is the same copy.
     target = cache_dir / "models" / "gguf" / f"{gguf.sha256[:16]}-{dtype}-{key}{f'-{kept}' if kept else ''}"
     before, after = gguf.read_per_token_bytes, gguf.read_per_token_elements * BYTES[dtype]
+    heads = kept_heads(gguf) if kept else ()
+    tied = not any(h.name == "output.weight" for h in gguf.heads)
     if kept:
-        after = gguf.linear_bytes + (gguf.read_per_token_elements - gguf.linear_elements) * BYTES[dtype]
-        what = f"its linear layers' {kept} blocks copied as stored, for ggml's kernel; embeddings and norms dequantized"
+        read_bytes, read_elements = kept_bytes(gguf, per_token=True)
+        after = read_bytes + (gguf.read_per_token_elements - read_elements) * BYTES[dtype]
+        what = f"its linear layers' {kept} blocks"
+        if heads:
+            what += f" and its {_describe_heads(heads, tied)} blocks"
+        what += f" copied as stored, for ggml's kernel; {'norms' if heads else 'embeddings and norms'} dequantized"
     else:
         what = "every block dequantized"
     reason = (
@@ -201,6 +256,9 @@ def plan_model_source(
     if kept:
         op = f"{BLOCKS_KERNEL.op}; the service's vLLM plugin registers it"
         decided.append(env(KERNELS_ENV, BLOCKS_KERNEL.vllm_class, op, blocks.source if blocks else "policy"))
+        head_value = _describe_heads(heads, tied) if heads else "dequantized"
+        head_why = HEAD_MEASURED if heads else _no_head_blocks(gguf)
+        decided.append(record("model", "gguf_head_blocks", head_value, head_why, "policy"))
     conversion = GgufConversion(
         gguf.path,
         gguf.sha256,
@@ -211,6 +269,7 @@ def plan_model_source(
         dict(gguf.config),
         gguf.split_rules or (),
         kept,
+        tuple(h.name for h in heads),
     )
     warnings = []
     if gguf.split_rules is None:

@@ -5,7 +5,8 @@ activations, whose bf16 rounding (mean 0.11 nat) would hide a conversion error t
 
 Both ways the service serves a file: dequantized (gguf_blocks=off), and from its own blocks on ggml's kernel (the
 default where `make kernels` built it), here a tiny llama file, whose Q/K rows llama.cpp permutes, in Q4_0 with
-layer 0's v and down in Q8_0: its layer 0 merges q/k/v blocks of two types, its layer 1 of one."""
+layer 0's v and down in Q8_0: its layer 0 merges q/k/v blocks of two types, its layer 1 of one; its tied token
+embedding (the LM head) keeps its Q4_0 blocks too."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 import torch
 from openai import OpenAI
 
+from service.facts.gguf import read_gguf
 from service.policy.quant_kernels import KERNELS
 from service.vllm_plugin import STATE_PREFIX
 from tests.integration.conftest import _start
@@ -141,6 +143,11 @@ def test_a_files_blocks_are_served_on_ggmls_kernel_in_every_vllm_process(case, b
     assert {s["process"] for s in states} >= {"MainProcess", "EngineCore"} and len(states) >= 3, states
     assert all(s["linear_kernels"] == {KERNEL: "registered"} for s in states), states
     assert f"[service] GGUF blocks: {case.kept} linear layers on ggml's kernel" in run.log
+    # The tied token embedding is the LM head's weight: ggml's matmul runs it on the file's blocks.
+    (embedding,) = read_gguf(run.path).heads
+    head = embedding.type_name
+    assert run.decisions["model.gguf_head_blocks"]["value"] == f"{head} (token embedding, the tied LM head)"
+    assert f"[service] GGUF blocks: {head} VocabParallelEmbedding on ggml's kernel" in run.log
 
 
 @pytest.mark.parametrize("case", BLOCKS_CASES.values(), ids=BLOCKS_CASES)
@@ -150,9 +157,9 @@ def test_the_blocks_compute_what_the_file_says(case, blocks_runs):
     run = blocks_runs(case)
     dequantized = _dequantized_copy(run.path)
 
-    def as_ggml(model):
+    def as_ggml(model):  # the decoder's projections and the LM head, on blocks whose activations are 8-bit per block
         layers = frozenset(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n)
-        dynamic_int8_inputs(model, layers, case.activation_block)
+        dynamic_int8_inputs(model, layers | {"lm_head"}, case.activation_block)
 
     def as_stored_order(model):  # what blocks copied without transformers' un-permutation of Q rows would compute
         as_ggml(model)

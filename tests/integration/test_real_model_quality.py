@@ -79,9 +79,10 @@ SCHEME_BOUNDS = {"w8a8": Bound(0.04, 3.0, 0.4, 2.0), "w4a16-g64": Bound(0.02, 2.
 QUANTIZATION_LOSS = {"w8a8": 1.10, "w4a16-g64": 1.60}  # perplexity / the fp32 model's, at most
 
 
-# The default model's own Q4_1 blocks on ggml's kernel (gguf_blocks=on): the weights are the fp32 copy's exactly; one
-# row at a time ggml quantizes activations per 32-block to 8 bits (Q8_1), and from 128 rows on (the text's prefill) it
-# computes in fp32. Measured: perplexity x1.0000, logprob max 0.74 / mean 0.087, 2 near-ties in 48 greedy tokens.
+# The default model's own Q4_1 blocks, and its tied Q8_0 embedding as the LM head, on ggml's kernel (gguf_blocks=on):
+# the weights are the fp32 copy's exactly; for a few rows ggml quantizes activations per 32-block to 8 bits (Q8_1,
+# Q8_0), and from 32 rows (Q4_1) and 64 (Q8_0) on, as in the text's prefill, it computes in fp32. Measured:
+# perplexity x1.0000, logprob max 0.46 / mean 0.074, 2 near-ties in 48 greedy tokens.
 GGUF_BLOCKS = Bound(0.01, 1.5, 0.15, 1.0)
 
 
@@ -176,6 +177,7 @@ class Measured:
     kernel: str | None = (
         None  # the quantized linear kernel the service reported (quant.linear_kernel; model.gguf_blocks)
     )
+    head: str | None = None  # the blocks the LM head kept, as reported (model.gguf_head_blocks), if any
 
     @property
     def perplexity(self) -> float:
@@ -206,8 +208,16 @@ def measure(server_logs, fp32_model, text, chat_ids):
             finally:
                 release(server.process)
             kernel_setting = "model.gguf_blocks" if path.blocks else "quant.linear_kernel"
-            kernel = next((d["value"] for d in report["decisions"] if d["setting"] == kernel_setting), None)
-            done[path.name] = Measured(path, model, served, logprobs, kernel=kernel)
+            found = {d["setting"]: d["value"] for d in report["decisions"]}
+            head = found.get("model.gguf_head_blocks")
+            done[path.name] = Measured(
+                path,
+                model,
+                served,
+                logprobs,
+                kernel=found.get(kernel_setting),
+                head=head if head != "dequantized" else None,
+            )
         return done[path.name]
 
     return run
@@ -220,7 +230,7 @@ def _prepare(result: Measured, corrupt=None):
 
     def prepare(model):
         if result.path.blocks:  # every decoder projection, per 32-block; the text's prefill is fp32 (see GGUF_BLOCKS)
-            dynamic_int8_inputs(model, decoder_projections(model), 32)
+            dynamic_int8_inputs(model, decoder_projections(model) | ({"lm_head"} if result.head else set()), 32)
         dynamic_int8_inputs(model, layers, ACTIVATION_BLOCKS.get(result.kernel or ""))
         if corrupt:
             corrupt(model)
@@ -280,8 +290,9 @@ def test_each_path_computes_what_its_weights_say(path, measure, fp32_model, text
             ours = {rule.kernel for rules in handover.ours.values() for rule in rules}
             wanted = {rule.kernel for rule in handover.ours.get(asked, ())}
             assert result.kernel in wanted if wanted else result.kernel not in ours, (asked, result.kernel)
-    if path.blocks:  # the file's own type, read back from the running service
+    if path.blocks:  # the file's own types, read back from the running service
         assert result.kernel == "Q4_1", result.kernel
+        assert result.head == "Q8_0 (token embedding, the tied LM head)", result.head
     comparison, ratio = _check(result, fp32_model, text, fp32_perplexity=fp32_perplexity)
     loss = result.perplexity / fp32_perplexity
     print(

@@ -17,7 +17,14 @@ from service.facts.gguf import LINEAR_TENSOR, read_gguf
 from service.facts.model import inspect_model
 from service.facts.software import read_software
 from service.gguf_convert import ensure_converted
-from service.policy.model_source import BLOCK_TYPES, BLOCKS_METHOD, choose_blocks, plan_model_source
+from service.policy.model_source import (
+    BLOCK_TYPES,
+    BLOCKS_METHOD,
+    choose_blocks,
+    kept_bytes,
+    kept_heads,
+    plan_model_source,
+)
 from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 from tests.support.gguf_models import tiny_gguf
 from tests.support.server import MODELS
@@ -91,6 +98,59 @@ def test_the_plan_names_the_kernel_the_plugin_registers_and_a_copy_of_its_own(tm
     assert KERNELS_ENV not in dequantized.result.env
 
 
+def test_a_head_keeps_its_blocks_only_in_a_type_and_size_ggml_computes(tmp_path):
+    model = inspect_model(str(tiny_gguf(MODELS, "llama", "Q4_0")))
+    gguf = model.gguf
+    (embedding,) = gguf.heads  # tied: the token embedding is the LM head
+    assert embedding.read_per_token and kept_heads(gguf) == (embedding,)
+    kept = choose_blocks(gguf, "auto", False, BUILT, default_model=False)
+    plan = plan_model_source(model, "float32", tmp_path, SOFTWARE, frozenset(), blocks=kept)
+    assert plan.conversion.heads == ("token_embd.weight",)
+    head = plan.result.find("model.gguf_head_blocks")
+    assert head.value == "Q4_0 (token embedding, the tied LM head)" and "bench.lm_head" in head.reason
+    # Every float tensor left is an fp32 norm, as the file stores it: an fp32 engine reads what the file holds.
+    assert kept_bytes(gguf, per_token=True) == (
+        gguf.linear_bytes + embedding.n_bytes,
+        gguf.linear_elements + embedding.n_elements,
+    )
+    assert plan.result.find("model.source").reason.endswith("as converted (x1.00)")
+
+    for change, why in (
+        ({"heads": (replace(embedding, type_name="F16"),)}, "token_embd.weight F16: not a type ggml's kernel"),
+        ({"config": {**gguf.config, "hidden_size": 576}, "heads": (replace(embedding, type_name="Q4_K"),)}, "576"),
+    ):
+        other = replace(gguf, **change)
+        assert kept_heads(other) == ()
+        plan = plan_model_source(replace(model, gguf=other), "float32", tmp_path, SOFTWARE, frozenset(), blocks=kept)
+        assert plan.conversion.heads == () and why in plan.result.find("model.gguf_head_blocks").reason
+        assert plan.result.find("model.gguf_head_blocks").value == "dequantized"
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("tensor_type", BLOCK_TYPES)
+@pytest.mark.parametrize("parts", [1, 3])
+def test_the_embedding_lookup_dequantizes_the_rows_asked_for(tensor_type, parts):
+    """Each looked-up row as gguf-py dequantizes it, from any slice, repacked (Q4_0) or not; a row out of range is an
+    error, not a read past the weight."""
+    from gguf import GGMLQuantizationType
+
+    from service.kernels.ggml_linear import load_library
+
+    load_library()
+    tensor = next(t for t in _file_tensors(tensor_type) if t.name == "token_embd.weight")
+    k = int(tensor.shape[0])
+    blocks = np.asarray(tensor.data, dtype=np.uint8).reshape(int(tensor.shape[1]), -1)
+    n = blocks.shape[0]
+    handle = torch.ops.service_ggml.load(
+        torch.from_numpy(blocks.copy()), int(GGMLQuantizationType[tensor_type]), k, n, parts
+    )
+    ids = torch.tensor([0, n - 1, 7, 8, n // 2, n // 3 + 1, 7])
+    got = torch.ops.service_ggml.embedding(ids, handle, k)
+    torch.testing.assert_close(got, _dequantized_rows(blocks[ids.numpy()], tensor_type), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match=f"row {n} of {n}"):
+        torch.ops.service_ggml.embedding(torch.tensor([n]), handle, k)
+
+
 def _dequantized_rows(rows: np.ndarray, type_name: str) -> torch.Tensor:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -115,17 +175,23 @@ def test_the_converted_blocks_are_the_files_rows_in_transformers_order(arch, ten
         load_file(Path(blocks_dir) / "model.safetensors"),
         load_file(Path(floats_dir) / "model.safetensors"),
     )
-    linear = [name for name, t in blocks.items() if t.dtype == torch.uint8]
+    stored = [name for name, t in blocks.items() if t.dtype == torch.uint8]
+    linear = [name for name in stored if ".layers." in name]
     assert len(linear) == 7 * model.gguf.config["num_hidden_layers"]
+    # The tiny files store their embedding (and untied head) in the file's type: whole blocks of the hidden size.
+    heads = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight"}
+    assert sorted(set(stored) - set(linear)) == sorted(heads[h.name] for h in kept_heads(model.gguf))
+    assert any(h.read_per_token for h in kept_heads(model.gguf))  # the LM head, tied or not
     quantization = json.loads((Path(blocks_dir) / "config.json").read_text())["quantization_config"]
     assert quantization["quant_method"] == BLOCKS_METHOD and quantization["ggml_type"] == kept.type_name
     types = quantization["types"]  # per module: the file's type for it
-    assert sorted(types) == sorted(name.removesuffix(".weight") for name in linear)
-    assert set(types.values()) == set(kept.type_name.split("+"))
-    for name in linear:
+    tied = model.gguf.config.get("tie_word_embeddings", False)
+    assert sorted(types) == sorted([name.removesuffix(".weight") for name in stored] + (["lm_head"] if tied else []))
+    assert {types[name.removesuffix(".weight")] for name in linear} == set(kept.type_name.split("+"))
+    for name in stored:
         dequantized = _dequantized_rows(blocks[name].numpy(), types[name.removesuffix(".weight")])
         torch.testing.assert_close(dequantized, floats[name], rtol=0, atol=0)
-    assert all(t.dtype == torch.float32 for name, t in blocks.items() if name not in linear)
+    assert all(t.dtype == torch.float32 for name, t in blocks.items() if name not in stored)
 
 
 @pytest.mark.kernels

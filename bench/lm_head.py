@@ -1,0 +1,74 @@
+"""Whether a GGUF file's LM head (its output tensor, or the token embedding it ties to) should keep its blocks: ggml's
+matmul on the blocks against the head the engine ran before, the blocks dequantized to the engine dtype and
+multiplied by torch (F.linear, which vLLM's CPU dispatch calls for an embedding-tied head), per number of rows (the
+sequences of a decode step; vLLM computes logits for the last token of each sequence only).
+
+  .venv/bin/python -m bench.lm_head [--threads 2] [--reps 50] [--type Q8_0] [--vocab 49152] [--hidden 576]
+
+The defaults are SmolLM2-135M's tied Q8_0 embedding. One process, `--threads` torch threads, one weight slice per
+thread as the engine loads them, random values (the kernels' speed does not depend on them); ms per call, median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+ROWS = (1, 4, 16, 64)
+
+
+def median_ms(run: Callable[[], object], reps: int) -> float:
+    run()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    import numpy as np
+    import torch
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from harness.ggml_blocks import blocks_of
+    from service.kernels import gguf_blocks
+    from service.kernels.ggml_linear import load_library
+    from service.policy.model_source import BLOCK_TYPES
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--type", choices=BLOCK_TYPES, default="Q8_0")
+    parser.add_argument("--vocab", type=int, default=49152)
+    parser.add_argument("--hidden", type=int, default=576)
+    args = parser.parse_args()
+    load_library()
+    torch.set_num_threads(args.threads)
+    kind = GGMLQuantizationType[args.type]
+    rng = np.random.default_rng(0)
+    blocks = blocks_of(rng.standard_normal((args.vocab, args.hidden), dtype=np.float32) * 0.02, args.type, rng)
+    handle = torch.ops.service_ggml.load(torch.from_numpy(blocks), kind.value, args.hidden, args.vocab, args.threads)
+    values = torch.from_numpy(dequantize(blocks, kind).reshape(args.vocab, args.hidden))
+    dense_from = gguf_blocks.dense_from(args.type)
+    print(f"{args.type} head {args.vocab}x{args.hidden}, threads {args.threads}; ms per call, median of {args.reps}")
+    for dtype in (torch.bfloat16, torch.float32):
+        weight = values.to(dtype).contiguous()
+        for rows in ROWS:
+            x = torch.randn(rows, args.hidden, dtype=dtype)
+            ggml = median_ms(
+                lambda x=x: torch.ops.service_ggml.linear(x, handle, args.vocab, None, dense_from), args.reps
+            )
+            dense = median_ms(lambda x=x, w=weight: torch.nn.functional.linear(x, w), args.reps)
+            print(
+                f"{str(dtype).removeprefix('torch.'):8s} rows {rows:3d}: blocks {ggml:6.2f} ms, "
+                f"dequantized {dense:6.2f} ms (x{ggml / dense:.2f})"
+            )
+
+
+if __name__ == "__main__":
+    main()
