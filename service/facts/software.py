@@ -56,6 +56,11 @@ GGML_KERNEL_BUILT = GGML_KERNEL_DIR / "kernel" / "built.json"
 # The llama.cpp source the service builds its kernels from at start where this CPU has none (the images set it:
 # they run on CPUs they were not built on); a checkout builds them with `make kernels` instead.
 KERNEL_SOURCE = Path(os.environ["SERVICE_KERNEL_SOURCE"]) if os.environ.get("SERVICE_KERNEL_SOURCE") else None
+# What the policy says where they are missing: a checkout's fix, and an image's (whose log says why its build did not run).
+KERNELS_NOT_BUILT = (
+    "the service's kernels are not built for this CPU (make kernels; an image builds them at its first start, and its "
+    "startup log says why it did not)"
+)
 
 _MAJOR_MINOR = re.compile(r"^(\d+)\.(\d+)")
 

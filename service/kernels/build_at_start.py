@@ -41,21 +41,21 @@ def build_at_start(
     built: Callable[[], str | None] = ggml_kernel_built,
     kernel_dir: Path = GGML_KERNEL_DIR,
 ) -> str | None:
-    """Builds the kernels when this CPU has none and `mode` allows it; what happened, for the startup log (None:
-    nothing to do or nothing to build from)."""
+    """Builds the kernels when this CPU has none and `mode` allows it. What happened is logged once (an error when the
+    build failed) and returned (None: nothing to do or nothing to build from)."""
     if built() is not None:
         return None
     if source is None or not (source / "CMakeLists.txt").is_file():
         return None  # a checkout without `make kernels`: the policy's decisions say so
     if mode == "off":
-        return (
+        return _said(
             f"the service's kernels are not built for this CPU and build_kernels=off: not building them from {source}"
         )
     kernel_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(kernel_dir.parent / f"{kernel_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another start on this cache volume may be building them
         if built() is not None:
-            return f"the service's kernels for this CPU were built by another start meanwhile ({kernel_dir})"
+            return _said(f"the service's kernels for this CPU were built by another start meanwhile ({kernel_dir})")
         log.warning(
             "building the service's kernels for this CPU from %s into %s: its first start on this CPU, a minute or "
             "two on a few cores; later starts reuse them",
@@ -78,10 +78,15 @@ def build_at_start(
             return _failed(str(exc))
         if built() is None:
             return _failed("the build finished without its stamp")
-    return f"built the service's kernels for this CPU in {time.monotonic() - started:.0f} s ({kernel_dir})"
+    return _said(f"built the service's kernels for this CPU in {time.monotonic() - started:.0f} s ({kernel_dir})")
+
+
+def _said(line: str) -> str:
+    log.info("%s", line)
+    return line
 
 
 def _failed(why: str) -> str:
     line = f"building the service's kernels for this CPU failed, vLLM's kernels run instead: {why}"
-    log.error(line)
+    log.error("%s", line)
     return line

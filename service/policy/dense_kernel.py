@@ -7,6 +7,7 @@ load), so the choice changes speed and memory, not results."""
 from __future__ import annotations
 
 from service.facts.quantization import QuantFacts
+from service.facts.software import KERNELS_NOT_BUILT
 from service.policy.backends import Backend
 from service.policy.decision import PolicyResult, Source, env, record
 from service.policy.quant_kernels import KERNELS, KERNELS_ENV
@@ -88,7 +89,7 @@ def _service_kernel(
 ) -> PolicyResult:
     source: Source = "user" if asked == "on" else "policy"
     if not kernels_built:
-        missing = "the service's kernels are not built (make kernels)"
+        missing = KERNELS_NOT_BUILT
         if asked == "on":
             return PolicyResult(errors=(f"bf16_weights=on was set, but {missing}",))
         return PolicyResult.of(record("engine", "linear_weights", values[1], f"{why}; but {missing}", "policy"))

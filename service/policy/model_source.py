@@ -16,7 +16,7 @@ from typing import Any
 
 from service.facts.gguf import GgufFacts, HeadTensor
 from service.facts.model import ModelFacts
-from service.facts.software import SoftwareFacts
+from service.facts.software import KERNELS_NOT_BUILT, SoftwareFacts
 from service.policy.decision import PolicyResult, Source, env, record
 from service.policy.dtype import BYTES
 from service.policy.quant_kernels import KERNELS, KERNELS_ENV
@@ -111,7 +111,7 @@ def choose_blocks(
     ):
         why_not = f"tensor-parallel size {tp_size} would split its {'/'.join(types)} blocks"
     elif not kernels_built:
-        why_not = "the service's kernels are not built (make kernels)"
+        why_not = KERNELS_NOT_BUILT
     if why_not is not None:
         if asked == "on":
             return BlocksChoice(None, why_not, source, f"gguf_blocks=on was set, but {why_not}")

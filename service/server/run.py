@@ -94,8 +94,7 @@ def run(settings: Settings) -> int:
     user_preload = os.environ.get("LD_PRELOAD")
     started = time.monotonic()
     # Before the facts are read: they find the build this makes (an image's first start on a CPU).
-    if built := build_at_start(settings.build_kernels, KERNEL_SOURCE):
-        log.info("%s", built)
+    build_at_start(settings.build_kernels, KERNEL_SOURCE)  # logs what it did
     choice = choose_model(settings, build_demo=True)
     report = build_report(settings, model=choice)
     if report.ok:
