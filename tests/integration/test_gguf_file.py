@@ -4,9 +4,9 @@ transformers' fp32 forward on the converted weights. Served in fp32: the file's 
 activations, whose bf16 rounding (mean 0.11 nat) would hide a conversion error that fp32 shows.
 
 Both ways the service serves a file: dequantized (gguf_blocks=off), and from its own blocks on ggml's kernel (the
-default where `make kernels` built it), here a tiny llama file, whose Q/K rows llama.cpp permutes, in Q4_0 with
-layer 0's v and down in Q8_0: its layer 0 merges q/k/v blocks of two types, its layer 1 of one; its tied token
-embedding (the LM head) keeps its Q4_0 blocks too."""
+default where `make kernels` built it), here a tiny mistral file (llama's layout, whose Q/K rows llama.cpp
+permutes) in Q4_0 with layer 0's v and down in Q8_0: its layer 0 merges q/k/v blocks of two types, its layer 1 of
+one; its token embedding and its untied LM head keep their Q4_0 blocks too."""
 
 from __future__ import annotations
 
@@ -68,7 +68,8 @@ def test_the_served_tokens_are_the_files_model(gguf_server):
 
 @dataclass(frozen=True)
 class BlocksCase:
-    tensor_type: str  # the tiny llama file's (tests/support/gguf_models.py)
+    arch: str  # the tiny file's (tests/support/gguf_models.py)
+    tensor_type: str
     kept: str  # model.gguf_blocks
     activation_block: int  # ggml quantizes each row's activations to 8 bits per this many inputs, for these types
     max_diff: float
@@ -76,11 +77,13 @@ class BlocksCase:
 
 
 # One file covers both methods: layer 1's q/k/v is all Q4_0 (one handle), layer 0's mixes Q4_0 and Q8_0 (one per
-# part). The reference quantizes activations as ggml does (dynamic_int8_inputs). Measured: logprob max 0.010 / mean
-# 0.0028, and against one layer's Q rows left in the file's order 0.072 / 0.021 (a Q4_0-only file: 0.0086 / 0.0029
-# and 0.073 / 0.021). The K-quant files' random blocks make a model whose tokens sit at logprobs near -30, where
+# part). A mistral file: llama's layout (Q/K rows permuted by llama.cpp) with an untied output head, so the token
+# embedding and the LM head keep blocks of their own (SmolLM2's quality check covers a head tied to the embedding).
+# The reference quantizes activations as ggml does (dynamic_int8_inputs), the head's included. Measured: logprob max
+# 0.014 / mean 0.0037, and against one layer's Q rows left in the file's order 0.092 / 0.020 (a tied llama file
+# before the head kept its blocks: 0.010 / 0.0028 and 0.072 / 0.021). The K-quant files' random blocks make a model whose tokens sit at logprobs near -30, where
 # 8-bit activations move them by nats: not a check.
-BLOCKS_CASES = {"Q4_0+Q8_0": BlocksCase("Q4_0+Q8_0", "Q4_0+Q8_0", 32, 0.03, 0.008)}
+BLOCKS_CASES = {"mistral-Q4_0+Q8_0": BlocksCase("mistral", "Q4_0+Q8_0", "Q4_0+Q8_0", 32, 0.03, 0.008)}
 
 
 @dataclass
@@ -93,15 +96,15 @@ class BlocksRun:
 
 @pytest.fixture(scope="module")
 def blocks_runs(server_logs):
-    """Each tiny llama file served from its blocks: recorded, then stopped (memory for the session's servers)."""
+    """Each tiny file served from its blocks: recorded, then stopped (memory for the session's servers)."""
     done: dict[str, BlocksRun] = {}
 
     def run(case: BlocksCase) -> BlocksRun:
-        if case.tensor_type not in done:
-            path = tiny_gguf(MODELS, "llama", case.tensor_type)
+        if case not in done:
+            path = tiny_gguf(MODELS, case.arch, case.tensor_type)
             served_name = path.stem
             server = _start(
-                f"gguf-blocks-{case.tensor_type}",
+                f"gguf-blocks-{case.arch}-{case.tensor_type}",
                 server_logs,
                 served_name,
                 model=str(path),
@@ -116,8 +119,8 @@ def blocks_runs(server_logs):
                 log = server.process.log_tail(10**6)
             finally:
                 release(server.process)
-            done[case.tensor_type] = BlocksRun(path, decisions, log, served)
-        return done[case.tensor_type]
+            done[case] = BlocksRun(path, decisions, log, served)
+        return done[case]
 
     return run
 
@@ -143,11 +146,12 @@ def test_a_files_blocks_are_served_on_ggmls_kernel_in_every_vllm_process(case, b
     assert {s["process"] for s in states} >= {"MainProcess", "EngineCore"} and len(states) >= 3, states
     assert all(s["linear_kernels"] == {KERNEL: "registered"} for s in states), states
     assert f"[service] GGUF blocks: {case.kept} linear layers on ggml's kernel" in run.log
-    # The tied token embedding is the LM head's weight: ggml's matmul runs it on the file's blocks.
-    (embedding,) = read_gguf(run.path).heads
-    head = embedding.type_name
-    assert run.decisions["model.gguf_head_blocks"]["value"] == f"{head} (token embedding, the tied LM head)"
-    assert f"[service] GGUF blocks: {head} VocabParallelEmbedding on ggml's kernel" in run.log
+    # The token embedding and the LM head, each on its own blocks: the lookup and ggml's matmul.
+    embedding, output = read_gguf(run.path).heads
+    value = f"{embedding.type_name} (token embedding), {output.type_name} (LM head)"
+    assert run.decisions["model.gguf_head_blocks"]["value"] == value
+    assert f"[service] GGUF blocks: {embedding.type_name} VocabParallelEmbedding on ggml's kernel" in run.log
+    assert f"[service] GGUF blocks: {output.type_name} ParallelLMHead on ggml's kernel" in run.log
 
 
 @pytest.mark.parametrize("case", BLOCKS_CASES.values(), ids=BLOCKS_CASES)
