@@ -52,12 +52,21 @@ def dense_from(type_name: str) -> int:
     return DENSE_FROM_ROWS.get(type_name, DENSE_FROM_DEFAULT)
 
 
+def empty_rows(type_name: str, rows: int, k: int) -> torch.Tensor:
+    """uint8 [rows, row bytes] for rows of `k` values in `type_name` blocks, which must hold whole blocks."""
+    values, nbytes = block_shape(type_name)
+    if k % values:
+        raise ValueError(
+            f"{type_name} blocks hold {values} values; these rows have {k} (a tensor-parallel size that splits a block?)"
+        )
+    return torch.empty(rows, k // values * nbytes, dtype=torch.uint8)
+
+
 class GgufBlocksLinearMethod(LinearMethodBase):
     """A linear layer whose rows are all of one type: one weight of [rows, row bytes], one ggml handle."""
 
     def __init__(self, type_name: str) -> None:
         self.type_name = type_name
-        self.block_values, self.block_bytes = block_shape(type_name)
 
     def create_weights(
         self,
@@ -69,14 +78,8 @@ class GgufBlocksLinearMethod(LinearMethodBase):
         params_dtype: torch.dtype,
         **extra_weight_attrs: Any,
     ) -> None:
-        if input_size_per_partition % self.block_values:
-            raise ValueError(
-                f"{self.type_name} blocks hold {self.block_values} inputs; this partition has "
-                f"{input_size_per_partition} (a tensor-parallel size that splits a block)"
-            )
-        row_bytes = input_size_per_partition // self.block_values * self.block_bytes
         weight = ModelWeightParameter(
-            data=torch.empty(sum(output_partition_sizes), row_bytes, dtype=torch.uint8),
+            data=empty_rows(self.type_name, sum(output_partition_sizes), input_size_per_partition),
             input_dim=1,
             output_dim=0,
             weight_loader=extra_weight_attrs.pop("weight_loader"),
@@ -165,7 +168,6 @@ class GgufBlocksEmbeddingMethod(QuantizeMethodBase):
 
     def __init__(self, type_name: str) -> None:
         self.type_name = type_name
-        self.block_values, self.block_bytes = block_shape(type_name)
 
     def create_weights(
         self,
@@ -177,14 +179,8 @@ class GgufBlocksEmbeddingMethod(QuantizeMethodBase):
         params_dtype: torch.dtype,
         **extra_weight_attrs: Any,
     ) -> None:
-        if input_size_per_partition % self.block_values:
-            raise ValueError(
-                f"{self.type_name} blocks hold {self.block_values} values; rows have {input_size_per_partition}"
-            )
-        row_bytes = input_size_per_partition // self.block_values * self.block_bytes
-        weight = torch.nn.Parameter(
-            torch.empty(sum(output_partition_sizes), row_bytes, dtype=torch.uint8), requires_grad=False
-        )
+        rows = empty_rows(self.type_name, sum(output_partition_sizes), input_size_per_partition)
+        weight = torch.nn.Parameter(rows, requires_grad=False)
         # vLLM's vocab-parallel loader narrows the rows of this rank and zeroes its padding rows.
         set_weight_attrs(weight, {"input_dim": 1, "output_dim": 0, **extra_weight_attrs})
         layer.register_parameter("weight", weight)
