@@ -65,7 +65,7 @@ BLOCKS_MEASURED = (
 # What keeping the LM head's blocks rests on: ggml's matmul on them against the head dequantized to the engine dtype.
 HEAD_MEASURED = (
     "ggml's matmul on the head's blocks took x0.26-0.42 of the dequantized head's time for one sequence and "
-    "x0.28-0.40 for four, in bf16 and fp32 (SmolLM2's Q8_0 head 49152x576; a Q6_K head 151936x1024; 2 threads, "
+    "x0.28-0.39 for four, in bf16 and fp32 (SmolLM2's Q8_0 head 49152x576; a Q6_K head 151936x1024; 2 threads, "
     "Emerald Rapids guest without AVX-512 BF16: python -m bench.lm_head, and --type Q6_K --vocab 151936 --hidden 1024)"
 )
 
