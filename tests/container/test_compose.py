@@ -1,9 +1,11 @@
 """The compose stack for real, with podman-compose (no Docker daemon, no registry): the api
 service from the built default image (no SERVICE_TARGET chosen) and Prometheus from an image built
-from Debian's package, both through a test-only override file (users' compose.yaml stays as it is).
+from Debian's package, both through a test-only override file (users' compose.yaml stays as it is). The override
+also mounts the session's cache volume as the stack's cache: the stack's first start builds the service's kernels for
+this CPU and compiles the default model there once, and the image tests' starts reuse both instead of doing it again.
 The api must pick the live CPU's backend and its preload by itself; Prometheus must see the api
 target up and scrape `vllm:*` metrics through the compose network; everything is brought down
-(containers, network, volumes) afterwards.
+(containers, network, its own volumes) afterwards.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def prom_query(base: str, query: str) -> list:
 
 
 @pytest.fixture
-def stack(images, prometheus_image, tmp_path):
+def stack(images, prometheus_image, cache_volume, tmp_path):
     project = f"clstest{uuid.uuid4().hex[:8]}"
     key = tmp_path / "api_key"
     key.write_text("compose-test-key\n")
@@ -59,6 +61,10 @@ services:
       HF_HUB_OFFLINE: "1"
   prometheus:
     image: {prometheus_image}
+volumes:
+  hf-cache:
+    external: true
+    name: {cache_volume}
 """)
     api_port, prom_port = free_port(), free_port()
     # No SERVICE_TARGET: compose.yaml picks its default image (built by the `images` fixture).

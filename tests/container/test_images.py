@@ -5,8 +5,8 @@ Each image is started offline, must turn /ready, answer a chat completion, and r
 /metrics the backend the host's own detection expects. The compose default image (zentorch included) runs with no
 model configured: it must serve the default model it ships (SmolLM2-135M-Instruct) and answer a question right,
 pick the live CPU's backend by itself (zen on an AMD EPYC) and preload that backend's libraries into its engine
-processes. The default and the generic image build the service's kernels for this CPU at their first start, into
-the shared cache volume, and run them. The other images run the tiny demo model (what they test is the image, not the model); the Zen image on a
+processes. The default and the generic image run the service's kernels, built for this CPU into the shared cache
+volume by the first start on it (theirs, or the compose stack's before them). The other images run the tiny demo model (what they test is the image, not the model); the Zen image on a
 non-AMD host must say why Zen acceleration is unavailable, and refuse cleanly when `backend: zen` is forced.
 """
 
