@@ -7,6 +7,7 @@ import copy
 from argparse import Namespace
 from collections.abc import Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -21,7 +22,7 @@ from service.report import StartupReport
 from service.server.admission import engine_admission
 from service.server.auth import require_api_key
 from service.server.body_limit import BodyLimitMiddleware
-from service.server.errors import install_error_handlers
+from service.server.errors import ServiceError, install_error_handlers
 from service.server.lifecycle import Lifecycle, Phase
 from service.server.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from service.server.routes import SERVICE_ROUTES, UNCOUNTED, Access, served_engine_route
@@ -186,7 +187,7 @@ def _service_handlers(
 
     source = _model_source(report)
 
-    async def v1_models(request: Request) -> Response:
+    async def cards(request: Request) -> dict[str, Any]:
         listing = await request.app.state.openai_serving_models.show_available_models()
         body = listing.model_dump()
         for card in body["data"]:
@@ -194,7 +195,23 @@ def _service_handlers(
                 card.update(demo=True, description=_DEMO_DESCRIPTION)
             if source:
                 card.update(source=source)
-        return JSONResponse(body)
+        return body
+
+    async def v1_models(request: Request) -> Response:
+        return JSONResponse(await cards(request))
+
+    async def v1_model(request: Request, model: str) -> Response:
+        listing = await cards(request)
+        card = next((c for c in listing["data"] if c["id"] == model), None)
+        if card is None:
+            served = ", ".join(c["id"] for c in listing["data"])
+            raise ServiceError(
+                HTTPStatus.NOT_FOUND,
+                f"The model `{model}` does not exist. Valid aliases: {served}.",
+                "NotFoundError",
+                param="model",
+            )
+        return JSONResponse(card)
 
     async def openapi() -> Response:
         """Every route this port serves (vLLM's once the engine is up)."""
@@ -208,4 +225,5 @@ def _service_handlers(
         "/v1/hardware": v1_hardware,
         "/openapi.json": openapi,
         "/v1/models": v1_models,
+        "/v1/models/{model:path}": v1_model,
     }

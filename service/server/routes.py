@@ -28,6 +28,8 @@ SERVICE_ROUTES: dict[str, Access] = {
     "/v1/hardware": Access.SERVICE,
     "/openapi.json": Access.SERVICE,
     "/v1/models": Access.ENGINE,
+    # OpenAI's "retrieve model" (`client.models.retrieve`); `path` because Hugging Face ids hold a slash.
+    "/v1/models/{model:path}": Access.ENGINE,
 }
 
 # vLLM's routes that are served (Access.ENGINE), each only where the model supports it (vLLM registers the

@@ -28,6 +28,21 @@ def test_list_models_marks_the_demo(client, chat_server):
     assert models[0].model_extra["demo"] is True and "demo" in models[0].model_extra["description"]
 
 
+def test_retrieve_model_returns_the_served_card_and_404_for_any_other(client, chat_server):
+    card = client.models.retrieve(chat_server.served_model)
+    assert card.id == chat_server.served_model and card.model_extra["demo"] is True
+    listed = client.models.list().data[0]
+    per_call = {"created", "permission"}  # the time of the call, and a permission id made per call
+    assert card.model_dump(exclude=per_call) == listed.model_dump(exclude=per_call)
+    # A Hugging Face id holds a slash: still this route, still the OpenAI error shape.
+    for other in ("gpt-4o", "Qwen/Qwen3-0.6B"):
+        with pytest.raises(openai.NotFoundError) as err:
+            client.models.retrieve(other)
+        error = err.value.body
+        assert error["param"] == "model" and f"`{other}` does not exist" in error["message"], error
+        assert chat_server.served_model in error["message"]
+
+
 def test_completion_honours_max_tokens(client, chat_server):
     out = client.completions.create(model=chat_server.served_model, prompt="hello world", max_tokens=7, temperature=0)
     assert out.usage.completion_tokens == 7 and out.choices[0].finish_reason == "length"

@@ -280,6 +280,7 @@ def test_body_over_limit_is_413_without_reading_it(server):
         ("POST", COMPLETIONS),
         ("POST", CHAT),
         ("GET", "/v1/models"),
+        ("GET", f"/v1/models/{SERVED}"),
         ("GET", "/v1/hardware"),
         ("POST", "/tokenize"),
         ("GET", "/openapi.json"),
@@ -307,7 +308,7 @@ def test_probes_and_version_need_no_key_and_the_key_opens_the_api(server):
 def test_schema_covers_the_engine_routes(server):
     schema = httpx.get(f"{server.url}/openapi.json", headers=server.headers()).json()
     paths = set(schema["paths"])
-    assert {"/health", "/ready", "/version", "/v1/hardware", "/metrics", "/v1/models"} <= paths
+    assert {"/health", "/ready", "/version", "/v1/hardware", "/metrics", "/v1/models", "/v1/models/{model}"} <= paths
     assert {COMPLETIONS, CHAT, "/tokenize", "/v1/responses"} <= paths
     assert "/scale_elastic_ep" not in paths
     assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"

@@ -23,7 +23,7 @@ def test_the_settings_table_is_the_one_the_fields_make():
 
 def test_the_endpoint_table_lists_exactly_the_served_routes():
     table = README[README.index("## Endpoints") : README.index("With an API key configured")]
-    listed = set(re.findall(r"`(?:GET |POST )?(/[\w/{}.-]*)`", table))
+    listed = set(re.findall(r"`(?:GET |POST )?(/[\w/{}.:-]*)`", table))
     assert listed == set(SERVICE_ROUTES) | ENGINE_ROUTES, listed ^ (set(SERVICE_ROUTES) | ENGINE_ROUTES)
 
 
