@@ -5,7 +5,7 @@ Only what vLLM lets through is checked here (each case was tried against a runni
 tests/reliability/test_bad_input.py): a role OpenAI does not have ("wizard" was answered 200), a tool message
 without its tool_call_id (200), logit_bias values outside OpenAI's [-100, 100] (200), an image/audio/video part
 sent to a text-only model (400 without `param`), a JSON schema that is not one (400 "Grammar error" without
-`param`). Everything else (types, unknown tool in tool_choice, stop that is not strings, out-of-vocab
+`param`), `best_of` above `n` (200: vLLM 0.32 parses the field and ignores it, so the answer was n plain samples). Everything else (types, unknown tool in tool_choice, stop that is not strings, out-of-vocab
 logit_bias ids) vLLM already answers with 400 naming the field.
 """
 
@@ -44,7 +44,7 @@ def check_request(path: str, body: Mapping[str, Any], model: ModelFacts | None) 
     schema validation names the field."""
     if path not in CHECKED_PATHS or not isinstance(body, Mapping):
         return None
-    checks = [_logit_bias(body)]
+    checks = [_logit_bias(body), _best_of(body)]
     if path == CHAT:
         checks += [
             _messages(body.get("messages"), model),
@@ -87,6 +87,24 @@ def _content_parts(i: int, content: Any, model: ModelFacts | None) -> RequestPro
                 f"messages[{i}].content[{j}] is a {kind!r} part, but the model takes text only",
                 f"messages[{i}].content[{j}]",
             )
+    return None
+
+
+def _best_of(body: Mapping[str, Any]) -> RequestProblem | None:
+    """OpenAI's best_of generates that many completions and returns the n best; the engine cannot rank them, so
+    only best_of == n (every completion returned) is served."""
+    best_of, n = body.get("best_of"), body.get("n")
+    n = 1 if n is None else n
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (best_of, n)):
+        return None  # absent, or a type vLLM's schema names
+    if best_of < n:
+        return RequestProblem(f"best_of must be at least n: best_of={best_of}, n={n}", "best_of")
+    if best_of > n:
+        return RequestProblem(
+            f"best_of={best_of} above n={n} is not supported: the engine does not rank completions; ask for "
+            f"n={best_of} and pick, or leave best_of out",
+            "best_of",
+        )
     return None
 
 

@@ -116,6 +116,8 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
             },
             "tools[0].function.parameters",
         ),
+        (COMPLETIONS, {"prompt": "hi", "best_of": 3}, "best_of"),
+        (CHAT, {"messages": MSG, "best_of": 1, "n": 2}, "best_of"),
     ],
     ids=[
         "unknown-role",
@@ -129,6 +131,8 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "logit-bias-out-of-range",
         "schema-not-a-schema",
         "tool-parameters-not-a-schema",
+        "best-of-above-n",
+        "best-of-below-n",
     ],
 )
 def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param):

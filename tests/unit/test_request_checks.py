@@ -171,6 +171,30 @@ def test_completions_check_logit_bias_too():
     assert found is not None and found.param == "logit_bias[7]"
 
 
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+@pytest.mark.parametrize(
+    "fields,refused",
+    [
+        ({"best_of": 3}, "not supported"),
+        ({"best_of": 4, "n": 2}, "not supported"),
+        ({"best_of": 1, "n": 2}, "at least n"),
+        ({"best_of": 2, "n": 2}, None),  # every completion returned: nothing to rank
+        ({"best_of": 1}, None),
+        ({"best_of": 1, "n": None}, None),
+        ({"best_of": None, "n": 3}, None),
+        ({"best_of": "3"}, None),  # a type vLLM's schema names
+        ({"best_of": True}, None),
+    ],
+)
+def test_best_of_is_served_only_where_nothing_needs_ranking(path, fields, refused):
+    body = {"prompt": "hi"} if path == COMPLETIONS else {"messages": [{"role": "user", "content": "hi"}]}
+    found = problem(body | fields, path)
+    if refused is None:
+        assert found is None
+    else:
+        assert found is not None and found.param == "best_of" and refused in found.message, found
+
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
@@ -178,6 +202,8 @@ JSON = st.recursive(
 )
 FIELDS = [
     "messages",
+    "best_of",
+    "n",
     "logit_bias",
     "response_format",
     "tools",
