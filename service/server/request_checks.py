@@ -5,7 +5,8 @@ Only what vLLM lets through is checked here (each case was tried against a runni
 tests/reliability/test_bad_input.py): a role OpenAI does not have ("wizard" was answered 200), a tool message
 without its tool_call_id (200), logit_bias values outside OpenAI's [-100, 100] (200), an image/audio/video part
 sent to a text-only model (400 without `param`), a JSON schema that is not one (400 "Grammar error" without
-`param`), `best_of` above `n` (200: vLLM 0.32 parses the field and ignores it, so the answer was n plain samples). Everything else (types, unknown tool in tool_choice, stop that is not strings, out-of-vocab
+`param`), `best_of` above `n` (200: vLLM 0.32 parses the field and ignores it, so the answer was n plain samples),
+token ids outside the vocabulary sent to /detokenize (200 with the ids dropped; /v1/completions refuses them). Everything else (types, unknown tool in tool_choice, stop that is not strings, out-of-vocab
 logit_bias ids) vLLM already answers with 400 naming the field.
 """
 
@@ -22,7 +23,8 @@ from service.facts.model import ModelFacts
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
-CHECKED_PATHS = frozenset({CHAT, COMPLETIONS})
+DETOKENIZE = "/detokenize"
+CHECKED_PATHS = frozenset({CHAT, COMPLETIONS, DETOKENIZE})
 
 # Roles of OpenAI's chat API (function: deprecated, still accepted by OpenAI).
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -44,6 +46,8 @@ def check_request(path: str, body: Mapping[str, Any], model: ModelFacts | None) 
     schema validation names the field."""
     if path not in CHECKED_PATHS or not isinstance(body, Mapping):
         return None
+    if path == DETOKENIZE:
+        return _token_ids(body.get("tokens"), model)
     checks = [_logit_bias(body), _best_of(body)]
     if path == CHAT:
         checks += [
@@ -87,6 +91,20 @@ def _content_parts(i: int, content: Any, model: ModelFacts | None) -> RequestPro
                 f"messages[{i}].content[{j}] is a {kind!r} part, but the model takes text only",
                 f"messages[{i}].content[{j}]",
             )
+    return None
+
+
+def _token_ids(tokens: Any, model: ModelFacts | None) -> RequestProblem | None:
+    """Ids below 0 or beyond the model's vocabulary (its LM head's rows: no id the model produces is past them)."""
+    if not isinstance(tokens, list):
+        return None
+    vocab = model.vocab_size if model is not None else None
+    for i, token in enumerate(tokens):
+        if not isinstance(token, int) or isinstance(token, bool):
+            return None  # a type vLLM's schema names
+        if token < 0 or (vocab is not None and token >= vocab):
+            bound = f"0 .. {vocab - 1}" if vocab is not None else "not negative"
+            return RequestProblem(f"tokens[{i}] = {token} is out of vocabulary ({bound})", f"tokens[{i}]")
     return None
 
 

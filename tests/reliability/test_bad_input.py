@@ -118,6 +118,8 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         ),
         (COMPLETIONS, {"prompt": "hi", "best_of": 3}, "best_of"),
         (CHAT, {"messages": MSG, "best_of": 1, "n": 2}, "best_of"),
+        ("/detokenize", {"tokens": [1, 10**9]}, "tokens[1]"),
+        ("/detokenize", {"tokens": [-1]}, "tokens[0]"),
     ],
     ids=[
         "unknown-role",
@@ -133,6 +135,8 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "tool-parameters-not-a-schema",
         "best-of-above-n",
         "best-of-below-n",
+        "detokenize-out-of-vocab",
+        "detokenize-negative-id",
     ],
 )
 def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param):
@@ -140,6 +144,12 @@ def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param)
     service/server/request_checks.py)."""
     error = assert_openai_error(post(server, path, json_body={"model": SERVED, "max_tokens": 2, **body}), 400)
     assert param in (error["param"] or ""), error
+
+
+def test_detokenize_still_answers_ids_inside_the_vocabulary(server):
+    ids = post(server, "/tokenize", json_body={"model": SERVED, "prompt": "hello world"}).json()["tokens"]
+    resp = post(server, "/detokenize", json_body={"model": SERVED, "tokens": ids})
+    assert resp.status_code == 200 and resp.json()["prompt"].strip() == "hello world", resp.text
 
 
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT])

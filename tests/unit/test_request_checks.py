@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.facts.model import inspect_model
-from service.server.request_checks import RequestProblem, check_request
+from service.server.request_checks import DETOKENIZE, RequestProblem, check_request
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 TEXT_MODEL = inspect_model(str(FIXTURES / "llama-3.1-8b-instruct"))
@@ -195,12 +195,39 @@ def test_best_of_is_served_only_where_nothing_needs_ranking(path, fields, refuse
         assert found is not None and found.param == "best_of" and refused in found.message, found
 
 
+@pytest.mark.parametrize(
+    "tokens,param",
+    [
+        ([1, 2, 128255], None),  # the last id of the vocabulary
+        ([1, 128256], "tokens[1]"),
+        ([-1], "tokens[0]"),
+        ([], None),
+        ([1, "x", 10**9], None),  # a type vLLM's schema names
+        ("1 2", None),
+    ],
+)
+def test_detokenize_refuses_ids_outside_the_vocabulary(tokens, param):
+    assert TEXT_MODEL.vocab_size == 128256
+    found = check_request(DETOKENIZE, {"model": "m", "tokens": tokens}, TEXT_MODEL)
+    assert (found and found.param) == param, found
+    if found:
+        assert "0 .. 128255" in found.message
+
+
+def test_detokenize_without_a_known_vocabulary_refuses_negative_ids_only():
+    unknown = dataclasses.replace(TEXT_MODEL, vocab_size=None)
+    assert check_request(DETOKENIZE, {"tokens": [10**9]}, unknown) is None
+    found = check_request(DETOKENIZE, {"tokens": [3, -2]}, unknown)
+    assert found is not None and found.param == "tokens[1]" and "not negative" in found.message
+
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )
 FIELDS = [
+    "tokens",
     "messages",
     "best_of",
     "n",
@@ -226,7 +253,10 @@ SHAPED = st.recursive(
 
 
 @settings(max_examples=50, deadline=None)
-@given(body=st.dictionaries(st.sampled_from(FIELDS), SHAPED, max_size=4), path=st.sampled_from([CHAT, COMPLETIONS]))
+@given(
+    body=st.dictionaries(st.sampled_from(FIELDS), SHAPED, max_size=4),
+    path=st.sampled_from([CHAT, COMPLETIONS, DETOKENIZE]),
+)
 def test_any_json_body_gets_an_answer_never_an_exception(body, path):
     found = check_request(path, body, TEXT_MODEL)
     assert found is None or (found.message and found.param)
