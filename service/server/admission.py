@@ -15,20 +15,24 @@ from fastapi import Request
 from service.facts.model import ModelFacts
 from service.server.errors import RETRY_AFTER_SECONDS, ServiceError
 from service.server.lifecycle import Lifecycle
-from service.server.request_checks import CHECKED_PATHS, check_request
+from service.server.request_checks import CHAT_BATCH, CHECKED_PATHS, check_request
 
 
-def sequences_beyond_admission(body: Any, max_queued: int) -> ServiceError | None:
+def sequences_beyond_admission(body: Any, max_queued: int, path: str = "") -> ServiceError | None:
     """vLLM answers 503 (retry later) to a request that needs more sequences than --max-num-queued-reqs,
-    although it could never be admitted: retrying is pointless, so it is the client's error."""
-    n = body.get("n") if isinstance(body, dict) else None
-    if max_queued and isinstance(n, int) and n > max_queued:
+    although it could never be admitted: retrying is pointless, so it is the client's error. A batch of chat
+    conversations needs one sequence per conversation (its n must be 1)."""
+    if not isinstance(body, dict):
+        return None
+    conversations = body.get("messages") if path == CHAT_BATCH else None
+    count, param = (len(conversations), "messages") if isinstance(conversations, list) else (body.get("n"), "n")
+    if max_queued and isinstance(count, int) and count > max_queued:
         return ServiceError(
             HTTPStatus.BAD_REQUEST,
-            f"this request needs {n} sequences but the server admits at most {max_queued} at a time "
+            f"this request needs {count} sequences but the server admits at most {max_queued} at a time "
             "(max_queued_requests): ask for fewer",
             "BadRequestError",
-            param="n",
+            param=param,
         )
     return None
 
@@ -43,7 +47,7 @@ async def _refusal(request: Request, max_queued: int, model: ModelFacts | None) 
     problem = check_request(path, body, model)
     if problem is not None:
         return ServiceError(HTTPStatus.BAD_REQUEST, problem.message, "BadRequestError", param=problem.param)
-    return sequences_beyond_admission(body, max_queued)
+    return sequences_beyond_admission(body, max_queued, path)
 
 
 def engine_admission(

@@ -6,7 +6,8 @@ tests/reliability/test_bad_input.py): a role OpenAI does not have ("wizard" was 
 without its tool_call_id (200), logit_bias values outside OpenAI's [-100, 100] (200), an image/audio/video part
 sent to a text-only model (400 without `param`), a JSON schema that is not one (400 "Grammar error" without
 `param`), `best_of` above `n` (200: vLLM 0.32 parses the field and ignores it, so the answer was n plain samples),
-token ids outside the vocabulary sent to /detokenize (200 with the ids dropped; /v1/completions refuses them). Everything else (types, unknown tool in tool_choice, stop that is not strings, out-of-vocab
+token ids outside the vocabulary sent to /detokenize (200 with the ids dropped; /v1/completions refuses them).
+vLLM's /v1/chat/completions/batch gets the chat checks for each of its conversations. Everything else (types, unknown tool in tool_choice, stop that is not strings, out-of-vocab
 logit_bias ids) vLLM already answers with 400 naming the field.
 """
 
@@ -23,8 +24,9 @@ from service.facts.model import ModelFacts
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+CHAT_BATCH = "/v1/chat/completions/batch"  # vLLM's: a list of conversations, one choice each
 DETOKENIZE = "/detokenize"
-CHECKED_PATHS = frozenset({CHAT, COMPLETIONS, DETOKENIZE})
+CHECKED_PATHS = frozenset({CHAT, CHAT_BATCH, COMPLETIONS, DETOKENIZE})
 
 # Roles of OpenAI's chat API (function: deprecated, still accepted by OpenAI).
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -50,11 +52,11 @@ def check_request(path: str, body: Mapping[str, Any], model: ModelFacts | None) 
         return _token_ids(body.get("tokens"), model)
     checks = [_logit_bias(body), _best_of(body)]
     if path == CHAT:
-        checks += [
-            _messages(body.get("messages"), model),
-            _response_format(body.get("response_format")),
-            _tools(body.get("tools")),
-        ]
+        checks.append(_messages(body.get("messages"), model))
+    if path == CHAT_BATCH:
+        checks.append(_conversations(body.get("messages"), model))
+    if path in (CHAT, CHAT_BATCH):
+        checks += [_response_format(body.get("response_format")), _tools(body.get("tools"))]
     return next((problem for problem in checks if problem is not None), None)
 
 
@@ -78,6 +80,20 @@ def _messages(messages: Any, model: ModelFacts | None) -> RequestProblem | None:
         problem = _content_parts(i, message.get("content"), model)
         if problem is not None:
             return problem
+    return None
+
+
+def _conversations(conversations: Any, model: ModelFacts | None) -> RequestProblem | None:
+    """A batch's conversations, each checked as a chat request's messages; the param says which one."""
+    if not isinstance(conversations, list):
+        return None
+    for b, messages in enumerate(conversations):
+        problem = _messages(messages, model)
+        if problem is not None:
+            return RequestProblem(
+                problem.message.replace("messages[", f"messages[{b}][", 1),
+                problem.param.replace("messages[", f"messages[{b}][", 1),
+            )
     return None
 
 

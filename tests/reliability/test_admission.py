@@ -60,3 +60,9 @@ def test_more_sequences_than_admission_is_400_naming_n():
     assert sequences_beyond_admission({"n": 4}, 4) is None
     assert sequences_beyond_admission({"n": 5}, 0) is None  # no cap configured
     assert sequences_beyond_admission(["not", "an", "object"], 4) is None  # left to vLLM's validation
+    # A batch of chat conversations needs a sequence for each.
+    batch = "/v1/chat/completions/batch"
+    refused = sequences_beyond_admission({"messages": [[{"role": "user", "content": "hi"}]] * 5}, 4, batch)
+    assert refused is not None and refused.param == "messages" and "needs 5 sequences" in refused.message
+    assert sequences_beyond_admission({"messages": [[]] * 4}, 4, batch) is None
+    assert sequences_beyond_admission({"messages": [[]] * 5}, 4, "/v1/chat/completions") is None  # one conversation

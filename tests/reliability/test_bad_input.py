@@ -231,6 +231,21 @@ def test_more_sequences_than_admission_allows_is_400_not_503(server):
     assert f"needs {n} sequences" in error["message"] and f"at most {MAX_QUEUED}" in error["message"], error
 
 
+def test_a_chat_batch_is_checked_per_conversation_and_counted_by_them(server):
+    """vLLM's /v1/chat/completions/batch: one sequence per conversation (more than admission allows: 400 naming
+    messages, not vLLM's 503), and each conversation gets the chat checks."""
+    batch = "/v1/chat/completions/batch"
+    body = {"model": SERVED, "max_tokens": 1, "messages": [MSG] * (MAX_QUEUED + 1)}
+    error = assert_openai_error(post(server, batch, json_body=body), 400)
+    assert error["param"] == "messages" and f"needs {MAX_QUEUED + 1} sequences" in error["message"], error
+    body["messages"] = [MSG, [{"role": "wizard", "content": "hi"}]]
+    error = assert_openai_error(post(server, batch, json_body=body), 400)
+    assert error["param"] == "messages[1][0].role", error
+    body["messages"] = [MSG, MSG]
+    resp = post(server, batch, json_body=body)
+    assert resp.status_code == 200 and len(resp.json()["choices"]) == 2, resp.text
+
+
 def test_unknown_route_method_and_engine_controls_answer_in_openai_shape(server):
     assert_openai_error(httpx.get(f"{server.url}/v1/nothing-here", headers=server.headers()), 404)
     assert_openai_error(httpx.get(f"{server.url}/v1/completions", headers=server.headers()), 405)

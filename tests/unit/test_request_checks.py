@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.facts.model import inspect_model
-from service.server.request_checks import DETOKENIZE, RequestProblem, check_request
+from service.server.request_checks import CHAT_BATCH, DETOKENIZE, RequestProblem, check_request
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 TEXT_MODEL = inspect_model(str(FIXTURES / "llama-3.1-8b-instruct"))
@@ -193,6 +193,16 @@ def test_best_of_is_served_only_where_nothing_needs_ranking(path, fields, refuse
         assert found is None
     else:
         assert found is not None and found.param == "best_of" and refused in found.message, found
+
+
+def test_a_batch_checks_each_conversation_and_names_it():
+    hi = [{"role": "user", "content": "hi"}]
+    assert check_request(CHAT_BATCH, {"messages": [hi, hi]}, TEXT_MODEL) is None
+    found = check_request(CHAT_BATCH, {"messages": [hi, [*hi, {"role": "wizard", "content": "x"}]]}, TEXT_MODEL)
+    assert found is not None and found.param == "messages[1][1].role" and found.message.startswith("messages[1][1]")
+    found = check_request(CHAT_BATCH, {"messages": [hi], "logit_bias": {"5": 500}}, TEXT_MODEL)
+    assert found is not None and found.param == "logit_bias[5]"
+    assert check_request(CHAT_BATCH, {"messages": ["not a conversation", 3]}, TEXT_MODEL) is None  # vLLM names it
 
 
 @pytest.mark.parametrize(
