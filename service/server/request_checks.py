@@ -2,13 +2,18 @@
 field): pure functions of (path, parsed JSON body, model facts) -> the problem, or None.
 
 Only what vLLM lets through is checked here (each case was tried against a running server, see
-tests/reliability/test_bad_input.py): a role OpenAI does not have ("wizard" was answered 200), a tool message
-without its tool_call_id (200), logit_bias values outside OpenAI's [-100, 100] (200), an image/audio/video part
-sent to a text-only model (400 without `param`), a JSON schema that is not one (400 "Grammar error" without
-`param`), `best_of` above `n` (200: vLLM 0.32 parses the field and ignores it, so the answer was n plain samples),
-token ids outside the vocabulary sent to /detokenize (200 with the ids dropped; /v1/completions refuses them).
-vLLM's /v1/chat/completions/batch gets the chat checks for each of its conversations. Everything else (types, unknown tool in tool_choice, stop that is not strings, out-of-vocab
-logit_bias ids) vLLM already answers with 400 naming the field.
+tests/reliability/test_bad_input.py):
+- a role OpenAI does not have ("wizard" was answered 200), a tool message without its tool_call_id (200), a
+  user/system/tool message without content (200);
+- a negative top_logprobs (400 naming logprobs and the vocabulary's size), logit_bias values outside OpenAI's
+  [-100, 100] (200), `best_of` other than `n` (200: vLLM 0.32 parses the field and ignores it, so the answer was n
+  plain samples);
+- an image/audio/video part sent to a text-only model (400 without `param`), a JSON schema that is not one (400
+  "Grammar error" without `param`);
+- token ids outside the vocabulary sent to /detokenize (200 with the ids dropped; /v1/completions refuses them).
+vLLM's /v1/chat/completions/batch gets the chat checks for each of its conversations. Everything else (types,
+unknown tool in tool_choice, stop that is not strings, out-of-vocab logit_bias ids) vLLM already answers with 400
+naming the field.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ CHECKED_PATHS = frozenset({CHAT, CHAT_BATCH, COMPLETIONS, DETOKENIZE})
 
 # Roles of OpenAI's chat API (function: deprecated, still accepted by OpenAI).
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# Roles whose messages OpenAI refuses without `content` (an assistant's may carry tool calls instead).
+CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool", "function"})
 # Content parts that carry something other than text (vLLM's names and OpenAI's).
 MEDIA_PARTS = frozenset(
     {"image_url", "input_image", "image_embeds", "image_pil", "audio_url", "input_audio", "video_url", "file"}
@@ -50,7 +57,7 @@ def check_request(path: str, body: Mapping[str, Any], model: ModelFacts | None) 
         return None
     if path == DETOKENIZE:
         return _token_ids(body.get("tokens"), model)
-    checks = [_logit_bias(body), _best_of(body)]
+    checks = [_logit_bias(body), _best_of(body), _top_logprobs(body.get("top_logprobs"))]
     if path == CHAT:
         checks.append(_messages(body.get("messages"), model))
     if path == CHAT_BATCH:
@@ -71,6 +78,8 @@ def _messages(messages: Any, model: ModelFacts | None) -> RequestProblem | None:
             return RequestProblem(
                 f"messages[{i}].role {role!r} is not a role: one of {', '.join(sorted(ROLES))}", f"messages[{i}].role"
             )
+        if role in CONTENT_REQUIRED and "content" not in message:
+            return RequestProblem(f"messages[{i}] ({role}) has no content", f"messages[{i}].content")
         if role == "tool" and not message.get("tool_call_id"):
             return RequestProblem(
                 f"messages[{i}] has role 'tool' but no tool_call_id: a tool message answers the assistant's tool call "
@@ -121,6 +130,13 @@ def _token_ids(tokens: Any, model: ModelFacts | None) -> RequestProblem | None:
         if token < 0 or (vocab is not None and token >= vocab):
             bound = f"0 .. {vocab - 1}" if vocab is not None else "not negative"
             return RequestProblem(f"tokens[{i}] = {token} is out of vocabulary ({bound})", f"tokens[{i}]")
+    return None
+
+
+def _top_logprobs(top: Any) -> RequestProblem | None:
+    """OpenAI's range starts at 0; vLLM reads -1 as "the whole vocabulary" and refuses it naming logprobs."""
+    if isinstance(top, int) and not isinstance(top, bool) and top < 0:
+        return RequestProblem(f"top_logprobs must be between 0 and 20, got {top}", "top_logprobs")
     return None
 
 

@@ -120,6 +120,8 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         (CHAT, {"messages": MSG, "best_of": 1, "n": 2}, "best_of"),
         ("/detokenize", {"tokens": [1, 10**9]}, "tokens[1]"),
         ("/detokenize", {"tokens": [-1]}, "tokens[0]"),
+        (CHAT, {"messages": [{"role": "user"}]}, "messages[0].content"),
+        (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     ],
     ids=[
         "unknown-role",
@@ -137,6 +139,8 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "best-of-below-n",
         "detokenize-out-of-vocab",
         "detokenize-negative-id",
+        "message-without-content",
+        "negative-top-logprobs",
     ],
 )
 def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param):

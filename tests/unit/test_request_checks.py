@@ -30,6 +30,8 @@ def problem(body: dict, path: str = CHAT, model=TEXT_MODEL) -> RequestProblem | 
     [
         ({"messages": [USER, {"role": "wizard", "content": "hi"}]}, "messages[1].role", "'wizard' is not a role"),
         ({"messages": [{"role": "tool", "content": "22 C"}]}, "messages[0].tool_call_id", "no tool_call_id"),
+        ({"messages": [{"role": "system", "content": "x"}, {"role": "user"}]}, "messages[1].content", "no content"),
+        ({"messages": [USER], "logprobs": True, "top_logprobs": -1}, "top_logprobs", "between 0 and 20"),
         (
             {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, IMAGE]}]},
             "messages[0].content[1]",
@@ -84,6 +86,8 @@ def problem(body: dict, path: str = CHAT, model=TEXT_MODEL) -> RequestProblem | 
     ids=[
         "role",
         "tool-without-id",
+        "no-content",
+        "negative-top-logprobs",
         "image-to-text-model",
         "audio-to-text-model",
         "logit-bias-range",
@@ -103,6 +107,11 @@ def test_problems_name_the_field(body, param, words):
     [
         ({"messages": [{"role": "developer", "content": "be brief"}, USER]}, CHAT, TEXT_MODEL),
         ({"messages": [{"role": "tool", "tool_call_id": "call_1", "content": "22 C"}]}, CHAT, TEXT_MODEL),
+        (
+            {"messages": [USER, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]}]},
+            CHAT,
+            TEXT_MODEL,
+        ),
         (
             {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, IMAGE]}]},
             CHAT,
@@ -125,6 +134,7 @@ def test_problems_name_the_field(body, param, words):
     ids=[
         "developer",
         "tool-with-id",
+        "assistant-with-tool-calls-only",
         "image-to-vision-model",
         "bias-at-limits",
         "valid-schema",
