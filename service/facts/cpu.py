@@ -102,6 +102,9 @@ PARTS: tuple[Part, ...] = (
     Part(_INTEL, 6, ((0x8F, 0x8F),), "sapphirerapids", "sapphirerapids"),  # SAPPHIRERAPIDS_X
     Part(_INTEL, 6, ((0xCF, 0xCF),), "emeraldrapids", "sapphirerapids"),  # EMERALDRAPIDS_X
     Part(_INTEL, 6, ((0xAD, 0xAE),), "graniterapids", "sapphirerapids"),  # GRANITERAPIDS_X, _D
+    # E-core Xeons (AVX2, no AVX-512): archspec names their flags after the client parts with the same ISA.
+    Part(_INTEL, 6, ((0xAF, 0xAF),), "sierraforest", "arrowlake"),  # ATOM_CRESTMONT_X (Xeon 6 E-cores)
+    Part(_INTEL, 6, ((0xDD, 0xDD),), "clearwaterforest", "arrowlake_s"),  # ATOM_DARKMONT_X
     # Client
     Part(_INTEL, 6, ((0x4E, 0x4E), (0x5E, 0x5E), (0x8E, 0x8E), (0x9E, 0x9E), (0xA5, 0xA6)), "skylake", "skylake"),
     Part(_INTEL, 6, ((0x7D, 0x7E),), "icelake", "icelake"),  # ICELAKE, ICELAKE_L

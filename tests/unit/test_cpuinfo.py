@@ -81,13 +81,18 @@ def _first_block(name: str) -> str:
 
 
 def _with_flags(
-    name: str, *, drop: set[str] = frozenset(), model: int | None = None, stepping: int | None = None
+    name: str,
+    *,
+    drop: set[str] = frozenset(),
+    add: set[str] = frozenset(),
+    model: int | None = None,
+    stepping: int | None = None,
 ) -> str:
     lines = []
     for line in _first_block(name).splitlines():
         key = line.partition(":")[0].strip()
         if key == "flags":
-            line = " ".join(w for w in line.split(" ") if w not in drop)
+            line = " ".join([*(w for w in line.split(" ") if w not in drop), *sorted(add)])
         elif key == "model" and model is not None:
             line = f"model\t\t: {model}"
         elif key == "stepping" and stepping is not None:
@@ -118,6 +123,31 @@ def test_the_table_never_lowers_archspecs_answer() -> None:
     # Zen 5 flags on a Zen 3 model number: archspec's zen5 is not below zen3, and zen3 has no AVX-512.
     info = parse_cpuinfo(_with_flags("epyc_9755_zen5", model=0x01).replace("cpu family\t: 26", "cpu family\t: 25"))
     assert (info.microarchitecture, info.microarchitecture_source) == ("zen5", FROM_ARCHSPEC)
+
+
+# What the E-core Xeons add to Alder Lake's flags (Intel's ISA extensions reference; archspec's arrowlake and
+# arrowlake_s targets list the same).
+CRESTMONT = {"avx_ifma", "avx_ne_convert", "avx_vnni_int8", "cmpccxadd"}
+DARKMONT = CRESTMONT | {"avx_vnni_int16", "sha512", "sm3", "sm4"}
+
+
+@pytest.mark.parametrize(
+    ("model", "added", "hidden", "archspec_says", "name"),
+    [
+        (0xAF, CRESTMONT, set(), "arrowlake", "sierraforest"),
+        (0xAF, CRESTMONT, {"waitpkg"}, "skylake", "sierraforest"),  # a guest hiding waitpkg
+        (0xDD, DARKMONT, set(), "arrowlake_s", "clearwaterforest"),
+    ],
+)
+def test_e_core_xeons_are_named_by_their_model_number(
+    model: int, added: set[str], hidden: set[str], archspec_says: str, name: str
+) -> None:
+    """archspec names their flags after a client part; the table names the Xeon. No AVX-512: the avx2 backend."""
+    unlisted = _with_flags("core_i7_12700k_alderlake", add=added, drop=hidden, model=0x01)  # no row: archspec alone
+    assert parse_cpuinfo(unlisted).microarchitecture == archspec_says
+    info = parse_cpuinfo(_with_flags("core_i7_12700k_alderlake", add=added, drop=hidden, model=model))
+    assert (info.microarchitecture, info.microarchitecture_source) == (name, FROM_BOTH)
+    assert info.isa == NO_AVX512
 
 
 @pytest.mark.parametrize(
