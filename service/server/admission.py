@@ -15,26 +15,41 @@ from fastapi import Request
 from service.facts.model import ModelFacts
 from service.server.errors import RETRY_AFTER_SECONDS, ServiceError
 from service.server.lifecycle import Lifecycle
-from service.server.request_checks import CHAT_BATCH, CHECKED_PATHS, check_request
+from service.server.request_checks import CHAT_BATCH, CHECKED_PATHS, COMPLETIONS, check_request
 
 
 def sequences_beyond_admission(body: Any, max_queued: int, path: str = "") -> ServiceError | None:
     """vLLM answers 503 (retry later) to a request that needs more sequences than --max-num-queued-reqs,
-    although it could never be admitted: retrying is pointless, so it is the client's error. A batch of chat
-    conversations needs one sequence per conversation (its n must be 1)."""
+    although it could never be admitted: retrying is pointless, so it is the client's error. A request needs n
+    sequences per prompt: a completion's `prompt` may list several, a chat batch has one per conversation."""
     if not isinstance(body, dict):
         return None
-    conversations = body.get("messages") if path == CHAT_BATCH else None
-    count, param = (len(conversations), "messages") if isinstance(conversations, list) else (body.get("n"), "n")
-    if max_queued and isinstance(count, int) and count > max_queued:
+    n = body.get("n")
+    n = 1 if n is None else n
+    prompts, param = _prompts(body, path)
+    if not isinstance(n, int) or isinstance(n, bool) or prompts is None:
+        return None
+    count = prompts * n
+    if max_queued and count > max_queued:
         return ServiceError(
             HTTPStatus.BAD_REQUEST,
             f"this request needs {count} sequences but the server admits at most {max_queued} at a time "
             "(max_queued_requests): ask for fewer",
             "BadRequestError",
-            param=param,
+            param=param if prompts > 1 else "n",
         )
     return None
+
+
+def _prompts(body: dict[str, Any], path: str) -> tuple[int | None, str]:
+    """How many prompts a request holds, and the field that lists them (None: a shape vLLM's schema names)."""
+    if path == CHAT_BATCH:
+        conversations = body.get("messages")
+        return (len(conversations), "messages") if isinstance(conversations, list) else (None, "messages")
+    prompt = body.get("prompt") if path == COMPLETIONS else None
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        return len(prompt), "prompt"  # several texts or several token-id lists; a list of ids is one prompt
+    return 1, "prompt"
 
 
 async def _refusal(request: Request, max_queued: int, model: ModelFacts | None) -> ServiceError | None:

@@ -66,3 +66,11 @@ def test_more_sequences_than_admission_is_400_naming_n():
     assert refused is not None and refused.param == "messages" and "needs 5 sequences" in refused.message
     assert sequences_beyond_admission({"messages": [[]] * 4}, 4, batch) is None
     assert sequences_beyond_admission({"messages": [[]] * 5}, 4, "/v1/chat/completions") is None  # one conversation
+    # n sequences for each prompt a completion lists (texts or token-id lists; a list of ids is one prompt).
+    completions = "/v1/completions"
+    refused = sequences_beyond_admission({"prompt": ["a", "b", "c"], "n": 2}, 4, completions)
+    assert refused is not None and refused.param == "prompt" and "needs 6 sequences" in refused.message
+    assert sequences_beyond_admission({"prompt": [[1, 2]] * 5}, 4, completions).param == "prompt"
+    assert sequences_beyond_admission({"prompt": list(range(50))}, 4, completions) is None
+    assert sequences_beyond_admission({"prompt": "a", "n": 5}, 4, completions).param == "n"
+    assert sequences_beyond_admission({"prompt": ["a", "b"], "n": 2}, 4, completions) is None

@@ -233,6 +233,10 @@ def test_more_sequences_than_admission_allows_is_400_not_503(server):
         post(server, COMPLETIONS, json_body={"model": SERVED, "prompt": "hi", "max_tokens": 1, "n": n}), 400
     )
     assert f"needs {n} sequences" in error["message"] and f"at most {MAX_QUEUED}" in error["message"], error
+    # Each prompt a completion lists needs its own n sequences.
+    body = {"model": SERVED, "prompt": ["hi"] * 3, "max_tokens": 1, "n": 3}
+    error = assert_openai_error(post(server, COMPLETIONS, json_body=body), 400)
+    assert error["param"] == "prompt" and "needs 9 sequences" in error["message"], error
 
 
 def test_a_chat_batch_is_checked_per_conversation_and_counted_by_them(server):
