@@ -135,7 +135,9 @@ class Settings(BaseSettings):
     )
     metrics_require_auth: bool = Field(False, description="Require the API key on /metrics too")
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
-    shutdown_grace_seconds: float = Field(30.0, ge=0, description="Time in-flight requests get on SIGTERM")
+    shutdown_grace_seconds: float = Field(
+        30.0, ge=0, description="Time in-flight requests get on SIGTERM; a second signal ends it at once"
+    )
     warmup: bool = Field(True, description="Run one generation before /ready turns 200")
     tool_call_parser: str = Field(
         "auto", description="vLLM tool-call parser: auto (from the chat template), none, forced_only, or a vLLM name"

@@ -22,11 +22,11 @@ from service.report import StartupReport
 from service.server.admission import engine_admission
 from service.server.auth import require_api_key
 from service.server.body_limit import BodyLimitMiddleware
+from service.server.engine_responses import engine_endpoint
 from service.server.errors import ServiceError, install_error_handlers
 from service.server.lifecycle import Lifecycle, Phase
 from service.server.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from service.server.routes import SERVICE_ROUTES, UNCOUNTED, Access, served_engine_route
-from service.server.stream_start import first_event_checked
 from service.settings import Settings
 
 _ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -105,7 +105,7 @@ def create_app(
     def attach_engine(vllm_app: FastAPI) -> None:
         router = APIRouter()
         router.routes.extend(
-            _stream_checked(r) for r in vllm_app.routes if isinstance(r, APIRoute) and served_engine_route(r.path)
+            _wrapped(r, lifecycle) for r in vllm_app.routes if isinstance(r, APIRoute) and served_engine_route(r.path)
         )
         app.router.routes.remove(catch_all)
         app.include_router(router, dependencies=dependencies[Access.ENGINE])
@@ -117,12 +117,12 @@ def create_app(
     return HttpShell(app, attach_engine)
 
 
-def _stream_checked(route: APIRoute) -> APIRoute:
-    """vLLM's route with its endpoint's event streams checked (stream_start.py); include_router rebuilds the route
-    from the copy, so vLLM's own app is left as it was."""
-    checked = copy.copy(route)
-    checked.endpoint = first_event_checked(route.endpoint)
-    return checked
+def _wrapped(route: APIRoute, lifecycle: Lifecycle) -> APIRoute:
+    """vLLM's route with its endpoint wrapped (engine_responses.py); include_router rebuilds the route from the
+    copy, so vLLM's own app is left as it was."""
+    wrapped = copy.copy(route)
+    wrapped.endpoint = engine_endpoint(route.endpoint, lifecycle)
+    return wrapped
 
 
 async def _not_served(request: Request) -> None:

@@ -26,6 +26,7 @@ class Lifecycle:
     engine_processes: list[Any] = field(default_factory=list)  # psutil.Process of the engine core and workers
     in_flight: int = 0
     exit_code: int = 0
+    cut_reason: str | None = None  # set when the shutdown ends the requests still in flight: why
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:

@@ -30,12 +30,15 @@ log = logging.getLogger("service")
 EXIT_STARTUP_REFUSED = 2
 EXIT_ENGINE_DIED = 3
 WATCHDOG_INTERVAL_S = 1.0
-DEAD_LINGER_S = 3.0  # keep answering /health 503 briefly so probes see why before the process exits
+DEAD_LINGER_S = 3.0
+CUT_WAIT_S = 5.0  # for the engine to abort the requests still in flight at shutdown, and for them to answer  # keep answering /health 503 briefly so probes see why before the process exits
 
 
 class DrainingServer(uvicorn.Server):
     """First SIGTERM/SIGINT: /ready turns 503, new requests get 503, in-flight ones finish (up to the grace
-    period), then exit 0. A second signal exits at once."""
+    period), then exit 0. A second signal ends the grace period at once; a third exits without waiting at all.
+    Requests the grace period does not cover are ended: aborted in the engine, each answered 503 or, once its
+    stream has started, with an error event (engine_responses.py)."""
 
     def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, grace_s: float) -> None:
         super().__init__(config)
@@ -44,23 +47,39 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in _captured_signals: uvicorn would re-raise it after shutdown and turn exit 0 into 143.
-        if self._drain is not None or self.should_exit:
-            log.warning("received %s again: exiting now", signal.Signals(sig).name)
+        name = signal.Signals(sig).name
+        if self.should_exit or self.lifecycle.cut_reason is not None:
+            log.warning("received %s again: exiting now", name)
             self.should_exit = self.force_exit = True
             return
-        name = signal.Signals(sig).name
+        loop = asyncio.get_event_loop()
+        if self._drain is not None:
+            self._drain.cancel()
+            self._drain = loop.create_task(self._cut_then_exit(f"{name} received twice"))
+            return
         log.warning(
             "received %s: draining (%d request(s) in flight, grace %.0fs)", name, self.lifecycle.in_flight, self.grace_s
         )
         self.lifecycle.set_phase(Phase.DRAINING, f"received {name}: finishing in-flight requests")
-        self._drain = asyncio.get_event_loop().create_task(self._drain_then_exit())
+        self._drain = loop.create_task(self._drain_then_exit())
 
     async def _drain_then_exit(self) -> None:
-        finished = await self.lifecycle.wait_idle(self.grace_s)
-        if not finished:
-            log.warning(
-                "grace period of %.0fs over with %d request(s) in flight", self.grace_s, self.lifecycle.in_flight
-            )
+        if await self.lifecycle.wait_idle(self.grace_s):
+            self.should_exit = True
+        else:
+            await self._cut_then_exit(f"shutdown grace period of {self.grace_s:g}s over")
+
+    async def _cut_then_exit(self, reason: str) -> None:
+        log.warning("%s: ending the %d request(s) still in flight", reason, self.lifecycle.in_flight)
+        self.lifecycle.cut_reason = reason
+        engine = self.lifecycle.engine
+        if engine is not None and not getattr(engine, "errored", False):
+            try:  # vLLM's own way to end every request (its weight-update pause): each gets its final output
+                await asyncio.wait_for(engine.pause_generation(mode="abort", clear_cache=False), CUT_WAIT_S)
+            except Exception as exc:  # uvicorn cancels what is left
+                log.warning("aborting the engine's requests failed: %r", exc)
+        if not await self.lifecycle.wait_idle(CUT_WAIT_S):
+            log.warning("%d request(s) did not end: cancelled", self.lifecycle.in_flight)
         self.should_exit = True
 
 

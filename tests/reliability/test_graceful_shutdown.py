@@ -1,5 +1,6 @@
 """SIGTERM: /ready 503 at once, new requests 503, in-flight requests (streaming too) finish in full, exit 0
-within the configured grace period."""
+within the configured grace period. What the grace period does not cover ends with a 503, or an error event
+once a stream has started, never a cut connection."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 import time
 
 import httpx
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -158,20 +160,113 @@ def _drain_scenario(server) -> None:
     assert f"received SIGTERM: draining ({len(results)} request(s) in flight" in server.log()
 
 
-def test_the_drain_gives_up_after_the_grace_period():
-    """A request that outlasts the grace period does not keep the process alive (no engine needed)."""
+GRACE_CUT_S = 3
+
+
+def test_what_outlasts_the_grace_period_ends_with_a_503_or_an_error_event(reliability_logs):
+    """Answers far longer than the grace: the plain one gets a 503 to retry, the official client's stream raises
+    the error event it gets after its first tokens, and the process exits 0 without cancelling anything."""
+    server = start_server(
+        reliability_logs / "sigterm-cut.log",
+        extra_env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+        shutdown_grace_seconds=str(GRACE_CUT_S),
+        max_num_seqs="4",
+        max_model_len=str(CONTEXT),
+    )
+    try:
+        _cut_scenario(server)
+    finally:
+        server.process.kill_group()
+
+
+def _cut_scenario(server) -> None:
+    common = {"model": SERVED, "max_tokens": CONTEXT - 64, "extra_body": {"ignore_eos": True}}
+    results: dict[str, object] = {}
+
+    async def chat_stream() -> None:
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        pieces = 0
+        try:
+            stream = await client.chat.completions.create(
+                messages=[{"role": "user", "content": "hi"}], stream=True, **common
+            )
+            async for chunk in stream:
+                pieces += bool(chunk.choices and chunk.choices[0].delta.content)
+                assert not (chunk.choices and chunk.choices[0].finish_reason), chunk
+        except openai.APIError as exc:
+            results["stream"] = (pieces, exc)
+
+    async def plain() -> None:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            body = {"model": SERVED, "prompt": "hey", "max_tokens": CONTEXT - 64, "ignore_eos": True}
+            results["plain"] = await client.post("/v1/completions", json=body)
+
+    async def both() -> None:
+        await asyncio.gather(chat_stream(), plain())
+
+    consumer = threading.Thread(target=lambda: asyncio.run(both()), daemon=True)
+    consumer.start()
+    with httpx.Client(base_url=server.url, timeout=30) as probe:
+        _wait_running(probe, 2, 90)
+    term_at = time.monotonic()
+    server.process.proc.send_signal(signal.SIGTERM)
+    consumer.join(GRACE_CUT_S + 30)
+    code = server.process.proc.wait(30)
+    exited_after = time.monotonic() - term_at
+    print(f"sigterm with grace {GRACE_CUT_S}s: exit {code} after {exited_after:.1f}s; {results}")
+    assert not consumer.is_alive()
+
+    pieces, error = results["stream"]
+    assert pieces > 0  # the stream had started: its status was 200, so the end is an event
+    assert "shutting down" in error.message and f"grace period of {GRACE_CUT_S}s over" in error.message
+    assert error.body is not None and error.body.get("code") == 503, error.body
+    answer = results["plain"]
+    assert answer.status_code == 503 and int(answer.headers["retry-after"]) > 0, answer.text
+    assert answer.json()["error"]["type"] == "ServiceUnavailableError"
+    assert code == 0 and exited_after < GRACE_CUT_S + 15
+    log = server.log()
+    assert "ending the 2 request(s) still in flight" in log
+    assert "running task(s)" not in log and "Exception in ASGI application" not in log, "uvicorn cancelled them"
+
+
+def _signalled(grace_s: float, signals: int) -> tuple[float, DrainingServer, Lifecycle]:
+    """A drain with one request in flight that ends only when the shutdown ends it (no engine needed): seconds
+    from the first signal to the exit decision."""
     import uvicorn
 
     async def scenario():
         lifecycle = Lifecycle()
         lifecycle.set_phase(Phase.READY, "ready")
-        lifecycle.request_started()  # never finishes
-        server = DrainingServer(uvicorn.Config(app=None), lifecycle, grace_s=0.5)
-        t0 = time.monotonic()
-        server.handle_exit(signal.SIGTERM, None)
-        assert lifecycle.phase is Phase.DRAINING and not lifecycle.accepting
-        await server._drain
-        return time.monotonic() - t0, server.should_exit
+        lifecycle.request_started()
 
-    took, should_exit = asyncio.run(scenario())
-    assert should_exit and 0.4 <= took < 2.0
+        async def answer_when_cut() -> None:  # what engine_responses.py does for a request the cut ends
+            while lifecycle.cut_reason is None:
+                await asyncio.sleep(0.01)
+            lifecycle.request_finished()
+
+        answer = asyncio.create_task(answer_when_cut())
+        server = DrainingServer(uvicorn.Config(app=None), lifecycle, grace_s=grace_s)
+        t0 = time.monotonic()
+        for _ in range(signals):
+            server.handle_exit(signal.SIGTERM, None)
+        assert lifecycle.phase is Phase.DRAINING and not lifecycle.accepting
+        while not server.should_exit:
+            await asyncio.sleep(0.01)
+        await answer
+        return time.monotonic() - t0, server, lifecycle
+
+    return asyncio.run(scenario())
+
+
+def test_the_drain_gives_up_after_the_grace_period_and_ends_what_is_left():
+    took, server, lifecycle = _signalled(grace_s=0.5, signals=1)
+    assert lifecycle.cut_reason == "shutdown grace period of 0.5s over"
+    assert 0.4 <= took < 2.0 and not server.force_exit and lifecycle.in_flight == 0
+
+
+def test_a_second_signal_ends_the_grace_period_at_once_and_a_third_exits_now():
+    took, server, lifecycle = _signalled(grace_s=60, signals=2)
+    assert lifecycle.cut_reason == "SIGTERM received twice"
+    assert took < 2.0 and not server.force_exit and lifecycle.in_flight == 0
+    server.handle_exit(signal.SIGTERM, None)
+    assert server.force_exit

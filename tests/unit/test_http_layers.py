@@ -1,5 +1,5 @@
-"""The two HTTP layers around vLLM's routes that are not FastAPI dependencies: the stream-start check on the
-endpoints (service/server/stream_start.py) and the body limit (service/server/body_limit.py), on a small FastAPI
+"""The two HTTP layers around vLLM's routes that are not FastAPI dependencies: the wrapper of their endpoints
+(service/server/engine_responses.py: the stream-start check, requests the shutdown ends) and the body limit (service/server/body_limit.py), on a small FastAPI
 app in-process. The real server's answers (a full queue, a 10 MB body) are in tests/reliability/."""
 
 from __future__ import annotations
@@ -14,33 +14,46 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from service.server.body_limit import BodyLimitMiddleware
-from service.server.stream_start import first_event_checked, sse_error
+from service.server.engine_responses import engine_endpoint, sse_error
+from service.server.errors import install_error_handlers
+from service.server.lifecycle import Lifecycle
 
 LIMIT = 1000
+CUT = object()  # in an event list: the shutdown ends the request here; the next event is the engine's abort
 
 
 def _event(data: object) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
 
-def _app(events: list[str], closed: list[bool]) -> FastAPI:
+def _app(events: list, closed: list[bool], lifecycle: Lifecycle | None = None, calls: list | None = None) -> FastAPI:
     app = FastAPI()
+    lifecycle = lifecycle or Lifecycle()
+    install_error_handlers(app, on_engine_dead=lambda reason: None)
 
     async def stream():
         try:
             for event in events:
-                yield event
+                if event is CUT:
+                    lifecycle.cut_reason = "shutdown grace period of 3s over"
+                else:
+                    yield event
         finally:
             closed.append(True)
 
     # A JSON body parameter, as vLLM's routes have: FastAPI reads the body. No return annotation: FastAPI would
     # make it a response model.
     async def completions(body: dict[str, Any]):
+        if calls is not None:
+            calls.append(body)
+        if body.get("cut"):  # the shutdown ends it while the engine computes the answer
+            lifecycle.cut_reason = "SIGTERM received twice"
+            return JSONResponse({"choices": [{"finish_reason": "abort"}]})
         if not body.get("stream"):
             return JSONResponse({"echo": len(json.dumps(body))})
         return StreamingResponse(stream(), media_type="text/event-stream")
 
-    app.add_api_route("/v1/completions", first_event_checked(completions), methods=["POST"])
+    app.add_api_route("/v1/completions", engine_endpoint(completions, lifecycle), methods=["POST"])
     app.add_middleware(BodyLimitMiddleware, max_bytes=LIMIT)
     return app
 
@@ -84,6 +97,46 @@ def test_responses_that_are_not_streams_pass_through():
     resp = _post(_app([], []), json={"stream": False, "x": 1})
     assert resp.status_code == 200
     assert resp.json() == {"echo": len(json.dumps({"stream": False, "x": 1}))}
+
+
+def _assert_cut(error: dict, reason: str) -> None:
+    assert error["code"] == 503 and error["type"] == "ServiceUnavailableError" and error["param"] is None
+    assert "shutting down" in error["message"] and reason in error["message"]
+
+
+def test_a_request_the_shutdown_ends_answers_503_with_retry_after():
+    resp = _post(_app([], []), json={"cut": True})
+    assert resp.status_code == 503 and int(resp.headers["retry-after"]) > 0
+    _assert_cut(resp.json()["error"], "SIGTERM received twice")
+
+
+def test_a_stream_the_shutdown_ends_after_its_start_ends_with_an_error_event_and_done():
+    closed: list[bool] = []
+    events = [_event({"text": "a"}), _event({"text": "b"}), CUT, _event({"finish_reason": "abort"}), _event("x")]
+    resp = _post(_app(events, closed), json={"stream": True})
+    assert resp.status_code == 200
+    assert resp.text.startswith(_event({"text": "a"}) + _event({"text": "b"}))
+    assert resp.text.endswith("data: [DONE]\n\n")
+    last = resp.text.split("\n\n")[-3]  # the event before [DONE]: the error, in place of the engine's abort
+    assert last.startswith("data: ") and "abort" not in resp.text
+    _assert_cut(json.loads(last[6:])["error"], "grace period of 3s over")
+    assert closed == [True]
+
+
+def test_a_stream_the_shutdown_ends_before_its_first_event_answers_503():
+    closed: list[bool] = []
+    resp = _post(_app([CUT, _event({"finish_reason": "abort"})], closed), json={"stream": True})
+    assert resp.status_code == 503 and resp.headers["retry-after"]
+    _assert_cut(resp.json()["error"], "grace period of 3s over")
+    assert closed == [True]
+
+
+def test_once_the_shutdown_ends_requests_the_endpoint_is_not_called():
+    lifecycle, calls = Lifecycle(), []
+    lifecycle.cut_reason = "SIGTERM received twice"
+    resp = _post(_app([], [], lifecycle, calls), json={"stream": True})
+    assert resp.status_code == 503 and calls == []  # a paused engine would have queued it until the exit
+    _assert_cut(resp.json()["error"], "SIGTERM received twice")
 
 
 @pytest.mark.parametrize(

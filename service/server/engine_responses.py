@@ -1,14 +1,18 @@
-"""A stream that fails before its first event answers with that error's HTTP status, not 200.
+"""What the engine routes answer beyond vLLM's own handlers: each of their endpoints is wrapped here.
 
-vLLM's streaming chat starts its 200 event stream before the engine admits the request; when admission fails
-(queue full) the only event is `data: {"error": {... "code": 503}}`. To clients, load balancers and metrics that
-is an accepted request that failed. The engine routes' endpoints are wrapped here: an event stream they return
-sends its response start only once its first event is known; an error there becomes a plain error response with
-its status (Retry-After on 503), anything else streams on unchanged.
+A stream that fails before its first event answers with that error's HTTP status, not 200. vLLM's streaming
+chat starts its 200 event stream before the engine admits the request; when admission fails (queue full) the
+only event is `data: {"error": {... "code": 503}}`. To clients, load balancers and metrics that is an accepted
+request that failed. An event stream sends its response start only once its first event is known; an error there
+becomes a plain error response with its status (Retry-After on 503), anything else streams on unchanged.
+
+A request that the shutdown ends (the grace period is over, or a second signal came: run.py aborts it in the
+engine) answers 503 + Retry-After, or, once its stream has started, ends with an error event and `[DONE]` as
+vLLM ends a stream that fails. Without this, uvicorn cancelled them: a plain-text 500 and streams cut mid-event.
 
 Done on the response object, not as ASGI middleware: a middleware wraps `send` for every chunk of every stream
-(64 chunks, 64 extra coroutine calls per request); here the chunks after the first pass through Starlette's own
-loop untouched.
+(64 chunks, 64 extra coroutine calls per request); here the chunks pass through one loop of our own, which reads
+one attribute per chunk.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
-from service.server.errors import RETRY_AFTER_SECONDS, error_type, openai_error
+from service.server.errors import RETRY_AFTER_SECONDS, ServiceError, error_type, openai_error
+from service.server.lifecycle import Lifecycle
 
 log = logging.getLogger("service.http")
 
@@ -46,13 +51,16 @@ def sse_error(chunk: bytes) -> dict[str, Any] | None:
 
 
 class FirstEventCheckedStream(StreamingResponse):
-    """An event stream whose status waits for its first event."""
+    """An event stream whose status waits for its first event, and which the shutdown can end."""
+
+    lifecycle: Lifecycle
 
     @classmethod
-    def of(cls, response: StreamingResponse) -> FirstEventCheckedStream:
+    def of(cls, response: StreamingResponse, lifecycle: Lifecycle) -> FirstEventCheckedStream:
         checked = cls(response.body_iterator, response.status_code, media_type=response.media_type)
         checked.raw_headers = response.raw_headers
         checked.background = response.background
+        checked.lifecycle = lifecycle
         return checked
 
     def _encoded(self, chunk: str | bytes | memoryview) -> bytes | memoryview:
@@ -66,6 +74,8 @@ class FirstEventCheckedStream(StreamingResponse):
             if first:
                 break
         error = sse_error(bytes(first))
+        if error is None and self.lifecycle.cut_reason is not None:
+            error = _cut_error(self.lifecycle.cut_reason)
         if error is not None:
             await _close(chunks)
             return await self._send_error(error, send)
@@ -73,6 +83,12 @@ class FirstEventCheckedStream(StreamingResponse):
         if first:
             await send({"type": "http.response.body", "body": first, "more_body": True})
         async for chunk in chunks:
+            if self.lifecycle.cut_reason is not None:  # this chunk is the engine's abort: the error replaces it
+                await _close(chunks)
+                event = json.dumps({"error": _cut_error(self.lifecycle.cut_reason)})
+                body = f"data: {event}\n\ndata: [DONE]\n\n".encode()
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return
             await send({"type": "http.response.body", "body": self._encoded(chunk), "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -90,26 +106,45 @@ class FirstEventCheckedStream(StreamingResponse):
         await send({"type": "http.response.body", "body": response.body, "more_body": False})
 
 
+def _cut_error(reason: str) -> dict[str, Any]:
+    return {
+        "message": f"the service is shutting down and ended this request unfinished ({reason}): retry it",
+        "type": "ServiceUnavailableError",
+        "param": None,
+        "code": int(HTTPStatus.SERVICE_UNAVAILABLE),
+    }
+
+
 async def _close(chunks: AsyncIterator[Any]) -> None:
     close = getattr(chunks, "aclose", None)
     if close is not None:
         await close()
 
 
-def first_event_checked(endpoint: Callable[..., Any]) -> Callable[..., Any]:
-    """`endpoint` (a FastAPI endpoint; its signature stays visible to FastAPI) with its event streams checked."""
+def engine_endpoint(endpoint: Callable[..., Any], lifecycle: Lifecycle) -> Callable[..., Any]:
+    """`endpoint` (a FastAPI endpoint; its signature stays visible to FastAPI) with its event streams checked and
+    its answer replaced by a 503 when the shutdown ends it."""
     if not inspect.iscoroutinefunction(endpoint):
         return endpoint  # a sync endpoint does not stream from the engine
 
     @functools.wraps(endpoint)
     async def checked(*args: Any, **kwargs: Any) -> Any:
-        response = await endpoint(*args, **kwargs)
+        if lifecycle.cut_reason is None:
+            response = await endpoint(*args, **kwargs)
+        if lifecycle.cut_reason is not None:  # before the call too: the engine, paused by the cut, would queue it
+            error = _cut_error(lifecycle.cut_reason)
+            raise ServiceError(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                error["message"],
+                error["type"],
+                headers={"Retry-After": RETRY_AFTER_SECONDS},
+            )
         if (
             type(response) is StreamingResponse
             and response.status_code == HTTPStatus.OK
             and (response.media_type or "").startswith("text/event-stream")
         ):
-            return FirstEventCheckedStream.of(response)
+            return FirstEventCheckedStream.of(response, lifecycle)
         return response
 
     return checked
