@@ -11,7 +11,9 @@ tests/reliability/test_bad_input.py):
 - an image/audio/video part sent to a text-only model (400 without `param`), a JSON schema that is not one (400
   "Grammar error" without `param`);
 - token ids outside the vocabulary sent to /detokenize (200 with the ids dropped; /v1/completions refuses them).
-vLLM's /v1/chat/completions/batch gets the chat checks for each of its conversations. Everything else (types,
+vLLM's /v1/chat/completions/batch gets the chat checks for each of its conversations, and its /tokenize those of
+the messages it is sent (clients count a chat request's tokens there before sending it: a request the chat route
+refuses is refused there too). Everything else (types,
 unknown tool in tool_choice, stop that is not strings, out-of-vocab logit_bias ids) vLLM already answers with 400
 naming the field.
 """
@@ -31,7 +33,8 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 CHAT_BATCH = "/v1/chat/completions/batch"  # vLLM's: a list of conversations, one choice each
 DETOKENIZE = "/detokenize"
-CHECKED_PATHS = frozenset({CHAT, CHAT_BATCH, COMPLETIONS, DETOKENIZE})
+TOKENIZE = "/tokenize"  # vLLM's: a prompt, or chat messages rendered by the chat template
+CHECKED_PATHS = frozenset({CHAT, CHAT_BATCH, COMPLETIONS, DETOKENIZE, TOKENIZE})
 
 # Roles of OpenAI's chat API (function: deprecated, still accepted by OpenAI).
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -57,6 +60,8 @@ def check_request(path: str, body: Mapping[str, Any], model: ModelFacts | None) 
         return None
     if path == DETOKENIZE:
         return _token_ids(body.get("tokens"), model)
+    if path == TOKENIZE:
+        return _messages(body.get("messages"), model)
     checks = [_logit_bias(body), _best_of(body), _top_logprobs(body.get("top_logprobs"))]
     if path == CHAT:
         checks.append(_messages(body.get("messages"), model))

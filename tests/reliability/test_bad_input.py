@@ -122,6 +122,7 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         ("/detokenize", {"tokens": [-1]}, "tokens[0]"),
         (CHAT, {"messages": [{"role": "user"}]}, "messages[0].content"),
         (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+        ("/tokenize", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ],
     ids=[
         "unknown-role",
@@ -141,6 +142,7 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "detokenize-negative-id",
         "message-without-content",
         "negative-top-logprobs",
+        "tokenize-unknown-role",
     ],
 )
 def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param):

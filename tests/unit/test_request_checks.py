@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.facts.model import inspect_model
-from service.server.request_checks import CHAT_BATCH, DETOKENIZE, RequestProblem, check_request
+from service.server.request_checks import CHAT_BATCH, DETOKENIZE, TOKENIZE, RequestProblem, check_request
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 TEXT_MODEL = inspect_model(str(FIXTURES / "llama-3.1-8b-instruct"))
@@ -128,7 +128,7 @@ def test_problems_name_the_field(body, param, words):
         ),
         ({"messages": [USER], "tools": [TOOL]}, CHAT, TEXT_MODEL),
         ({"prompt": "hi", "logit_bias": {"5": 10}}, COMPLETIONS, TEXT_MODEL),
-        ({"messages": [{"role": "wizard", "content": "hi"}]}, "/tokenize", TEXT_MODEL),  # only completions are checked
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "/v1/responses", TEXT_MODEL),  # its input is not messages
         ({"messages": [{"role": "user", "content": [IMAGE]}]}, CHAT, None),  # no model facts: left to vLLM
     ],
     ids=[
@@ -241,6 +241,26 @@ def test_detokenize_without_a_known_vocabulary_refuses_negative_ids_only():
     assert found is not None and found.param == "tokens[1]" and "not negative" in found.message
 
 
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        ([{"role": "wizard", "content": "hi"}], "messages[0].role"),
+        ([{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}], "messages[1].tool_call_id"),
+        ([{"role": "system"}], "messages[0].content"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0]"),
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}], None),
+    ],
+)
+def test_tokenize_checks_chat_messages_as_the_chat_route_does(messages, param):
+    found = check_request(TOKENIZE, {"model": "m", "messages": messages}, TEXT_MODEL)
+    assert (found and found.param) == param, found
+    assert (found and found.param) == ((chat := check_request(CHAT, {"messages": messages}, TEXT_MODEL)) and chat.param)
+
+
+def test_tokenize_of_a_prompt_is_not_checked():
+    assert check_request(TOKENIZE, {"model": "m", "prompt": "wizard"}, TEXT_MODEL) is None
+
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
@@ -275,7 +295,7 @@ SHAPED = st.recursive(
 @settings(max_examples=50, deadline=None)
 @given(
     body=st.dictionaries(st.sampled_from(FIELDS), SHAPED, max_size=4),
-    path=st.sampled_from([CHAT, COMPLETIONS, DETOKENIZE]),
+    path=st.sampled_from([CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE]),
 )
 def test_any_json_body_gets_an_answer_never_an_exception(body, path):
     found = check_request(path, body, TEXT_MODEL)
