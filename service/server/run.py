@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -137,6 +138,11 @@ def run(settings: Settings) -> int:
     if not report.ok:
         log.error("refusing to start: %s", "; ".join(report.errors))
         return EXIT_STARTUP_REFUSED
+    try:
+        sock = _bind(settings.host, settings.port)
+    except OSError as exc:
+        log.error("refusing to start: cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror or exc)
+        return EXIT_STARTUP_REFUSED
     apply(report)
     try:
         model = prepare_model(report)
@@ -146,10 +152,27 @@ def run(settings: Settings) -> int:
     served = report.plan.model.served_name
     # uvloop, as vLLM's own server uses: the stdlib loop's socket writes cost ~20% more API CPU per request
     # (measured by `make bench`, see README).
-    return uvloop.run(_serve(settings, report, model, served, choice.demo, started))
+    return uvloop.run(_serve(settings, report, model, served, choice.demo, started, sock))
 
 
-async def _serve(settings: Settings, report: StartupReport, model: str, served: str, demo: bool, started: float) -> int:
+def _bind(host: str, port: int) -> socket.socket:
+    """The server's address, taken before the engine loads: a port in use refuses the start at once (uvicorn
+    binds only when it starts serving; the engine, started beside it, then loaded for a minute and the process
+    exited 3, as if the engine had died). Not listening yet: until uvicorn serves, connections are refused, not
+    left waiting in the backlog."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart may find TIME_WAIT sockets
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def _serve(
+    settings: Settings, report: StartupReport, model: str, served: str, demo: bool, started: float, sock: socket.socket
+) -> int:
     from vllm.v1.metrics.prometheus import get_prometheus_registry
 
     from service.server.app import create_app
@@ -203,7 +226,11 @@ async def _serve(settings: Settings, report: StartupReport, model: str, served: 
 
     async with contextlib.AsyncExitStack() as stack:
         engine_task = asyncio.create_task(bring_up(stack))
-        await server.serve()
+        # uvicorn logs its address only for the sockets it binds itself
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        log.info("listening on http://%s:%d: /health and /ready answer while the engine loads", shown, port)
+        await server.serve(sockets=[sock])
         metrics.ready.set(0)
         engine_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
