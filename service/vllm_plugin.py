@@ -4,8 +4,9 @@ process does.
 - `platform` (group `vllm.platform_plugins`): vLLM calls it in every process while resolving its platform.
 - `every_process` (group `vllm.general_plugins`): vLLM runs it once in each process it starts (API server,
   engine core, workers). It applies the torch patch as decided at startup, registers the service's linear kernels
-  the policy chose (vLLM's `register_linear_kernel`), and logs one line saying which platform that process runs
-  and what became of the patch and the kernels.
+  the policy chose (vLLM's `register_linear_kernel`), ends the engine's processes with the process that started
+  them (service/parent_watch.py), and logs one line saying which platform that process runs and what became of
+  the patch and the kernels.
 
 Both only carry out decisions the startup hook put in the environment (service/startup.py `apply`); without
 them (vLLM used without the service) they leave vLLM to decide as usual.
@@ -20,6 +21,7 @@ import multiprocessing
 import os
 
 from service.kernels import register_kernels
+from service.parent_watch import watch_parent
 from service.patches import PATCH_ENV, apply_fxgraph_pickle_patch
 from service.policy.backends import by_platform
 from service.policy.platform import PLATFORM_ENV
@@ -58,6 +60,7 @@ def every_process() -> None:
         return
     patch = apply_fxgraph_pickle_patch(os.environ.get(PATCH_ENV) == "1")
     kernels = register_kernels(os.environ.get(KERNELS_ENV, ""))
+    parent = watch_parent()
     from vllm.platforms import current_platform
 
     running = f"{type(current_platform).__module__}.{type(current_platform).__qualname__}"
@@ -71,6 +74,7 @@ def every_process() -> None:
         "fxgraph_patch": patch.status.value,
         "fxgraph_patch_reason": patch.reason,
         "linear_kernels": kernels,
+        "watched_parent": parent,
     }
     healthy = decided in (None, running) and all(v == "registered" for v in kernels.values())
     log.log(logging.INFO if healthy else logging.ERROR, "%s%s", STATE_PREFIX, json.dumps(state))

@@ -1,5 +1,6 @@
 """Engine death: kill the engine core process; /health turns 503 and the service exits non-zero, so the
-container's restart policy (compose: restart: unless-stopped) brings it back."""
+container's restart policy (compose: restart: unless-stopped) brings it back. Server death: kill the API server
+with SIGKILL; the engine's processes end too, instead of holding the memory a restart needs."""
 
 from __future__ import annotations
 
@@ -78,6 +79,30 @@ def test_killing_the_engine_core_fails_health_and_exits_non_zero(reliability_log
         ]
     finally:
         server.process.kill_group()
+
+
+def test_killing_the_api_server_ends_the_engine_processes(reliability_logs):
+    server = start_server(reliability_logs / "server-death.log", max_model_len="1024")
+    try:
+        engine = [p for p in psutil.Process(server.pid).children(recursive=True) if p.name().startswith("VLLM::")]
+        assert {p.name() for p in engine} >= {"VLLM::EngineCore", "VLLM::Worker"}, engine
+        killed_at = time.monotonic()
+        server.process.proc.send_signal(signal.SIGKILL)  # the OOM killer's way: no handler of the service runs
+        server.process.proc.wait(10)
+        _, alive = psutil.wait_procs(engine, timeout=EXIT_DEADLINE_S)
+        left = [p for p in alive if _running(p)]
+        print(f"server death: {len(engine)} engine processes ended {time.monotonic() - killed_at:.1f}s after SIGKILL")
+        assert not left, f"still running {EXIT_DEADLINE_S}s after the API server's SIGKILL: {left}"
+        assert "watched_parent" in server.log()
+    finally:
+        server.process.kill_group()
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _in_group(proc: psutil.Process, pgid: int) -> bool:
