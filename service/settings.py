@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
     InitSettingsSource,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -135,6 +137,12 @@ class Settings(BaseSettings):
     )
     metrics_require_auth: bool = Field(False, description="Require the API key on /metrics too")
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Web pages allowed to call the API from a browser (CORS), comma-separated "
+        "(`https://chat.example.com`; `*`: any); pages on localhost and 127.0.0.1 always are",
+        json_schema_extra={"shown": "unset"},
+    )
     shutdown_grace_seconds: float = Field(
         30.0, ge=0, description="Time in-flight requests get on SIGTERM; a second signal ends it at once"
     )
@@ -154,6 +162,16 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: Any) -> Any:
         # Compose passes unset variables as empty strings.
         return None if value == "" else value
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins(cls, value: Any) -> Any:
+        # A variable holds a comma-separated list (or a JSON one); YAML and code give a list.
+        if not isinstance(value, str):
+            return value
+        if value.strip().startswith("["):
+            return json.loads(value)
+        return [origin.strip() for origin in value.split(",") if origin.strip()]
 
     @field_validator("api_key", mode="before")
     @classmethod

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Match
 
 from service.report import StartupReport
@@ -30,6 +31,9 @@ from service.server.routes import SERVICE_ROUTES, UNCOUNTED, Access, served_engi
 from service.settings import Settings
 
 _ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+# Pages on this machine may call the API from a browser, as Ollama allows by default; other pages only when listed
+# (cors_origins): without an API key, the default, any page the user opens could otherwise use the model.
+LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 _DEMO_DESCRIPTION = (
     "built-in demo model with random weights: it answers gibberish; set SERVICE_MODEL to serve a real model"
 )
@@ -114,6 +118,15 @@ def create_app(
 
     Instrumentator(excluded_handlers=list(UNCOUNTED), registry=metrics.registry).instrument(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    # Outermost: preflights need no API key, and refusals (401, 413, 503) carry the headers a page needs to read them.
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=settings.cors_origins,
+        allow_origin_regex=LOCAL_ORIGINS,
+        allow_methods=["*"],
+        allow_headers=["*"],
+        expose_headers=["Retry-After"],
+    )
     return HttpShell(app, attach_engine)
 
 

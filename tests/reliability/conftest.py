@@ -26,6 +26,7 @@ MAX_NUM_SEQS = 2
 MAX_QUEUED = 6  # vLLM's --max-num-queued-reqs: running + waiting requests admitted at once
 MAX_MODEL_LEN = 1024  # long enough that a stream cut off early could not have finished anyway
 MAX_REQUEST_BYTES = 65536
+LISTED_ORIGIN = "https://chat.example.com"  # the shared server's cors_origins
 # Environment values that must never show up in answers or logs.
 CANARIES = {
     "HF_TOKEN": "hf_canary" + secrets.token_hex(8),
@@ -126,6 +127,7 @@ def server(reliability_logs, api_key):
         max_model_len=str(MAX_MODEL_LEN),
         max_request_bytes=str(MAX_REQUEST_BYTES),
         shutdown_grace_seconds="10",
+        cors_origins=LISTED_ORIGIN,
     )
     yield srv
     release(srv.process)

@@ -17,7 +17,7 @@ from fastapi import Depends, FastAPI
 from service.server.auth import require_api_key
 from service.server.errors import install_error_handlers
 from service.settings import Settings, load_settings
-from tests.reliability.conftest import CANARIES, SERVED
+from tests.reliability.conftest import CANARIES, LISTED_ORIGIN, SERVED
 
 
 @pytest.mark.engine
@@ -53,6 +53,53 @@ def test_trust_remote_code_is_off_and_the_socket_is_loopback_only(server):
     assert decision["value"] is False and decision["source"] == "default"
     listening = [c.laddr for c in psutil.Process(server.pid).net_connections(kind="inet") if c.status == "LISTEN"]
     assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("origin", ["http://localhost:3000", "http://127.0.0.1:8080", LISTED_ORIGIN])
+def test_pages_on_this_machine_and_listed_ones_may_call_the_api_from_a_browser(server, origin):
+    preflight = httpx.options(
+        f"{server.url}/v1/chat/completions",
+        headers={
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+    )
+    assert preflight.status_code == 200, preflight.text  # no API key: a browser sends none with a preflight
+    assert preflight.headers["access-control-allow-origin"] == origin
+    assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+    body = {"model": SERVED, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    served = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers={"Origin": origin, **server.headers()})
+    assert served.status_code == 200 and served.headers["access-control-allow-origin"] == origin
+    # A refusal carries the headers too: the page can read why.
+    refused = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers={"Origin": origin})
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == origin
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("origin", ["https://evil.example", "http://localhost.evil.example", "null"])
+def test_other_pages_may_not(server, origin):
+    preflight = httpx.options(
+        f"{server.url}/v1/chat/completions",
+        headers={"Origin": origin, "Access-Control-Request-Method": "POST"},
+    )
+    assert preflight.status_code == 400 and "access-control-allow-origin" not in preflight.headers
+    answer = httpx.get(f"{server.url}/v1/models", headers={"Origin": origin, **server.headers()})
+    assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers
+
+
+@pytest.mark.parametrize(
+    ("value", "origins"),
+    [
+        ("https://a.example, https://b.example", ["https://a.example", "https://b.example"]),
+        ('["*"]', ["*"]),
+        ("", []),
+    ],
+)
+def test_cors_origins_come_as_a_comma_separated_or_json_list(monkeypatch, value, origins):
+    monkeypatch.setenv("SERVICE_CORS_ORIGINS", value)
+    assert Settings().cors_origins == origins
 
 
 def test_defaults_bind_loopback_and_keep_remote_code_off(monkeypatch):
