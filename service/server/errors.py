@@ -7,16 +7,22 @@ HTTPException / RequestValidationError; vLLM's serving layer raises its own exce
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
-from vllm.entrypoints.serve.exception_handling.handlers.validation import validation_exception_handler
+from vllm.entrypoints.serve.exception_handling.handlers.validation import (
+    clean_loc_for_param,
+    validation_exception_handler,
+)
 from vllm.exceptions import VLLMError
 from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -60,6 +66,37 @@ def error_type(status: int) -> str:
     return name if name.endswith("Error") else name + "Error"
 
 
+def field_path(errors: Sequence[Any]) -> str | None:
+    """OpenAI's spelling of the field a request's schema errors are about: `messages[0].name`, not
+    `body.messages.0.ChatCompletionDeveloperMessageParam.role`. A field of several shapes (a message: one per role)
+    fails once per shape. The request meant a shape whose tag (`role`, a part's `type`) it matched, and of those
+    the one that failed on the fewest fields."""
+    found = [(_path(e["loc"]), e.get("type")) for e in errors if isinstance(e, dict) and e.get("loc")]
+    if not found:
+        return None
+    untagged = {shape for (shape, _), kind in found if kind == "literal_error"}
+    meant = [path for path, _ in found if path[0] not in untagged] or [path for path, _ in found]
+    failures = Counter(shape for shape, _ in meant)
+    path = min(meant, key=lambda path: failures[path[0]])[1]  # min keeps the first of equals
+    # A location inside a list a validator checked on its own starts at the item: the field is unknown.
+    return path if path[:1].isalpha() else None
+
+
+def _path(loc: Sequence[Any]) -> tuple[tuple[str, ...], str]:
+    """(the shape branches taken, the field path) of a pydantic error location, without FastAPI's `body` and
+    without pydantic's own wrapper names (vLLM's clean_loc_for_param)."""
+    shape: tuple[str, ...] = ()
+    path = ""
+    for part in clean_loc_for_param(tuple(loc)).split(".")[1 if loc and loc[0] == "body" else 0 :]:
+        if part.isdigit():
+            path += f"[{part}]"
+        elif part[:1].isupper():  # a class name: the branch of a union, not a field
+            shape += (path, part)
+        elif part:
+            path += f".{part}" if path else part
+    return shape, path
+
+
 def install_error_handlers(app: FastAPI, on_engine_dead: Callable[[str], None]) -> None:
     """Specific exception types are registered (not only Exception) so that Starlette's ExceptionMiddleware,
     inside the HTTP-metrics middleware, answers them and their status is counted."""
@@ -92,6 +129,17 @@ def install_error_handlers(app: FastAPI, on_engine_dead: Callable[[str], None]) 
 
     app.add_exception_handler(ServiceError, service_error)
     app.add_exception_handler(HTTPException, http_error)
-    app.add_exception_handler(RequestValidationError, validation_exception_handler)
+
+    async def validation_error(request: Request, exc: Exception) -> Response:
+        # vLLM's handler words the message (bounded, no inputs echoed at length); the type and the field are
+        # spelled as in the service's other 400s.
+        assert isinstance(exc, RequestValidationError)
+        error = json.loads(bytes((await validation_exception_handler(request, exc)).body))["error"]
+        param = error["param"]
+        if param is None or param.startswith("body") or param[:1].isdigit():  # not named by vLLM's validators
+            param = field_path(exc.errors())
+        return openai_error(HTTPStatus.BAD_REQUEST, error["message"], error_type(HTTPStatus.BAD_REQUEST), param=param)
+
+    app.add_exception_handler(RequestValidationError, validation_error)
     for exc_type in (VLLMError, ValueError, TypeError, OverflowError, NotImplementedError, Exception):
         app.add_exception_handler(exc_type, engine_error)

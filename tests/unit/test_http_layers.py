@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from argparse import Namespace
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
 from service.server.body_limit import BodyLimitMiddleware
 from service.server.engine_responses import engine_endpoint, sse_error
@@ -181,3 +183,41 @@ def test_a_chunked_body_over_the_limit_is_413_and_one_within_is_served():
     assert over.status_code == 413
     within = _post(_app([], []), content=chunks(5), headers={"content-type": "application/json"})
     assert within.status_code == 200
+
+
+def _schema_app() -> FastAPI:
+    """vLLM's own chat request model behind the service's error handlers."""
+    app = FastAPI()
+    app.state.args = Namespace(log_error_stack=False)  # vLLM's validation handler reads it
+    install_error_handlers(app, on_engine_dead=lambda reason: None)
+
+    async def chat(request: ChatCompletionRequest):
+        return JSONResponse({})
+
+    app.add_api_route("/v1/completions", chat, methods=["POST"])
+    return app
+
+
+USER = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": [USER], "seed": "x"}, "seed"),
+        ({"messages": [USER], "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"messages": "hi"}, "messages"),
+        # Each role is a shape of its own; the user shape fails on name alone, the others on role too.
+        ({"messages": [USER, {"role": "user", "content": "hi", "name": 5}]}, "messages[1].name"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+        ({"messages": [USER], "logprobs": [1]}, "logprobs"),
+        # vLLM checks tool calls item by item: the errors' locations start at the item, the field is not named.
+        ({"messages": [{"role": "assistant", "content": "a", "tool_calls": [{"id": 1}]}]}, None),
+    ],
+)
+def test_schema_errors_name_the_field_as_openai_does(body, param):
+    resp = _post(_schema_app(), json={"model": "m", **body})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param and error["type"] == "BadRequestError" and error["code"] == 400, error
+    assert "validation error" in error["message"]
