@@ -10,7 +10,9 @@ tests/reliability/test_bad_input.py):
   plain samples);
 - an image/audio/video part sent to a text-only model (400 without `param`), a JSON schema that is not one (400
   "Grammar error" without `param`);
-- token ids outside the vocabulary sent to /detokenize (200 with the ids dropped; /v1/completions refuses them).
+- token ids outside the vocabulary sent to /detokenize (200 with the ids dropped; /v1/completions refuses them);
+- audio output asked for (`modalities` other than text, an `audio` object): 200, text only, the field ignored;
+- presence/frequency penalties outside [-2, 2] and an n below 1 (400 without `param`).
 vLLM's /v1/chat/completions/batch gets the chat checks for each of its conversations, and its /tokenize those of
 the messages it is sent (clients count a chat request's tokens there before sending it: a request the chat route
 refuses is refused there too). Everything else (types,
@@ -45,6 +47,7 @@ MEDIA_PARTS = frozenset(
     {"image_url", "input_image", "image_embeds", "image_pil", "audio_url", "input_audio", "video_url", "file"}
 )
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
+PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's, for presence_penalty and frequency_penalty
 
 
 @dataclass(frozen=True)
@@ -62,13 +65,13 @@ def check_request(path: str, body: Mapping[str, Any], model: ModelFacts | None) 
         return _token_ids(body.get("tokens"), model)
     if path == TOKENIZE:
         return _messages(body.get("messages"), model)
-    checks = [_logit_bias(body), _best_of(body), _top_logprobs(body.get("top_logprobs"))]
+    checks = [_logit_bias(body), _best_of(body), _top_logprobs(body.get("top_logprobs")), _sampling_ranges(body)]
     if path == CHAT:
         checks.append(_messages(body.get("messages"), model))
     if path == CHAT_BATCH:
         checks.append(_conversations(body.get("messages"), model))
     if path in (CHAT, CHAT_BATCH):
-        checks += [_response_format(body.get("response_format")), _tools(body.get("tools"))]
+        checks += [_response_format(body.get("response_format")), _tools(body.get("tools")), _output_modalities(body)]
     return next((problem for problem in checks if problem is not None), None)
 
 
@@ -142,6 +145,35 @@ def _top_logprobs(top: Any) -> RequestProblem | None:
     """OpenAI's range starts at 0; vLLM reads -1 as "the whole vocabulary" and refuses it naming logprobs."""
     if isinstance(top, int) and not isinstance(top, bool) and top < 0:
         return RequestProblem(f"top_logprobs must be between 0 and 20, got {top}", "top_logprobs")
+    return None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _sampling_ranges(body: Mapping[str, Any]) -> RequestProblem | None:
+    low, high = PENALTY_RANGE
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = body.get(name)
+        if _number(value) and not low <= value <= high:
+            return RequestProblem(f"{name} must be between {low:g} and {high:g}, got {value}", name)
+    n = body.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and n < 1:
+        return RequestProblem(f"n must be at least 1, got {n}", "n")
+    return None
+
+
+def _output_modalities(body: Mapping[str, Any]) -> RequestProblem | None:
+    """The engine answers in text: a request for audio would get text alone, which a client reading
+    `message.audio` does not expect."""
+    modalities = body.get("modalities")
+    if isinstance(modalities, list):
+        other = [m for m in modalities if m != "text"]
+        if other:
+            return RequestProblem(f"modalities {other} are not served: the model answers in text only", "modalities")
+    if body.get("audio") is not None:
+        return RequestProblem("audio output is not served: the model answers in text only", "audio")
     return None
 
 

@@ -123,6 +123,9 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         (CHAT, {"messages": [{"role": "user"}]}, "messages[0].content"),
         (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
         ("/tokenize", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        (CHAT, {"messages": MSG, "modalities": ["text", "audio"]}, "modalities"),
+        (COMPLETIONS, {"prompt": "hi", "presence_penalty": 3}, "presence_penalty"),
+        (CHAT, {"messages": MSG, "n": 0}, "n"),
     ],
     ids=[
         "unknown-role",
@@ -143,6 +146,9 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "message-without-content",
         "negative-top-logprobs",
         "tokenize-unknown-role",
+        "audio-output",
+        "penalty-out-of-range",
+        "n-zero",
     ],
 )
 def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param):

@@ -176,6 +176,24 @@ def test_wrong_shapes_are_left_to_vllm_which_names_them(body):
     assert check_request(CHAT, ["not", "an", "object"], TEXT_MODEL) is None  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("fields", "chat", "completion"),
+    [
+        ({"presence_penalty": 3}, "presence_penalty", "presence_penalty"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty", "frequency_penalty"),
+        ({"n": 0}, "n", "n"),
+        ({"modalities": ["text", "audio"]}, "modalities", None),  # completions have no output modalities
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", None),
+        ({"presence_penalty": 2, "frequency_penalty": -2, "n": 1, "modalities": ["text"], "audio": None}, None, None),
+    ],
+)
+def test_sampling_ranges_and_output_modalities(fields, chat, completion):
+    found = check_request(CHAT, {"messages": [USER], **fields}, TEXT_MODEL)
+    assert (found and found.param) == chat, found
+    found = check_request(COMPLETIONS, {"prompt": "hi", **fields}, TEXT_MODEL)
+    assert (found and found.param) == completion, found
+
+
 def test_completions_check_logit_bias_too():
     found = problem({"prompt": "hi", "logit_bias": {"7": -101}}, COMPLETIONS)
     assert found is not None and found.param == "logit_bias[7]"
