@@ -27,7 +27,7 @@ from service.server.engine_responses import engine_endpoint
 from service.server.errors import ServiceError, install_error_handlers
 from service.server.lifecycle import Lifecycle, Phase
 from service.server.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
-from service.server.routes import SERVICE_ROUTES, UNCOUNTED, Access, served_engine_route
+from service.server.routes import ENGINE_ROUTES, SERVICE_ROUTES, UNCOUNTED, Access, served_engine_route
 from service.settings import Settings
 
 _ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -99,7 +99,7 @@ def create_app(
     # unknown path answers 401 without the key and 503 while starting, and 404/405 only once vLLM's routes exist.
     catch_all = APIRoute(
         "/{path:path}",
-        _not_served,
+        _not_served(served_model),
         methods=_ANY_METHOD,
         dependencies=dependencies[Access.ENGINE],
         include_in_schema=False,
@@ -138,10 +138,15 @@ def _wrapped(route: APIRoute, lifecycle: Lifecycle) -> APIRoute:
     return wrapped
 
 
-async def _not_served(request: Request) -> None:
-    if any(route.matches(request.scope)[0] is Match.PARTIAL for route in request.app.router.routes):
-        raise HTTPException(405)
-    raise HTTPException(404)
+def _not_served(served: str) -> Callable[[Request], Any]:
+    async def not_served(request: Request) -> None:
+        if any(route.matches(request.scope)[0] is Match.PARTIAL for route in request.app.router.routes):
+            raise HTTPException(405)
+        if request.url.path in ENGINE_ROUTES:  # vLLM registers it only for models of its task
+            raise HTTPException(404, f"{request.url.path} is not served: the model {served!r} does not do its task")
+        raise HTTPException(404)
+
+    return not_served
 
 
 def _model_source(report: StartupReport) -> dict[str, Any] | None:

@@ -270,6 +270,9 @@ def test_unknown_route_method_and_engine_controls_answer_in_openai_shape(server)
     # Cluster/operator controls of vLLM's app are not served to API clients.
     scale = post(server, "/scale_elastic_ep", json_body={"new_data_parallel_size": 2})
     assert_openai_error(scale, 404)
+    # An endpoint of another task (embeddings from a generative model) says so.
+    error = assert_openai_error(post(server, "/v1/embeddings", json_body={"model": SERVED, "input": "hi"}), 404)
+    assert error["message"] == f"/v1/embeddings is not served: the model '{SERVED}' does not do its task", error
 
 
 def _raw_request(server, head: bytes, body_part: bytes, timeout: float = 10) -> tuple[bytes, float]:
