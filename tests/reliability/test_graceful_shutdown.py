@@ -101,18 +101,22 @@ def _wait_running(probe: httpx.Client, count: int, timeout: float) -> float:
     return m.get("vllm:generation_tokens_total", 0.0)
 
 
-def test_sigterm_drains_in_flight_requests_and_exits_zero(reliability_logs):
+def _on_a_server_of_its_own(log_path, grace_s: float, scenario) -> None:
     server = start_server(
-        reliability_logs / "sigterm.log",
+        log_path,
         extra_env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
-        shutdown_grace_seconds=str(GRACE_S),
+        shutdown_grace_seconds=str(grace_s),
         max_num_seqs="4",
         max_model_len=str(CONTEXT),
     )
     try:
-        _drain_scenario(server)
+        scenario(server)
     finally:
         server.process.kill_group()
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_zero(reliability_logs):
+    _on_a_server_of_its_own(reliability_logs / "sigterm.log", GRACE_S, _drain_scenario)
 
 
 def _drain_scenario(server) -> None:
@@ -166,17 +170,7 @@ GRACE_CUT_S = 3
 def test_what_outlasts_the_grace_period_ends_with_a_503_or_an_error_event(reliability_logs):
     """Answers far longer than the grace: the plain one gets a 503 to retry, the official client's stream raises
     the error event it gets after its first tokens, and the process exits 0 without cancelling anything."""
-    server = start_server(
-        reliability_logs / "sigterm-cut.log",
-        extra_env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
-        shutdown_grace_seconds=str(GRACE_CUT_S),
-        max_num_seqs="4",
-        max_model_len=str(CONTEXT),
-    )
-    try:
-        _cut_scenario(server)
-    finally:
-        server.process.kill_group()
+    _on_a_server_of_its_own(reliability_logs / "sigterm-cut.log", GRACE_CUT_S, _cut_scenario)
 
 
 def _cut_scenario(server) -> None:
