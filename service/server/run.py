@@ -31,8 +31,8 @@ log = logging.getLogger("service")
 EXIT_STARTUP_REFUSED = 2
 EXIT_ENGINE_DIED = 3
 WATCHDOG_INTERVAL_S = 1.0
-DEAD_LINGER_S = 3.0
-CUT_WAIT_S = 5.0  # for the engine to abort the requests still in flight at shutdown, and for them to answer  # keep answering /health 503 briefly so probes see why before the process exits
+DEAD_LINGER_S = 3.0  # keep answering /health 503 briefly so probes see why before the process exits
+CUT_WAIT_S = 5.0  # for the engine to abort the requests still in flight at shutdown, and for them to answer
 
 
 class DrainingServer(uvicorn.Server):
