@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
@@ -18,6 +19,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 from vllm.entrypoints.serve.exception_handling.handlers.validation import (
     clean_loc_for_param,
@@ -32,6 +35,10 @@ RETRY_AFTER_SECONDS = "5"
 # 501, and a 5xx would page whoever watches the error rate: the endpoint the model lacks is a 404, an
 # unimplemented option a 400.
 _ENDPOINT_UNSUPPORTED = "The model does not support"
+# vLLM's sampling checks raise "top_k must be 0 (disable), or at least 1, got -5." without a param: the field
+# leads the message.
+_LEADING_FIELD = re.compile(r"([a-z_]+) (?:must|cannot)\b")
+_REQUEST_FIELDS = frozenset(ChatCompletionRequest.model_fields) | frozenset(CompletionRequest.model_fields)
 
 
 class ServiceError(Exception):
@@ -82,6 +89,12 @@ def field_path(errors: Sequence[Any]) -> str | None:
     return path if path[:1].isalpha() else None
 
 
+def leading_field(message: str) -> str | None:
+    """The request field an engine error's message starts with ("stop cannot contain an empty string."), or None."""
+    found = _LEADING_FIELD.match(message)
+    return found.group(1) if found is not None and found.group(1) in _REQUEST_FIELDS else None
+
+
 def _path(loc: Sequence[Any]) -> tuple[tuple[str, ...], str]:
     """(the shape branches taken, the field path) of a pydantic error location, without FastAPI's `body` and
     without pydantic's own wrapper names (vLLM's clean_loc_for_param)."""
@@ -125,7 +138,10 @@ def install_error_handlers(app: FastAPI, on_engine_dead: Callable[[str], None]) 
         if status >= HTTPStatus.INTERNAL_SERVER_ERROR and status != HTTPStatus.SERVICE_UNAVAILABLE:
             # A full queue (503) is expected under load and answered with Retry-After: not logged per request.
             log.error("answering %d to %s %s", status, request.method, request.url.path, exc_info=exc)
-        return openai_error(HTTPStatus(status), message, err_type, param=err.error.param, headers=headers)
+        param = err.error.param
+        if param is None and status == HTTPStatus.BAD_REQUEST:
+            param = leading_field(message)
+        return openai_error(HTTPStatus(status), message, err_type, param=param, headers=headers)
 
     app.add_exception_handler(ServiceError, service_error)
     app.add_exception_handler(HTTPException, http_error)

@@ -12,7 +12,13 @@ tests/reliability/test_bad_input.py):
   "Grammar error" without `param`);
 - token ids outside the vocabulary sent to /detokenize (200 with the ids dropped; /v1/completions refuses them);
 - audio output asked for (`modalities` other than text, an `audio` object): 200, text only, the field ignored;
-- presence/frequency penalties outside [-2, 2] and an n below 1 (400 without `param`).
+- presence/frequency penalties outside [-2, 2] and an n below 1 (400 without `param`);
+- a string holding a lone UTF-16 surrogate (the JSON escape "\\ud800"): 400 "TextEncodeInput must be ..." from the
+  tokenizer, or a 500 when it is a stop string (the engine cannot encode the request);
+- content that is an object instead of a list, a content part that is not an object, a text part without its
+  text, an assistant's tool call without its id, type, function name or string arguments (400 "validation errors
+  for ValidatorIterator" without `param`: vLLM checks those lists item by item, so its errors start at the item);
+- prompt token ids beyond the vocabulary (400 without `param`).
 vLLM's /v1/chat/completions/batch gets the chat checks for each of its conversations, and its /tokenize those of
 the messages it is sent (clients count a chat request's tokens there before sending it: a request the chat route
 refuses is refused there too). Everything else (types,
@@ -22,7 +28,8 @@ naming the field.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +53,8 @@ CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool", "function"}
 MEDIA_PARTS = frozenset(
     {"image_url", "input_image", "image_embeds", "image_pil", "audio_url", "input_audio", "video_url", "file"}
 )
+# A JSON "\ud800" escape decodes to half of a UTF-16 pair, which no UTF-8 text can hold.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's, for presence_penalty and frequency_penalty
 
@@ -61,11 +70,16 @@ def check_request(path: str, body: Mapping[str, Any], model: ModelFacts | None) 
     schema validation names the field."""
     if path not in CHECKED_PATHS or not isinstance(body, Mapping):
         return None
+    surrogate = _lone_surrogate(body)
+    if surrogate is not None:
+        return surrogate
     if path == DETOKENIZE:
         return _token_ids(body.get("tokens"), model)
     if path == TOKENIZE:
         return _messages(body.get("messages"), model)
     checks = [_logit_bias(body), _best_of(body), _top_logprobs(body.get("top_logprobs")), _sampling_ranges(body)]
+    if path == COMPLETIONS:
+        checks.append(_prompt_ids(body.get("prompt"), model))
     if path == CHAT:
         checks.append(_messages(body.get("messages"), model))
     if path == CHAT_BATCH:
@@ -94,9 +108,99 @@ def _messages(messages: Any, model: ModelFacts | None) -> RequestProblem | None:
                 "with that id",
                 f"messages[{i}].tool_call_id",
             )
-        problem = _content_parts(i, message.get("content"), model)
-        if problem is not None:
-            return problem
+        for problem in (
+            _content_shape(i, message.get("content")),
+            _content_parts(i, message.get("content"), model),
+            _tool_calls(i, message.get("tool_calls")) if role == "assistant" else None,
+        ):
+            if problem is not None:
+                return problem
+    return None
+
+
+def _lone_surrogate(body: Mapping[str, Any]) -> RequestProblem | None:
+    for where, text in _strings(body):
+        found = LONE_SURROGATE.search(text)
+        if found is not None:
+            return RequestProblem(
+                f"{where} is not valid Unicode text: it holds a lone surrogate \\u{ord(found.group()):04x} (half of a "
+                "UTF-16 pair)",
+                where,
+            )
+    return None
+
+
+def _strings(body: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(path, string) of every string in a JSON body, keys included (a key's path is its object's). Walked with a
+    stack, not recursion: a body nested as deep as the JSON parser allows must not overflow Python's stack."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            yield where or "body", value
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                yield where or "body", key
+                stack.append((f"{where}.{key}" if where else key, item))
+        elif isinstance(value, list):  # numbers (a prompt's token ids) are not pushed: they hold no text
+            stack.extend(
+                (f"{where}[{i}]", item)
+                for i, item in enumerate(value)
+                if item is not None and not isinstance(item, int | float)
+            )
+
+
+def _content_shape(i: int, content: Any) -> RequestProblem | None:
+    """A message's content is a string or a list of parts; a text part carries its text as a string."""
+    where = f"messages[{i}].content"
+    if isinstance(content, Mapping):
+        return RequestProblem(f"{where} must be a string or a list of content parts, not an object", where)
+    if not isinstance(content, list):
+        return None
+    for j, part in enumerate(content):
+        if not isinstance(part, Mapping):
+            if isinstance(part, str):
+                continue  # vLLM takes bare strings in some roles' lists
+            return RequestProblem(
+                f'{where}[{j}] must be a content part object, such as {{"type": "text", "text": "..."}}',
+                f"{where}[{j}]",
+            )
+        kind = part.get("type")
+        if kind is None and "text" in part:
+            return RequestProblem(
+                f'{where}[{j}] has no type: a text part is {{"type": "text", "text": "..."}}', f"{where}[{j}].type"
+            )
+        if kind is not None and not isinstance(kind, str):
+            return RequestProblem(f"{where}[{j}].type must be a string, such as 'text'", f"{where}[{j}].type")
+        if kind == "text" and not isinstance(part.get("text"), str):
+            return RequestProblem(f"{where}[{j}] is a text part without a string 'text'", f"{where}[{j}].text")
+    return None
+
+
+def _tool_calls(i: int, tool_calls: Any) -> RequestProblem | None:
+    """An assistant's tool calls as OpenAI's API spells them: [{id, type: "function", function: {name, arguments}}]."""
+    where = f"messages[{i}].tool_calls"
+    if tool_calls is None:
+        return None
+    if not isinstance(tool_calls, list):
+        return RequestProblem(f"{where} must be a list of tool calls", where)
+    for k, call in enumerate(tool_calls):
+        at = f"{where}[{k}]"
+        if not isinstance(call, Mapping):
+            return RequestProblem(f"{at} must be a tool call object", at)
+        if not isinstance(call.get("id"), str):
+            return RequestProblem(f"{at}.id must be a string: the id its tool message answers", f"{at}.id")
+        if call.get("type") != "function":
+            return RequestProblem(f"{at}.type must be 'function', got {call.get('type')!r}", f"{at}.type")
+        function = call.get("function")
+        if not isinstance(function, Mapping):
+            return RequestProblem(f"{at}.function must be an object with name and arguments", f"{at}.function")
+        if not isinstance(function.get("name"), str):
+            return RequestProblem(f"{at}.function.name must be a string", f"{at}.function.name")
+        if not isinstance(function.get("arguments"), str):
+            return RequestProblem(
+                f"{at}.function.arguments must be a string (the arguments as JSON text)", f"{at}.function.arguments"
+            )
     return None
 
 
@@ -127,7 +231,7 @@ def _content_parts(i: int, content: Any, model: ModelFacts | None) -> RequestPro
     return None
 
 
-def _token_ids(tokens: Any, model: ModelFacts | None) -> RequestProblem | None:
+def _token_ids(tokens: Any, model: ModelFacts | None, name: str = "tokens") -> RequestProblem | None:
     """Ids below 0 or beyond the model's vocabulary (its LM head's rows: no id the model produces is past them)."""
     if not isinstance(tokens, list):
         return None
@@ -137,8 +241,17 @@ def _token_ids(tokens: Any, model: ModelFacts | None) -> RequestProblem | None:
             return None  # a type vLLM's schema names
         if token < 0 or (vocab is not None and token >= vocab):
             bound = f"0 .. {vocab - 1}" if vocab is not None else "not negative"
-            return RequestProblem(f"tokens[{i}] = {token} is out of vocabulary ({bound})", f"tokens[{i}]")
+            return RequestProblem(f"{name}[{i}] = {token} is out of vocabulary ({bound})", f"{name}[{i}]")
     return None
+
+
+def _prompt_ids(prompt: Any, model: ModelFacts | None) -> RequestProblem | None:
+    """A completion's prompt as token ids: one list of ids, or a list of such lists."""
+    if not isinstance(prompt, list) or not prompt:
+        return None
+    if not all(isinstance(p, list) for p in prompt):
+        return _token_ids(prompt, model, "prompt")
+    return next((p for i, ids in enumerate(prompt) if (p := _token_ids(ids, model, f"prompt[{i}]")) is not None), None)
 
 
 def _top_logprobs(top: Any) -> RequestProblem | None:
@@ -201,7 +314,7 @@ def _logit_bias(body: Mapping[str, Any]) -> RequestProblem | None:
         return None
     low, high = LOGIT_BIAS_RANGE
     for token, value in bias.items():
-        if isinstance(value, int | float) and not isinstance(value, bool) and not low <= value <= high:
+        if _number(value) and not low <= value <= high:
             return RequestProblem(
                 f"logit_bias[{token}] = {value} is out of range: biases go from {low:g} to {high:g}",
                 f"logit_bias[{token}]",

@@ -126,6 +126,19 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         (CHAT, {"messages": MSG, "modalities": ["text", "audio"]}, "modalities"),
         (COMPLETIONS, {"prompt": "hi", "presence_penalty": 3}, "presence_penalty"),
         (CHAT, {"messages": MSG, "n": 0}, "n"),
+        # json.dumps writes the lone surrogate as the escape "\ud800"; as a stop string it was a 500.
+        (CHAT, {"messages": MSG, "stop": ["\ud800"]}, "stop[0]"),
+        (COMPLETIONS, {"prompt": "a\udc00"}, "prompt"),
+        (CHAT, {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+        (CHAT, {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}]}, "messages[0].content"),
+        (
+            CHAT,
+            {"messages": [*MSG, {"role": "assistant", "tool_calls": [{"id": 1, "type": "function"}]}]},
+            "messages[1].tool_calls[0].id",
+        ),
+        (COMPLETIONS, {"prompt": [[1, 10**9]]}, "prompt[0][1]"),
+        (CHAT, {"messages": MSG, "top_k": -5}, "top_k"),
+        (COMPLETIONS, {"prompt": "hi", "stop": [""]}, "stop"),
     ],
     ids=[
         "unknown-role",
@@ -149,6 +162,14 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "audio-output",
         "penalty-out-of-range",
         "n-zero",
+        "stop-lone-surrogate",
+        "prompt-lone-surrogate",
+        "text-part-without-text",
+        "content-an-object",
+        "tool-call-id-not-a-string",
+        "prompt-ids-out-of-vocab",
+        "top-k-negative",
+        "stop-empty-string",
     ],
 )
 def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param):

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
+from vllm import SamplingParams
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
 from service.server.body_limit import BodyLimitMiddleware
@@ -211,7 +212,8 @@ USER = {"role": "user", "content": "hi"}
         ({"messages": [USER, {"role": "user", "content": "hi", "name": 5}]}, "messages[1].name"),
         ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
         ({"messages": [USER], "logprobs": [1]}, "logprobs"),
-        # vLLM checks tool calls item by item: the errors' locations start at the item, the field is not named.
+        # vLLM checks tool calls item by item: the errors' locations start at the item, the field is not named
+        # here (the service's request checks name it before vLLM sees the request).
         ({"messages": [{"role": "assistant", "content": "a", "tool_calls": [{"id": 1}]}]}, None),
     ],
 )
@@ -221,3 +223,34 @@ def test_schema_errors_name_the_field_as_openai_does(body, param):
     error = resp.json()["error"]
     assert error["param"] == param and error["type"] == "BadRequestError" and error["code"] == 400, error
     assert "validation error" in error["message"]
+
+
+def _sampling_app() -> FastAPI:
+    """vLLM's SamplingParams checks, raised from an endpoint, answered by the service's handlers."""
+    app = FastAPI()
+    install_error_handlers(app, on_engine_dead=lambda reason: None)
+
+    async def completions(body: dict[str, Any]):
+        SamplingParams(**body)
+        return JSONResponse({})
+
+    app.add_api_route("/v1/completions", completions, methods=["POST"])
+    return app
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"top_k": -5}, "top_k"),
+        ({"stop": [""]}, "stop"),
+        ({"min_tokens": 10, "max_tokens": 3}, "min_tokens"),
+        ({"min_p": 2.0}, "min_p"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"temperature": 9.0}, "temperature"),  # vLLM names this one itself
+    ],
+)
+def test_engine_sampling_errors_name_the_field_their_message_starts_with(fields, param):
+    resp = _post(_sampling_app(), json=fields)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param and error["message"].startswith(param), error

@@ -19,6 +19,11 @@ CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 USER = {"role": "user", "content": "hi"}
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+CALL = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+
+
+def assistant(*calls: object) -> dict:
+    return {"messages": [USER, {"role": "assistant", "tool_calls": list(calls)}]}
 
 
 def problem(body: dict, path: str = CHAT, model=TEXT_MODEL) -> RequestProblem | None:
@@ -82,6 +87,31 @@ def problem(body: dict, path: str = CHAT, model=TEXT_MODEL) -> RequestProblem | 
             "tools[0].function.parameters",
             "$schema must be a URI string",
         ),
+        ({"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}]}, "messages[0].content", "a list"),
+        ({"messages": [{"role": "user", "content": [None]}]}, "messages[0].content[0]", "content part object"),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text", "text part"),
+        (
+            {"messages": [{"role": "system", "content": [{"type": "text", "text": 5}]}]},
+            "messages[0].content[0].text",
+            "",
+        ),
+        ({"messages": [{"role": "user", "content": [{"text": "hi"}]}]}, "messages[0].content[0].type", "no type"),
+        ({"messages": [{"role": "user", "content": [{"type": ["image_url"]}]}]}, "messages[0].content[0].type", ""),
+        ({"messages": [USER, {"role": "assistant", "tool_calls": "x"}]}, "messages[1].tool_calls", "a list"),
+        (assistant(None), "messages[1].tool_calls[0]", "object"),
+        (assistant({"id": 1, "type": "function", "function": CALL}), "messages[1].tool_calls[0].id", "string"),
+        (assistant({"id": "c", "function": CALL}), "messages[1].tool_calls[0].type", "'function'"),
+        (assistant({"id": "c", "type": "function"}), "messages[1].tool_calls[0].function", "name and arguments"),
+        (
+            assistant({"id": "c", "type": "function", "function": {"arguments": "{}"}}),
+            "messages[1].tool_calls[0].function.name",
+            "string",
+        ),
+        (
+            assistant({"id": "c", "type": "function", "function": {"name": "f", "arguments": {"city": "Paris"}}}),
+            "messages[1].tool_calls[0].function.arguments",
+            "JSON text",
+        ),
     ],
     ids=[
         "role",
@@ -95,6 +125,19 @@ def problem(body: dict, path: str = CHAT, model=TEXT_MODEL) -> RequestProblem | 
         "schema-where",
         "tool-parameters",
         "schema-dialect-not-a-string",
+        "content-an-object",
+        "part-not-an-object",
+        "text-part-without-text",
+        "text-not-a-string",
+        "text-part-without-type",
+        "part-type-a-list",
+        "tool-calls-not-a-list",
+        "tool-call-not-an-object",
+        "tool-call-id-int",
+        "tool-call-without-type",
+        "tool-call-without-function",
+        "tool-call-without-name",
+        "tool-call-arguments-an-object",
     ],
 )
 def test_problems_name_the_field(body, param, words):
@@ -108,7 +151,12 @@ def test_problems_name_the_field(body, param, words):
         ({"messages": [{"role": "developer", "content": "be brief"}, USER]}, CHAT, TEXT_MODEL),
         ({"messages": [{"role": "tool", "tool_call_id": "call_1", "content": "22 C"}]}, CHAT, TEXT_MODEL),
         (
-            {"messages": [USER, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]}]},
+            {
+                "messages": [
+                    USER,
+                    {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": CALL}]},
+                ]
+            },
             CHAT,
             TEXT_MODEL,
         ),
@@ -158,7 +206,6 @@ def test_valid_requests_pass(body, path, model):
         {"logit_bias": {"5": "high"}},
         {"messages": [USER], "response_format": {"type": "json_schema", "json_schema": {"schema": 5}}},
         {"messages": [USER], "tools": "all"},
-        {"messages": [{"role": "user", "content": [{"type": ["image_url"]}, 3]}]},
     ],
     ids=[
         "messages-str",
@@ -168,7 +215,6 @@ def test_valid_requests_pass(body, path, model):
         "bias-str",
         "schema-int",
         "tools-str",
-        "part-type-list",
     ],
 )
 def test_wrong_shapes_are_left_to_vllm_which_names_them(body):
@@ -275,6 +321,66 @@ def test_tokenize_checks_chat_messages_as_the_chat_route_does(messages, param):
     assert (found and found.param) == ((chat := check_request(CHAT, {"messages": messages}, TEXT_MODEL)) and chat.param)
 
 
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "refusal", "refusal": "x"}]}],
+        [{"role": "user", "content": ["bare strings are vLLM's to judge"]}],
+        [{"role": "user", "content": [{"image_url": "https://example.com/a.png"}]}],  # vLLM's short image part
+        [USER, {"role": "assistant", "tool_calls": None}],
+        [USER, {"role": "assistant", "tool_calls": []}],
+        [{"role": "user", "content": "hi", "tool_calls": "a user's tool calls are ignored, as vLLM does"}],
+    ],
+)
+def test_content_and_tool_calls_vllm_serves_pass(messages):
+    assert problem({"messages": messages}, model=VISION_MODEL) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (CHAT, {"messages": [USER], "stop": ["ok", "\ud800"]}, "stop[1]"),
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "a\udfffb"}]}]},
+            "messages[0].content[0].text",
+        ),
+        (COMPLETIONS, {"prompt": ["ok", "\udc00"]}, "prompt[1]"),
+        (TOKENIZE, {"prompt": "\ud83d"}, "prompt"),
+        (CHAT, {"messages": [USER], "chat_template_kwargs": {"\ud800": 1}}, "chat_template_kwargs"),
+        (CHAT, {"messages": [USER], "stop": ["\U0001f600 a whole pair is one character"]}, None),
+    ],
+)
+def test_a_lone_surrogate_anywhere_is_named(path, body, param):
+    found = check_request(path, {"model": "m", **body}, TEXT_MODEL)
+    assert (found and found.param) == param, found
+    if found:
+        assert "lone surrogate" in found.message
+
+
+def test_a_body_nested_as_deep_as_json_allows_is_walked_without_recursion():
+    deep: object = "\ud800"
+    for _ in range(5000):
+        deep = [deep]
+    found = check_request(CHAT, {"messages": [USER], "vllm_xargs": deep}, TEXT_MODEL)
+    assert found is not None and found.param.startswith("vllm_xargs[0][0]")
+
+
+@pytest.mark.parametrize(
+    ("prompt", "param"),
+    [
+        ([1, 128256], "prompt[1]"),
+        ([[1, 2], [128255, 10**9]], "prompt[1][1]"),
+        ([[1, 2], [128255]], None),
+        (["a", "b"], None),
+        ([], None),
+    ],
+)
+def test_prompt_token_ids_outside_the_vocabulary_are_named(prompt, param):
+    found = check_request(COMPLETIONS, {"prompt": prompt}, TEXT_MODEL)
+    assert (found and found.param) == param, found
+
+
 def test_tokenize_of_a_prompt_is_not_checked():
     assert check_request(TOKENIZE, {"model": "m", "prompt": "wizard"}, TEXT_MODEL) is None
 
@@ -286,6 +392,10 @@ JSON = st.recursive(
 )
 FIELDS = [
     "tokens",
+    "prompt",
+    "tool_calls",
+    "text",
+    "id",
     "messages",
     "best_of",
     "n",
