@@ -140,7 +140,7 @@ class Settings(BaseSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Web pages allowed to call the API from a browser (CORS), comma-separated "
-        "(`https://chat.example.com`; `*`: any); pages on localhost and 127.0.0.1 always are",
+        "(`https://chat.example.com`; `*`: any); pages on localhost, 127.0.0.1 and [::1] always are",
         json_schema_extra={"shown": "unset"},
     )
     shutdown_grace_seconds: float = Field(

@@ -115,6 +115,17 @@ def _cut_error(reason: str) -> dict[str, Any]:
     }
 
 
+def _refuse_if_cut(lifecycle: Lifecycle) -> None:
+    if lifecycle.cut_reason is not None:
+        error = _cut_error(lifecycle.cut_reason)
+        raise ServiceError(
+            HTTPStatus.SERVICE_UNAVAILABLE,
+            error["message"],
+            error["type"],
+            headers={"Retry-After": RETRY_AFTER_SECONDS},
+        )
+
+
 async def _close(chunks: AsyncIterator[Any]) -> None:
     close = getattr(chunks, "aclose", None)
     if close is not None:
@@ -129,16 +140,9 @@ def engine_endpoint(endpoint: Callable[..., Any], lifecycle: Lifecycle) -> Calla
 
     @functools.wraps(endpoint)
     async def checked(*args: Any, **kwargs: Any) -> Any:
-        if lifecycle.cut_reason is None:
-            response = await endpoint(*args, **kwargs)
-        if lifecycle.cut_reason is not None:  # before the call too: the engine, paused by the cut, would queue it
-            error = _cut_error(lifecycle.cut_reason)
-            raise ServiceError(
-                HTTPStatus.SERVICE_UNAVAILABLE,
-                error["message"],
-                error["type"],
-                headers={"Retry-After": RETRY_AFTER_SECONDS},
-            )
+        _refuse_if_cut(lifecycle)  # the engine, paused by the cut, would queue the request
+        response = await endpoint(*args, **kwargs)
+        _refuse_if_cut(lifecycle)  # the cut aborted it in the engine: its answer is unfinished
         if (
             type(response) is StreamingResponse
             and response.status_code == HTTPStatus.OK
