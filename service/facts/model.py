@@ -61,6 +61,9 @@ class ModelFacts:
     gguf: GgufFacts | None = None  # a GGUF file: what it holds; the engine loads a converted copy
     linear_shapes: tuple[tuple[int, int], ...] = ()  # (K, N) of the decoder's distinct linear layers (dense models)
     decode_reads: DecodeReads | None = None  # None: no safetensors headers to read
+    # Why the weights on disk cannot load (a truncated shard, shards the index names but the directory lacks): found
+    # from the safetensors headers and file sizes, before the engine spends a minute finding it.
+    weight_problems: tuple[str, ...] = ()
 
     @property
     def quantization(self) -> str | None:
@@ -304,19 +307,44 @@ _FLOAT_TYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2"
 _EMBEDDING = re.compile(r"(embed_tokens|wte|word_embeddings|tok_embeddings)\.weight$")
 
 
-def _decode_reads(directory: Path) -> DecodeReads | None:
-    """From the safetensors headers alone (the first 8 bytes give the JSON header's length)."""
+def _safetensors_headers(directory: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Every tensor's header entry across the shards, and what is wrong with the shards: a header or data that
+    runs past the file's end (an interrupted copy), a header that is not JSON, shards the index names but the
+    directory lacks (while others are there: a directory with no shards at all is a config to inspect)."""
     tensors: dict[str, dict[str, Any]] = {}
-    try:
-        for shard in sorted(directory.glob("*.safetensors")):
+    problems: list[str] = []
+    found = sorted(directory.glob("*.safetensors"))
+    # A hub cache's shards are links to its blobs: an interrupted download can leave a link to nothing.
+    problems += [f"{p.name} links to {p.resolve()}, which is not there" for p in found if not p.exists()]
+    shards = [p for p in found if p.is_file()]
+    for shard in shards:
+        size = shard.stat().st_size
+        try:
             with open(shard, "rb") as f:
                 length = int.from_bytes(f.read(8), "little")
-                if length > shard.stat().st_size - 8:
-                    return None  # a damaged shard: vLLM's loader says what is wrong with it
+                if length > size - 8:
+                    problems.append(f"{shard.name} is truncated: {size:,} bytes, shorter than its own header")
+                    continue
                 header = json.loads(f.read(length))
-            tensors |= {k: v for k, v in header.items() if k != "__metadata__"}
-    except (OSError, ValueError):
-        return None
+        except (OSError, ValueError) as exc:
+            problems.append(f"{shard.name} has no readable safetensors header ({exc})")
+            continue
+        entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        end = 8 + length + max((v["data_offsets"][1] for v in entries.values()), default=0)
+        if end > size:
+            problems.append(f"{shard.name} is truncated: {size:,} bytes, its tensors end at byte {end:,}")
+        tensors |= entries
+    index = directory / "model.safetensors.index.json"
+    if shards and index.is_file():
+        named = set((_read_json(index).get("weight_map") or {}).values())
+        missing = sorted(named - {p.name for p in shards})
+        if missing:
+            problems.append(f"{index.name} names shards the directory lacks: {', '.join(missing)}")
+    return tensors, problems
+
+
+def _decode_reads(tensors: dict[str, dict[str, Any]]) -> DecodeReads | None:
+    """From the safetensors headers alone (the first 8 bytes give the JSON header's length)."""
     if not tensors:
         return None
     tied = not any(name.endswith("lm_head.weight") for name in tensors)
@@ -375,6 +403,7 @@ def _facts_from_config(cfg: Config, directory: Path | None) -> ModelFacts:
     linear = sum(t == LINEAR for t in layer_types)
     uses_mla = lm.get("kv_lora_rank") is not None
     kv_heads = _first(lm, _NUM_KV_HEAD_KEYS) or _first(lm, _NUM_HEAD_KEYS)
+    tensors, weight_problems = _safetensors_headers(directory) if directory else ({}, [])
     return ModelFacts(
         path=str(directory or ""),
         architecture=architecture,
@@ -402,7 +431,8 @@ def _facts_from_config(cfg: Config, directory: Path | None) -> ModelFacts:
         linear_num_key_heads=_int_or_none(lm, "linear_num_key_heads"),
         linear_num_value_heads=_int_or_none(lm, "linear_num_value_heads"),
         linear_conv_kernel_dim=_int_or_none(lm, "linear_conv_kernel_dim"),
-        decode_reads=_decode_reads(directory) if directory else None,
+        decode_reads=None if weight_problems else _decode_reads(tensors),
+        weight_problems=tuple(weight_problems),
     )
 
 

@@ -219,7 +219,10 @@ def plan_model_source(
         name = served_name or known_as or Path(model.path).name
         why = "set by the user" if served_name else "the name it was asked for by" if known_as else "its directory"
         decision = record("model", "served_name", name, why, "user" if served_name else "default")
-        return ModelSourcePlan(model.path, name, PolicyResult.of(decision))
+        problems = "; ".join(model.weight_problems)
+        errors = [f"the weights in {model.path} cannot be loaded: {problems}. Copy or download them again"]
+        result = PolicyResult.of(decision, errors=errors if problems else ())
+        return ModelSourcePlan(model.path, name, result)
 
     name = served_name or gguf.served_name
     why_name = "set by the user" if served_name else "the GGUF file's name without its quantization suffix"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,19 @@ def test_served_names_of_a_gguf_file_a_directory_and_a_user_choice(tmp_path):
     demo = ensure_demo_model(MODELS)
     as_dir = Settings(model=str(demo))
     assert build_report(as_dir, model=choose_model(as_dir, build_demo=False)).plan.model.served_name == demo.name
+
+
+def test_a_directory_with_a_truncated_shard_is_refused_naming_it(tmp_path):
+    """The engine would load for a minute and die (exit 3, the error deep in a worker's traceback); the report
+    refuses it first (exit 2 from serve), naming the shard and both sizes."""
+    demo = ensure_demo_model(MODELS)
+    copy = shutil.copytree(demo, tmp_path / "copy")
+    shard = next(copy.glob("*.safetensors"))
+    os.truncate(shard, shard.stat().st_size // 2)
+    settings = Settings(model=str(copy), cache_dir=tmp_path)
+    report = build_report(settings, model=choose_model(settings, build_demo=False))
+    assert not report.ok
+    (error,) = report.errors
+    assert f"the weights in {copy} cannot be loaded: {shard.name} is truncated" in error, error
+    intact = Settings(model=str(demo), cache_dir=tmp_path)
+    assert build_report(intact, model=choose_model(intact, build_demo=False)).ok

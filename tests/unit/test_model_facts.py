@@ -316,3 +316,39 @@ def test_decode_reads_of_a_damaged_shard_are_unknown(tmp_path):
     directory = write_config(tmp_path / "bad", {"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
     (directory / "a.safetensors").write_bytes(b"\xff" * 8 + b"{not json")
     assert inspect_model(str(directory)).decode_reads is None
+
+
+WEIGHTS = {"model.layers.0.mlp.up_proj.weight": ((32, 16), "float32"), "lm_head.weight": ((100, 16), "float32")}
+
+
+def test_intact_shards_have_no_weight_problems(tmp_path):
+    assert inspect_model(str(_checkpoint(tmp_path / "ok", WEIGHTS))).weight_problems == ()
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (lambda shard: os.truncate(shard, shard.stat().st_size - 1), "a.safetensors is truncated"),
+        (lambda shard: os.truncate(shard, 20), "shorter than its own header"),
+        (lambda shard: shard.write_bytes((30).to_bytes(8, "little") + b"{not json" + b" " * 40), "no readable"),
+        (lambda shard: (shard.unlink(), shard.symlink_to(shard.parent / "blobs" / "gone")), "which is not there"),
+    ],
+    ids=["one-byte-short", "cut-inside-the-header", "header-not-json", "link-to-a-missing-blob"],
+)
+def test_a_damaged_shard_is_named_before_the_engine_loads_it(tmp_path, damage, words):
+    directory = _checkpoint(tmp_path / "bad", WEIGHTS)
+    damage(directory / "a.safetensors")
+    facts = inspect_model(str(directory))
+    assert len(facts.weight_problems) == 1 and words in facts.weight_problems[0], facts.weight_problems
+    assert facts.decode_reads is None
+
+
+def test_shards_the_index_names_but_the_directory_lacks_are_named(tmp_path):
+    directory = _checkpoint(tmp_path / "partial", WEIGHTS)
+    weight_map = {"lm_head.weight": "a.safetensors", "model.norm.weight": "model-00002-of-00002.safetensors"}
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert inspect_model(str(directory)).weight_problems == (
+        "model.safetensors.index.json names shards the directory lacks: model-00002-of-00002.safetensors",
+    )
+    (directory / "a.safetensors").unlink()  # no shard at all: a config to inspect, as the recorded fixtures are
+    assert inspect_model(str(directory)).weight_problems == ()
