@@ -8,11 +8,12 @@ tokenizer.json `added_tokens`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from service.facts.json_file import read_json
 
 # Text that identifies a tool-call or reasoning format, in a template or as an added token. Which parser
 # each implies is policy (service/policy/chat.py); here they are only looked for.
@@ -47,7 +48,7 @@ class ChatTemplateFacts:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json(path) if path.is_file() else {}
 
 
 def _template_text(value: Any) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 from service.facts import gguf_cache
 from service.facts.chat_template import ChatTemplateFacts, chat_template_facts, read_chat_template
 from service.facts.gguf import GgufFacts, find_gguf, read_gguf
+from service.facts.json_file import read_json
 from service.facts.quantization import QuantFacts, dense_layers, read_quantization
 
 Config = Mapping[str, Any]
@@ -197,11 +198,6 @@ LINEAR = "linear_attention"
 FULL = "full_attention"
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(path.read_text())
-    return data
-
-
 def _first(cfg: Config, keys: tuple[str, ...]) -> Any:
     return next((cfg[k] for k in keys if cfg.get(k) is not None), None)
 
@@ -261,7 +257,7 @@ def _max_context(directory: Path | None, lm: Config) -> int | None:
     declared = _first(lm, _MAX_CONTEXT_KEYS)
     # sentence-transformers caps the sequence below the position table (MiniLM: 256 of 512), and vLLM follows it.
     st_config = directory / "sentence_bert_config.json" if directory else None
-    st_cap = _read_json(st_config).get("max_seq_length") if st_config and st_config.is_file() else None
+    st_cap = read_json(st_config).get("max_seq_length") if st_config and st_config.is_file() else None
     limits = [int(v) for v in (declared, st_cap) if v]
     return min(limits) if limits else None
 
@@ -292,7 +288,7 @@ _WEIGHT_FORMATS = (
 def _weight_bytes(directory: Path) -> int:
     for pattern, index_name in _WEIGHT_FORMATS:
         present = {p.name: p.stat().st_size for p in directory.glob(pattern) if p.is_file()}
-        index = _read_json(directory / index_name) if (directory / index_name).is_file() else {}
+        index = read_json(directory / index_name) if (directory / index_name).is_file() else {}
         declared = int((index.get("metadata") or {}).get("total_size") or 0)
         missing = set((index.get("weight_map") or {}).values()) - present.keys()
         # Shards not (yet) on disk, e.g. a partial cache: the index's declared total is the better figure.
@@ -336,7 +332,7 @@ def _safetensors_headers(directory: Path) -> tuple[dict[str, dict[str, Any]], li
         tensors |= entries
     index = directory / "model.safetensors.index.json"
     if shards and index.is_file():
-        named = set((_read_json(index).get("weight_map") or {}).values())
+        named = set((read_json(index).get("weight_map") or {}).values())
         missing = sorted(named - {p.name for p in shards})
         if missing:
             problems.append(f"{index.name} names shards the directory lacks: {', '.join(missing)}")
@@ -375,7 +371,7 @@ def inspect_model(model: str, hf_cache: Path | None = None, cache_dir: Path | No
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise ModelNotFound(f"{directory} has no config.json: not a Hugging Face model directory")
-    cfg = _read_json(config_file)
+    cfg = read_json(config_file)
     return _facts_from_config(cfg, directory)
 
 

@@ -17,6 +17,17 @@ from service.server.response_models import drop_request_validator
 log = logging.getLogger("service.engine")
 
 
+class EngineConfigRefused(Exception):
+    """vLLM refused the engine configuration (an architecture it does not have, a limit the model cannot take)
+    before starting any process: the start is refused, as the service's own checks refuse one."""
+
+
+def _config_problem(exc: ValueError) -> str:
+    # pydantic's text ends with its documentation link and repeats the class; its errors' messages are the point.
+    errors = getattr(exc, "errors", None)
+    return "; ".join(str(e["msg"]) for e in errors()) if callable(errors) else str(exc)
+
+
 def _flag(name: str, value: Any) -> list[str]:
     opt = "--" + name.replace("_", "-")
     if isinstance(value, bool):
@@ -62,7 +73,10 @@ async def start_engine(args: Namespace, state: Any, stack: contextlib.AsyncExitS
     stat_loggers = None if engine_args.disable_log_stats else [prometheus_stat_logger()]
 
     def construct() -> AsyncLLM:
-        config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        try:
+            config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        except ValueError as exc:  # pydantic's ValidationError is one
+            raise EngineConfigRefused(_config_problem(exc)) from exc
         return AsyncLLM.from_vllm_config(
             vllm_config=config,
             usage_context=UsageContext.OPENAI_API_SERVER,

@@ -176,7 +176,14 @@ async def _serve(
     from vllm.v1.metrics.prometheus import get_prometheus_registry
 
     from service.server.app import create_app
-    from service.server.engine import cache_vllm_environment, serving_lifespan, start_engine, vllm_args, warm_up
+    from service.server.engine import (
+        EngineConfigRefused,
+        cache_vllm_environment,
+        serving_lifespan,
+        start_engine,
+        vllm_args,
+        warm_up,
+    )
     from service.server.metrics import ServiceMetrics
 
     lifecycle = Lifecycle(started_at=started)
@@ -212,9 +219,13 @@ async def _serve(
             cache_vllm_environment()
             log.info("froze %d start-up objects out of the garbage collector (as vLLM's own server does)", frozen)
         except Exception as exc:
-            log.exception("engine failed to start")
+            refused = isinstance(exc, EngineConfigRefused)
+            if refused:
+                log.error("refusing to start: vLLM refuses the engine configuration: %s", exc)
+            else:
+                log.exception("engine failed to start")
             lifecycle.set_phase(Phase.DEAD, f"engine failed to start: {exc}")
-            lifecycle.exit_code = EXIT_ENGINE_DIED
+            lifecycle.exit_code = EXIT_STARTUP_REFUSED if refused else EXIT_ENGINE_DIED
             server.should_exit = True
             return
         if lifecycle.phase is Phase.WARMING_UP:

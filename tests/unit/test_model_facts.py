@@ -352,3 +352,11 @@ def test_shards_the_index_names_but_the_directory_lacks_are_named(tmp_path):
     )
     (directory / "a.safetensors").unlink()  # no shard at all: a config to inspect, as the recorded fixtures are
     assert inspect_model(str(directory)).weight_problems == ()
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json"])
+def test_a_json_file_that_is_not_json_is_named(tmp_path, name):
+    directory = write_config(tmp_path / "m", {"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    (directory / name).write_text('{"architectures": ["LlamaForCausalLM"]')
+    with pytest.raises(ValueError, match=rf"^{name} is not valid JSON: "):
+        inspect_model(str(directory))
