@@ -15,7 +15,7 @@ from fastapi import Request
 from service.facts.model import ModelFacts
 from service.server.errors import RETRY_AFTER_SECONDS, ServiceError
 from service.server.lifecycle import Lifecycle
-from service.server.request_checks import CHAT_BATCH, CHECKED_PATHS, COMPLETIONS, check_request
+from service.server.request_checks import CHAT_BATCH, CHECKED_PATHS, COMPLETIONS, INVOCATIONS, check_request
 
 
 def sequences_beyond_admission(body: Any, max_queued: int, path: str = "") -> ServiceError | None:
@@ -46,7 +46,7 @@ def _prompts(body: dict[str, Any], path: str) -> tuple[int | None, str]:
     if path == CHAT_BATCH:
         conversations = body.get("messages")
         return (len(conversations), "messages") if isinstance(conversations, list) else (None, "messages")
-    prompt = body.get("prompt") if path == COMPLETIONS else None
+    prompt = body.get("prompt") if path in (COMPLETIONS, INVOCATIONS) else None
     if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
         return len(prompt), "prompt"  # several texts or several token-id lists; a list of ids is one prompt
     return 1, "prompt"

@@ -19,7 +19,8 @@ tests/reliability/test_bad_input.py):
   text, an assistant's tool call without its id, type, function name or string arguments (400 "validation errors
   for ValidatorIterator" without `param`: vLLM checks those lists item by item, so its errors start at the item);
 - prompt token ids beyond the vocabulary (400 without `param`).
-vLLM's /v1/chat/completions/batch gets the chat checks for each of its conversations, and its /tokenize those of
+vLLM's /v1/chat/completions/batch gets the chat checks for each of its conversations, SageMaker's /invocations those
+of the request vLLM serves it as (chat or completion), /v1/responses the surrogate check, and /tokenize those of
 the messages it is sent (clients count a chat request's tokens there before sending it: a request the chat route
 refuses is refused there too). Everything else (types,
 unknown tool in tool_choice, stop that is not strings, out-of-vocab logit_bias ids) vLLM already answers with 400
@@ -43,7 +44,9 @@ COMPLETIONS = "/v1/completions"
 CHAT_BATCH = "/v1/chat/completions/batch"  # vLLM's: a list of conversations, one choice each
 DETOKENIZE = "/detokenize"
 TOKENIZE = "/tokenize"  # vLLM's: a prompt, or chat messages rendered by the chat template
-CHECKED_PATHS = frozenset({CHAT, CHAT_BATCH, COMPLETIONS, DETOKENIZE, TOKENIZE})
+INVOCATIONS = "/invocations"  # SageMaker's: vLLM serves a body with messages as a chat request, else as a completion
+RESPONSES = "/v1/responses"  # only its strings are checked (lone surrogates): its input is not chat messages
+CHECKED_PATHS = frozenset({CHAT, CHAT_BATCH, COMPLETIONS, DETOKENIZE, TOKENIZE, INVOCATIONS, RESPONSES})
 
 # Roles of OpenAI's chat API (function: deprecated, still accepted by OpenAI).
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -71,8 +74,10 @@ def check_request(path: str, body: Mapping[str, Any], model: ModelFacts | None) 
     if path not in CHECKED_PATHS or not isinstance(body, Mapping):
         return None
     surrogate = _lone_surrogate(body)
-    if surrogate is not None:
+    if surrogate is not None or path == RESPONSES:
         return surrogate
+    if path == INVOCATIONS:
+        path = CHAT if isinstance(body.get("messages"), list) else COMPLETIONS
     if path == DETOKENIZE:
         return _token_ids(body.get("tokens"), model)
     if path == TOKENIZE:

@@ -139,6 +139,9 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         (COMPLETIONS, {"prompt": [[1, 10**9]]}, "prompt[0][1]"),
         (CHAT, {"messages": MSG, "top_k": -5}, "top_k"),
         (COMPLETIONS, {"prompt": "hi", "stop": [""]}, "stop"),
+        ("/invocations", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        ("/invocations", {"messages": MSG, "stop": ["\ud800"]}, "stop[0]"),
+        ("/v1/responses", {"input": "a\ud800"}, "input"),
     ],
     ids=[
         "unknown-role",
@@ -170,6 +173,9 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "prompt-ids-out-of-vocab",
         "top-k-negative",
         "stop-empty-string",
+        "sagemaker-chat-unknown-role",
+        "sagemaker-stop-lone-surrogate",
+        "responses-lone-surrogate",
     ],
 )
 def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param):

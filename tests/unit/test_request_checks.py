@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.facts.model import inspect_model
-from service.server.request_checks import CHAT_BATCH, DETOKENIZE, TOKENIZE, RequestProblem, check_request
+from service.server.request_checks import (
+    CHAT_BATCH,
+    DETOKENIZE,
+    INVOCATIONS,
+    RESPONSES,
+    TOKENIZE,
+    RequestProblem,
+    check_request,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 TEXT_MODEL = inspect_model(str(FIXTURES / "llama-3.1-8b-instruct"))
@@ -428,3 +436,24 @@ SHAPED = st.recursive(
 def test_any_json_body_gets_an_answer_never_an_exception(body, path):
     found = check_request(path, body, TEXT_MODEL)
     assert found is None or (found.message and found.param)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),  # served as a chat request
+        ({"messages": [USER], "stop": ["\ud800"]}, "stop[0]"),
+        ({"prompt": [1, 128256]}, "prompt[1]"),  # served as a completion
+        ({"prompt": "hi", "best_of": 3}, "best_of"),
+        ({"messages": [USER]}, None),
+    ],
+)
+def test_sagemaker_invocations_get_the_checks_of_what_vllm_serves_them_as(body, param):
+    found = check_request(INVOCATIONS, {"model": "m", **body}, TEXT_MODEL)
+    assert (found and found.param) == param, found
+
+
+def test_responses_get_the_surrogate_check_alone():
+    found = check_request(RESPONSES, {"model": "m", "input": "a\ud800"}, TEXT_MODEL)
+    assert found is not None and found.param == "input"
+    assert check_request(RESPONSES, {"input": [{"role": "wizard", "content": "x"}]}, TEXT_MODEL) is None
