@@ -28,7 +28,7 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
-from service.server.errors import RETRY_AFTER_SECONDS, ServiceError, error_type, openai_error
+from service.server.errors import RETRY_AFTER_SECONDS, ServiceError, error_type, named_field, openai_error
 from service.server.lifecycle import Lifecycle
 
 log = logging.getLogger("service.http")
@@ -95,10 +95,13 @@ class FirstEventCheckedStream(StreamingResponse):
     @staticmethod
     async def _send_error(error: dict[str, Any], send: Send) -> None:
         status = HTTPStatus(error["code"])
+        message = str(error.get("message") or status.phrase)
+        param = error.get("param") or (named_field(message) if status == HTTPStatus.BAD_REQUEST else None)
         response = openai_error(
             status,
-            str(error.get("message") or status.phrase),
+            message,
             str(error.get("type") or error_type(status)),
+            param=param,
             headers={"Retry-After": RETRY_AFTER_SECONDS} if status == HTTPStatus.SERVICE_UNAVAILABLE else None,
         )
         log.info("stream failed before its first event: answering %d instead of 200", status)

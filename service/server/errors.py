@@ -36,8 +36,9 @@ RETRY_AFTER_SECONDS = "5"
 # unimplemented option a 400.
 _ENDPOINT_UNSUPPORTED = "The model does not support"
 # vLLM's sampling checks raise "top_k must be 0 (disable), or at least 1, got -5." without a param: the field
-# leads the message.
+# leads the message. Others name it inside ("... (parameter=logprobs, value=21)") and still leave param empty.
 _LEADING_FIELD = re.compile(r"([a-z_]+) (?:must|cannot)\b")
+_PARAMETER_NOTE = re.compile(r"\(parameter=([a-z_]+)[,)]")
 _REQUEST_FIELDS = frozenset(ChatCompletionRequest.model_fields) | frozenset(CompletionRequest.model_fields)
 
 
@@ -89,9 +90,10 @@ def field_path(errors: Sequence[Any]) -> str | None:
     return path if path[:1].isalpha() else None
 
 
-def leading_field(message: str) -> str | None:
-    """The request field an engine error's message starts with ("stop cannot contain an empty string."), or None."""
-    found = _LEADING_FIELD.match(message)
+def named_field(message: str) -> str | None:
+    """The request field an engine error's message names, as "(parameter=logprobs, ...)" or by starting with it
+    ("stop cannot contain an empty string."), or None."""
+    found = _PARAMETER_NOTE.search(message) or _LEADING_FIELD.match(message)
     return found.group(1) if found is not None and found.group(1) in _REQUEST_FIELDS else None
 
 
@@ -140,7 +142,7 @@ def install_error_handlers(app: FastAPI, on_engine_dead: Callable[[str], None]) 
             log.error("answering %d to %s %s", status, request.method, request.url.path, exc_info=exc)
         param = err.error.param
         if param is None and status == HTTPStatus.BAD_REQUEST:
-            param = leading_field(message)
+            param = named_field(message)
         return openai_error(HTTPStatus(status), message, err_type, param=param, headers=headers)
 
     app.add_exception_handler(ServiceError, service_error)

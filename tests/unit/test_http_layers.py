@@ -82,6 +82,26 @@ def test_a_stream_whose_first_event_is_an_error_answers_with_its_status():
     assert closed == [True]  # the stream was closed, not left pending
 
 
+@pytest.mark.parametrize(
+    ("error", "param"),
+    [
+        (
+            {
+                "message": "Requested sample logprobs of 21, which is greater than max allowed: 20 (parameter=logprobs, value=21)"
+            },
+            "logprobs",
+        ),
+        ({"message": "top_k must be 0 (disable), or at least 1, got -5."}, "top_k"),
+        ({"message": "x", "param": "stop_token_ids"}, "stop_token_ids"),  # vLLM's own param is kept
+        ({"message": "something else must be right"}, None),
+    ],
+)
+def test_a_stream_refused_before_its_first_event_names_the_field(error, param):
+    event = {"error": {"type": "BadRequestError", "code": 400, **error}}
+    resp = _post(_app([_event(event)], []), json={"stream": True})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+
+
 def test_a_stream_that_starts_well_streams_every_event_unchanged():
     events = ["", _event({"text": "a"}), _event({"error": {"code": 500, "message": "later"}}), "data: [DONE]\n\n"]
     resp = _post(_app(events, []), json={"stream": True})
@@ -247,10 +267,11 @@ def _sampling_app() -> FastAPI:
         ({"min_p": 2.0}, "min_p"),
         ({"repetition_penalty": 0.0}, "repetition_penalty"),
         ({"temperature": 9.0}, "temperature"),  # vLLM names this one itself
+        ({"logprobs": -5}, "logprobs"),
     ],
 )
-def test_engine_sampling_errors_name_the_field_their_message_starts_with(fields, param):
+def test_engine_sampling_errors_name_the_field_their_message_names(fields, param):
     resp = _post(_sampling_app(), json=fields)
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
-    assert error["param"] == param and error["message"].startswith(param), error
+    assert error["param"] == param and param in error["message"], error
