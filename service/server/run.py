@@ -175,6 +175,7 @@ async def _serve(
 ) -> int:
     from vllm.v1.metrics.prometheus import get_prometheus_registry
 
+    from service.server import client_error_logs
     from service.server.app import create_app
     from service.server.engine import (
         EngineConfigRefused,
@@ -211,6 +212,7 @@ async def _serve(
             lifecycle.engine, vllm_app = await start_engine(args, shell.app.state, stack)
             lifecycle.engine_processes = _engine_processes()
             shell.attach_engine(vllm_app)
+            client_error_logs.install()  # vLLM's serving modules are imported by now
             await asyncio.to_thread(shell.app.openapi)
             lifecycle.set_phase(Phase.WARMING_UP, "engine up, warm-up request running")
             if settings.warmup:
