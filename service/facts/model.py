@@ -322,11 +322,11 @@ def _safetensors_headers(directory: Path) -> tuple[dict[str, dict[str, Any]], li
                     problems.append(f"{shard.name} is truncated: {size:,} bytes, shorter than its own header")
                     continue
                 header = json.loads(f.read(length))
-        except (OSError, ValueError) as exc:
-            problems.append(f"{shard.name} has no readable safetensors header ({exc})")
+            entries = {k: v for k, v in header.items() if k != "__metadata__"}
+            end = 8 + length + max((int(v["data_offsets"][1]) for v in entries.values()), default=0)
+        except (OSError, ValueError, AttributeError, KeyError, IndexError, TypeError) as exc:  # not the format's shape
+            problems.append(f"{shard.name} has no readable safetensors header ({type(exc).__name__}: {exc})")
             continue
-        entries = {k: v for k, v in header.items() if k != "__metadata__"}
-        end = 8 + length + max((v["data_offsets"][1] for v in entries.values()), default=0)
         if end > size:
             problems.append(f"{shard.name} is truncated: {size:,} bytes, its tensors end at byte {end:,}")
         tensors |= entries
@@ -340,7 +340,7 @@ def _safetensors_headers(directory: Path) -> tuple[dict[str, dict[str, Any]], li
 
 
 def _decode_reads(tensors: dict[str, dict[str, Any]]) -> DecodeReads | None:
-    """From the safetensors headers alone (the first 8 bytes give the JSON header's length)."""
+    """From the tensors' safetensors header entries alone (dtype, byte offsets)."""
     if not tensors:
         return None
     tied = not any(name.endswith("lm_head.weight") for name in tensors)

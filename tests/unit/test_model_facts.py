@@ -331,9 +331,18 @@ def test_intact_shards_have_no_weight_problems(tmp_path):
         (lambda shard: os.truncate(shard, shard.stat().st_size - 1), "a.safetensors is truncated"),
         (lambda shard: os.truncate(shard, 20), "shorter than its own header"),
         (lambda shard: shard.write_bytes((30).to_bytes(8, "little") + b"{not json" + b" " * 40), "no readable"),
+        (lambda shard: shard.write_bytes((2).to_bytes(8, "little") + b"[]"), "no readable"),
+        (lambda shard: shard.write_bytes((10).to_bytes(8, "little") + b'{"w": {}} '), "no readable"),
         (lambda shard: (shard.unlink(), shard.symlink_to(shard.parent / "blobs" / "gone")), "which is not there"),
     ],
-    ids=["one-byte-short", "cut-inside-the-header", "header-not-json", "link-to-a-missing-blob"],
+    ids=[
+        "one-byte-short",
+        "cut-inside-the-header",
+        "header-not-json",
+        "header-a-list",
+        "entry-without-offsets",
+        "link-to-a-missing-blob",
+    ],
 )
 def test_a_damaged_shard_is_named_before_the_engine_loads_it(tmp_path, damage, words):
     directory = _checkpoint(tmp_path / "bad", WEIGHTS)
