@@ -15,7 +15,7 @@ from fastapi import Request
 from service.facts.model import ModelFacts
 from service.server.errors import RETRY_AFTER_SECONDS, ServiceError
 from service.server.lifecycle import Lifecycle
-from service.server.request_checks import CHAT_BATCH, CHECKED_PATHS, COMPLETIONS, INVOCATIONS, check_request
+from service.server.request_checks import CHAT_BATCH, CHECKED_PATHS, COMPLETIONS, check_request, served_as
 
 
 def sequences_beyond_admission(body: Any, max_queued: int, path: str = "") -> ServiceError | None:
@@ -46,7 +46,7 @@ def _prompts(body: dict[str, Any], path: str) -> tuple[int | None, str]:
     if path == CHAT_BATCH:
         conversations = body.get("messages")
         return (len(conversations), "messages") if isinstance(conversations, list) else (None, "messages")
-    prompt = body.get("prompt") if path in (COMPLETIONS, INVOCATIONS) else None
+    prompt = body.get("prompt") if served_as(path, body) == COMPLETIONS else None
     if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
         return len(prompt), "prompt"  # several texts or several token-id lists; a list of ids is one prompt
     return 1, "prompt"
@@ -54,12 +54,15 @@ def _prompts(body: dict[str, Any], path: str) -> tuple[int | None, str]:
 
 async def _refusal(request: Request, max_queued: int, model: ModelFacts | None) -> ServiceError | None:
     path = request.url.path
-    if request.method != "POST" or path not in CHECKED_PATHS or not await request.body():
+    if request.method != "POST" or path not in CHECKED_PATHS:
+        return None
+    raw = await request.body()
+    if not raw:
         return None
     # FastAPI has parsed the body for the route already (a body that is not JSON never gets here);
     # request.json() returns that parse.
     body = await request.json()
-    problem = check_request(path, body, model)
+    problem = check_request(path, body, model, raw)
     if problem is not None:
         return ServiceError(HTTPStatus.BAD_REQUEST, problem.message, "BadRequestError", param=problem.param)
     return sequences_beyond_admission(body, max_queued, path)

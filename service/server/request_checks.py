@@ -29,13 +29,15 @@ naming the field.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema.exceptions import SchemaError
-from jsonschema.validators import validator_for
+import jsonschema_rs
+from jsonschema.protocols import Validator
+from jsonschema.validators import Draft202012Validator, validator_for
 
 from service.facts.model import ModelFacts
 
@@ -58,6 +60,11 @@ MEDIA_PARTS = frozenset(
 )
 # A JSON "\ud800" escape decodes to half of a UTF-16 pair, which no UTF-8 text can hold.
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# How a lone surrogate reaches a parsed body (json.loads decodes bytes with "surrogatepass"): the escape \udXXX, its
+# UTF-8 bytes ED A0-BF, or a UTF-16/32 body (JSON starts with ASCII, so those hold a NUL byte). A whole pair matches
+# too; only the walk tells them apart.
+# One pattern each: an alternation would cost the regex engine its literal-prefix scan (0.18 ms for 36 KB, not 0.02).
+SURROGATE_BYTES = (re.compile(rb"\\u[dD][89a-fA-F]"), re.compile(rb"\xed[\xa0-\xbf]"), re.compile(rb"\x00"))
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's, for presence_penalty and frequency_penalty
 
@@ -68,16 +75,19 @@ class RequestProblem:
     param: str  # the offending field, e.g. "messages[2].role"
 
 
-def check_request(path: str, body: Mapping[str, Any], model: ModelFacts | None) -> RequestProblem | None:
+def check_request(
+    path: str, body: Mapping[str, Any], model: ModelFacts | None, raw: bytes | None = None
+) -> RequestProblem | None:
     """The first problem of a request to `path`, or None. Bodies of the wrong shape are left to vLLM, whose
-    schema validation names the field."""
+    schema validation names the field. `raw`, the body's bytes when known, spares the walk over every string of a
+    body that cannot hold a surrogate: 10-20 us instead of 0.2-1.4 ms for a 30-50 KB body."""
     if path not in CHECKED_PATHS or not isinstance(body, Mapping):
         return None
-    surrogate = _lone_surrogate(body)
+    walk = raw is None or any(pattern.search(raw) for pattern in SURROGATE_BYTES)
+    surrogate = _lone_surrogate(body) if walk else None
     if surrogate is not None or path == RESPONSES:
         return surrogate
-    if path == INVOCATIONS:
-        path = CHAT if isinstance(body.get("messages"), list) else COMPLETIONS
+    path = served_as(path, body)
     if path == DETOKENIZE:
         return _token_ids(body.get("tokens"), model)
     if path == TOKENIZE:
@@ -92,6 +102,14 @@ def check_request(path: str, body: Mapping[str, Any], model: ModelFacts | None) 
     if path in (CHAT, CHAT_BATCH):
         checks += [_response_format(body.get("response_format")), _tools(body.get("tools")), _output_modalities(body)]
     return next((problem for problem in checks if problem is not None), None)
+
+
+def served_as(path: str, body: Mapping[str, Any]) -> str:
+    """The route vLLM serves a request to `path` as: SageMaker's /invocations is a chat request when its body has
+    messages, else a completion."""
+    if path == INVOCATIONS:
+        return CHAT if isinstance(body.get("messages"), list) else COMPLETIONS
+    return path
 
 
 def _messages(messages: Any, model: ModelFacts | None) -> RequestProblem | None:
@@ -332,14 +350,26 @@ def _schema_problem(schema: Any, param: str) -> RequestProblem | None:
         return None  # vLLM's own validation names the field
     if not isinstance(schema.get("$schema", ""), str):
         return RequestProblem(f"{param} is not a valid JSON Schema: $schema must be a URI string", param)
+    meta = _meta_schema_check(validator_for(schema, default=Draft202012Validator))  # also for an unknown $schema
+    error = next(meta.iter_errors(schema), None) if meta is not None else None
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.instance_path)
+    return RequestProblem(
+        f"{param} is not a valid JSON Schema: {error.message}" + (f" (at {where})" if where else ""), param
+    )
+
+
+@functools.cache
+def _meta_schema_check(draft: type[Validator]) -> jsonschema_rs.Validator | None:
+    """jsonschema-rs's check against a draft's meta-schema, compiled once. python-jsonschema (which still says which
+    draft a schema declares, without fetching anything) took 5 ms per 20-property schema, on the event loop: 265 ms
+    for a request with 50 tools. None for draft 3, which jsonschema-rs does not have: such a schema is left to vLLM's
+    grammar compiler."""
     try:
-        validator_for(schema).check_schema(schema)
-    except SchemaError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path)
-        return RequestProblem(
-            f"{param} is not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else ""), param
-        )
-    return None
+        return jsonschema_rs.validator_for(draft.META_SCHEMA)
+    except jsonschema_rs.ValidationError:
+        return None
 
 
 def _response_format(response_format: Any) -> RequestProblem | None:

@@ -223,10 +223,12 @@ async def _serve(
         except Exception as exc:
             refused = isinstance(exc, EngineConfigRefused)
             if refused:
-                log.error("refusing to start: vLLM refuses the engine configuration: %s", exc)
+                reason = f"refusing to start: vLLM refuses the engine configuration: {exc}"
+                log.error("%s", reason)
             else:
+                reason = f"engine failed to start: {exc}"
                 log.exception("engine failed to start")
-            lifecycle.set_phase(Phase.DEAD, f"engine failed to start: {exc}")
+            lifecycle.set_phase(Phase.DEAD, reason)
             lifecycle.exit_code = EXIT_STARTUP_REFUSED if refused else EXIT_ENGINE_DIED
             server.should_exit = True
             return

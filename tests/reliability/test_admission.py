@@ -74,3 +74,6 @@ def test_more_sequences_than_admission_is_400_naming_n():
     assert sequences_beyond_admission({"prompt": list(range(50))}, 4, completions) is None
     assert sequences_beyond_admission({"prompt": "a", "n": 5}, 4, completions).param == "n"
     assert sequences_beyond_admission({"prompt": ["a", "b"], "n": 2}, 4, completions) is None
+    # SageMaker's /invocations counts as what vLLM serves it as: a completion, or a chat when it has messages.
+    assert sequences_beyond_admission({"prompt": ["a"] * 5}, 4, "/invocations").param == "prompt"
+    assert sequences_beyond_admission({"messages": [], "prompt": ["a"] * 5}, 4, "/invocations") is None

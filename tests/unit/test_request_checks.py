@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -457,3 +458,43 @@ def test_responses_get_the_surrogate_check_alone():
     found = check_request(RESPONSES, {"model": "m", "input": "a\ud800"}, TEXT_MODEL)
     assert found is not None and found.param == "input"
     assert check_request(RESPONSES, {"input": [{"role": "wizard", "content": "x"}]}, TEXT_MODEL) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(alphabet=st.characters(codec=None), max_size=8),
+    ensure_ascii=st.booleans(),
+    encoding=st.sampled_from(["utf-8", "utf-16", "utf-32-le"]),
+)
+def test_the_raw_body_never_hides_a_surrogate_the_walk_would_find(text, ensure_ascii, encoding):
+    """Every way a lone surrogate reaches the parsed body (an escape, UTF-8 bytes json.loads lets through, a UTF-16
+    or UTF-32 body) shows in the raw bytes: the walk is skipped only for bodies that cannot hold one."""
+    body = {"model": "m", "messages": [{"role": "user", "content": text}]}
+    raw = json.dumps(body, ensure_ascii=ensure_ascii).encode(encoding, "surrogatepass")
+    assert json.loads(raw) == body
+    assert check_request(CHAT, body, TEXT_MODEL, raw) == check_request(CHAT, body, TEXT_MODEL)
+
+
+def test_a_surrogate_sent_as_raw_utf8_bytes_is_named():
+    raw = b'{"model": "m", "prompt": "a\xed\xa0\x80b"}'
+    found = check_request(COMPLETIONS, json.loads(raw), TEXT_MODEL, raw)
+    assert found is not None and found.param == "prompt"
+
+
+@pytest.mark.parametrize(
+    ("declared", "named"),
+    [
+        ("http://json-schema.org/draft-07/schema#", True),
+        ("http://json-schema.org/draft-04/schema#", True),
+        ("https://example.com/a-meta-schema-nobody-knows", True),  # the latest draft, nothing fetched
+        ("http://json-schema.org/draft-03/schema#", False),  # jsonschema-rs has no draft 3: left to vLLM
+    ],
+)
+def test_a_schema_is_checked_against_the_draft_it_declares(declared, named):
+    schema = {"$schema": declared, "type": "object", "properties": {"a": {"type": "strnig"}}}
+    found = problem(
+        {"messages": [USER], "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}]}
+    )
+    assert (found is not None) == named, found
+    if named:
+        assert found.param == "tools[0].function.parameters" and "(at properties/a/type)" in found.message
