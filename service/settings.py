@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import yaml
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
@@ -231,6 +233,7 @@ def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
     path = config_file or Path(os.environ.get("SERVICE_CONFIG") or DEFAULT_CONFIG)
     if not path.is_file():
         raise FileNotFoundError(f"settings file {path} does not exist")
+    _check_yaml_shape(path)
     file_label: FieldSource = "shipped config" if path.resolve() == DEFAULT_CONFIG else "config file"
     given = {k: v for k, v in flags.items() if v is not None}
     # Highest precedence first, as pydantic-settings expects.
@@ -251,3 +254,14 @@ def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
         name: label for label, source in reversed(sources) for name in source() if name in Settings.model_fields
     }
     return settings
+
+
+def _check_yaml_shape(path: Path) -> None:
+    """pydantic-settings' YAML source lets a parser error out as a traceback and says of a list "dictionary update
+    sequence element #0 has length 1": name the file and what is wrong instead."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"settings file {path} is not valid YAML: {exc}") from exc
+    if data is not None and not isinstance(data, dict):
+        raise ValueError(f"settings file {path} must be a mapping of `setting: value` lines, not {reprlib.repr(data)}")

@@ -61,6 +61,30 @@ def test_missing_config_file_is_a_clear_error(tmp_path):
         load_settings(tmp_path / "nope.yaml")
 
 
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("port: [1\n", "is not valid YAML: while parsing a flow sequence"),
+        ("port:\t1\n", "is not valid YAML"),
+        ("- port: 1\n", "must be a mapping of `setting: value` lines, not [{'port': 1}]"),
+        ("8000\n", "lines, not 8000"),
+    ],
+)
+def test_a_settings_file_that_is_not_a_mapping_is_named(tmp_path, text, says):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"settings file {path} ") as caught:
+        load_settings(path)
+    assert says in str(caught.value)
+
+
+def test_an_empty_settings_file_is_the_defaults(tmp_path, monkeypatch):
+    monkeypatch.delenv("SERVICE_PORT", raising=False)
+    path = tmp_path / "empty.yaml"
+    path.write_text("# nothing set here\n")
+    assert load_settings(path).port == Settings().port
+
+
 def test_api_key_from_env_or_file(config, monkeypatch, tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")
