@@ -18,7 +18,8 @@ tests/reliability/test_bad_input.py):
 - content that is an object instead of a list, a content part that is not an object, a text part without its
   text, an assistant's tool call without its id, type, function name or string arguments (400 "validation errors
   for ValidatorIterator" without `param`: vLLM checks those lists item by item, so its errors start at the item);
-- prompt token ids beyond the vocabulary (400 without `param`).
+- prompt token ids beyond the vocabulary, an empty list of prompts or an empty prompt in one, an empty `messages`
+  (400 without `param`).
 vLLM's /v1/chat/completions/batch gets the chat checks for each of its conversations, SageMaker's /invocations those
 of the request vLLM serves it as (chat or completion), /v1/responses the surrogate check, and /tokenize those of
 the messages it is sent (clients count a chat request's tokens there before sending it: a request the chat route
@@ -91,12 +92,12 @@ def check_request(
     if path == DETOKENIZE:
         return _token_ids(body.get("tokens"), model)
     if path == TOKENIZE:
-        return _messages(body.get("messages"), model)
+        return _no_messages(body.get("messages")) or _messages(body.get("messages"), model)
     checks = [_logit_bias(body), _best_of(body), _top_logprobs(body.get("top_logprobs")), _sampling_ranges(body)]
     if path == COMPLETIONS:
-        checks.append(_prompt_ids(body.get("prompt"), model))
+        checks += [_empty_prompt(body.get("prompt")), _prompt_ids(body.get("prompt"), model)]
     if path == CHAT:
-        checks.append(_messages(body.get("messages"), model))
+        checks += [_no_messages(body.get("messages")), _messages(body.get("messages"), model)]
     if path == CHAT_BATCH:
         checks.append(_conversations(body.get("messages"), model))
     if path in (CHAT, CHAT_BATCH):
@@ -224,6 +225,26 @@ def _tool_calls(i: int, tool_calls: Any) -> RequestProblem | None:
             return RequestProblem(
                 f"{at}.function.arguments must be a string (the arguments as JSON text)", f"{at}.function.arguments"
             )
+    return None
+
+
+def _no_messages(messages: Any) -> RequestProblem | None:
+    """vLLM refuses an empty conversation without naming the field."""
+    if messages == []:
+        return RequestProblem("messages is empty: a chat request needs at least one message", "messages")
+    return None
+
+
+def _empty_prompt(prompt: Any) -> RequestProblem | None:
+    """An empty list of prompts, or an empty prompt in a list (text or token ids): vLLM refuses them without naming
+    the field ("You must pass at least one prompt", "The decoder prompt cannot be empty"). A lone empty string
+    it refuses naming it."""
+    if prompt == []:
+        return RequestProblem("prompt is an empty list: send at least one prompt", "prompt")
+    if isinstance(prompt, list):
+        for i, item in enumerate(prompt):
+            if item in ("", []):
+                return RequestProblem(f"prompt[{i}] is empty: every prompt needs at least one token", f"prompt[{i}]")
     return None
 
 

@@ -142,6 +142,9 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         ("/invocations", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
         ("/invocations", {"messages": MSG, "stop": ["\ud800"]}, "stop[0]"),
         ("/v1/responses", {"input": "a\ud800"}, "input"),
+        (CHAT, {"messages": []}, "messages"),
+        (COMPLETIONS, {"prompt": ["hi", ""]}, "prompt[1]"),
+        ("/invocations", {"prompt": []}, "prompt"),
     ],
     ids=[
         "unknown-role",
@@ -176,6 +179,9 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "sagemaker-chat-unknown-role",
         "sagemaker-stop-lone-surrogate",
         "responses-lone-surrogate",
+        "no-messages",
+        "an-empty-prompt-in-a-list",
+        "sagemaker-no-prompts",
     ],
 )
 def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param):

@@ -382,7 +382,7 @@ def test_a_body_nested_as_deep_as_json_allows_is_walked_without_recursion():
         ([[1, 2], [128255, 10**9]], "prompt[1][1]"),
         ([[1, 2], [128255]], None),
         (["a", "b"], None),
-        ([], None),
+        ([], "prompt"),
     ],
 )
 def test_prompt_token_ids_outside_the_vocabulary_are_named(prompt, param):
@@ -498,3 +498,24 @@ def test_a_schema_is_checked_against_the_draft_it_declares(declared, named):
     assert (found is not None) == named, found
     if named:
         assert found.param == "tools[0].function.parameters" and "(at properties/a/type)" in found.message
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (CHAT, {"messages": []}, "messages"),
+        (TOKENIZE, {"messages": []}, "messages"),
+        (INVOCATIONS, {"messages": []}, "messages"),
+        (COMPLETIONS, {"prompt": []}, "prompt"),
+        (COMPLETIONS, {"prompt": ["hi", ""]}, "prompt[1]"),
+        (COMPLETIONS, {"prompt": [[1], []]}, "prompt[1]"),
+        (INVOCATIONS, {"prompt": []}, "prompt"),
+        (COMPLETIONS, {"prompt": ""}, None),  # vLLM names it itself
+        (COMPLETIONS, {"prompt": [0, 1]}, None),  # token id 0 is a token
+        (TOKENIZE, {"prompt": ""}, None),  # counts zero tokens, as vLLM answers
+        (CHAT_BATCH, {"messages": [[USER], []]}, None),  # vLLM's schema names messages[1]
+    ],
+)
+def test_empty_prompts_and_conversations_are_named(path, body, param):
+    found = check_request(path, {"model": "m", **body}, TEXT_MODEL)
+    assert (found and found.param) == param, found
