@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -36,7 +37,7 @@ CUT_WAIT_S = 5.0  # for the engine to abort the requests still in flight at shut
 
 
 class DrainingServer(uvicorn.Server):
-    """First SIGTERM/SIGINT: /ready turns 503, new requests get 503, in-flight ones finish (up to the grace
+    """First SIGTERM/SIGINT/SIGHUP: /ready turns 503, new requests get 503, in-flight ones finish (up to the grace
     period), then exit 0. A second signal ends the grace period at once; a third exits without waiting at all.
     Requests the grace period does not cover are ended: aborted in the engine, each answered 503 or, once its
     stream has started, with an error event (engine_responses.py)."""
@@ -45,6 +46,17 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.lifecycle, self.grace_s = lifecycle, grace_s
         self._drain: asyncio.Task | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's SIGINT/SIGTERM, and SIGHUP (the terminal of `make serve` closed): by default it killed the
+        process at once, ending every stream without its last event."""
+        with super().capture_signals():
+            hangup = signal.signal(signal.SIGHUP, self.handle_exit)
+            try:
+                yield
+            finally:
+                signal.signal(signal.SIGHUP, hangup)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in _captured_signals: uvicorn would re-raise it after shutdown and turn exit 0 into 143.

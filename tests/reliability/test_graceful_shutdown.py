@@ -264,3 +264,14 @@ def test_a_second_signal_ends_the_grace_period_at_once_and_a_third_exits_now():
     assert took < 2.0 and not server.force_exit and lifecycle.in_flight == 0
     server.handle_exit(signal.SIGTERM, None)
     assert server.force_exit
+
+
+def test_a_hangup_drains_as_sigterm_does():
+    """SIGHUP (the terminal `make serve` runs in was closed) used to kill the process mid-stream."""
+    import uvicorn
+
+    server = DrainingServer(uvicorn.Config(app=None), Lifecycle(), grace_s=1)
+    before = signal.getsignal(signal.SIGHUP)
+    with server.capture_signals():
+        assert all(signal.getsignal(s) == server.handle_exit for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT))
+    assert signal.getsignal(signal.SIGHUP) == before
