@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ def ensure_converted(conversion: GgufConversion) -> Path:
 def _convert(conversion: GgufConversion, out: Path) -> None:
     from transformers import AutoConfig
 
+    _check_free_space(conversion, out)
     # Tokenizer first: the cheap part, and the one most likely to refuse a file.
     tokenizer_of(conversion).save_pretrained(out)
     settings = {k: v for k, v in conversion.config.items() if k != "model_type"}
@@ -71,6 +73,17 @@ def _convert(conversion: GgufConversion, out: Path) -> None:
         "tensors": written,
     }
     (out / PROVENANCE).write_text(json.dumps(provenance, indent=2))
+
+
+def _check_free_space(conversion: GgufConversion, out: Path) -> None:
+    """A copy that cannot fit is refused before the minutes its conversion takes (a 40 GB file: many), not at the
+    write that fails. Checked once the leftovers of killed conversions are cleared, whose space counts as free."""
+    free = shutil.disk_usage(out).free
+    if free < conversion.weight_bytes:
+        raise ConversionError(
+            f"the converted copy needs about {conversion.weight_bytes / 1e6:,.0f} MB in {out.parent}, which has "
+            f"{free / 1e6:,.0f} MB free: free some space there, or set cache_dir to a larger disk"
+        )
 
 
 def tokenizer_of(conversion: GgufConversion) -> Any:

@@ -35,7 +35,14 @@ from service.policy.dense_kernel import plan_dense_kernel
 from service.policy.dtype import BYTES, choose_dtype
 from service.policy.kernels import check_kernels, dtype_limit
 from service.policy.memory import plan_memory
-from service.policy.model_source import ModelSourcePlan, choose_blocks, kept_bytes, kept_heads, plan_model_source
+from service.policy.model_source import (
+    ModelSourcePlan,
+    choose_blocks,
+    converted_bytes,
+    kept_bytes,
+    kept_heads,
+    plan_model_source,
+)
 from service.policy.patches import fxgraph_patch
 from service.policy.platform import choose_platform
 from service.policy.preload import choose_preload
@@ -459,8 +466,7 @@ def _in_dtype(model: ModelFacts, dtype: str, kept_blocks: str | None = None) -> 
     """The model as the engine holds it: unquantized weights are cast to the engine dtype at load; a GGUF file's
     kept blocks (`kept_blocks`) stay as the file stores them."""
     if kept_blocks and model.gguf is not None:
-        stored_bytes, stored_elements = kept_bytes(model.gguf, per_token=False)
-        return replace(model, weight_bytes=stored_bytes + (model.gguf.parameters - stored_elements) * BYTES[dtype])
+        return replace(model, weight_bytes=converted_bytes(model.gguf, dtype, kept_blocks))
     stored = BYTES.get(model.declared_dtype or "")
     if model.quant is not None or stored is None or stored == BYTES[dtype]:
         return model

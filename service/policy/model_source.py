@@ -37,6 +37,7 @@ class GgufConversion:
     architecture: str  # general.architecture: which of transformers' tensor processors applies
     config: dict[str, Any]  # the Hugging Face config, as the facts mapped it
     split_rules: tuple[str, ...]  # llama.cpp's pre-tokenizer regexes, where transformers has none (else empty)
+    weight_bytes: int  # what the copy's weights take on disk (converted_bytes)
     blocks: str | None = None  # the ggml types whose blocks the linear layers keep, "+"-joined (None: all dequantized)
     heads: tuple[str, ...] = ()  # the token embedding and output tensors that keep their blocks (kept_heads)
 
@@ -146,6 +147,12 @@ def kept_bytes(gguf: GgufFacts, per_token: bool) -> tuple[int, int]:
         gguf.linear_bytes + sum(h.n_bytes for h in heads),
         gguf.linear_elements + sum(h.n_elements for h in heads),
     )
+
+
+def converted_bytes(gguf: GgufFacts, dtype: str, kept_blocks: str | None) -> int:
+    """The weights' bytes once converted: the kept blocks as the file stores them, every other element in `dtype`."""
+    stored_bytes, stored_elements = kept_bytes(gguf, per_token=False) if kept_blocks else (0, 0)
+    return stored_bytes + (gguf.parameters - stored_elements) * BYTES[dtype]
 
 
 def _describe_heads(heads: tuple[HeadTensor, ...], tied: bool) -> str:
@@ -271,6 +278,7 @@ def plan_model_source(
         gguf.architecture,
         dict(gguf.config),
         gguf.split_rules or (),
+        converted_bytes(gguf, dtype, kept),
         kept,
         tuple(h.name for h in heads),
     )

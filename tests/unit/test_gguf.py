@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -19,7 +20,7 @@ from service.facts.model import inspect_model, packaged_default_model_path
 from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
 from service.gguf_convert import PROVENANCE, ConversionError, ensure_converted
-from service.policy.model_source import converter_key, gguf_errors, plan_model_source
+from service.policy.model_source import choose_blocks, converter_key, gguf_errors, plan_model_source
 from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import build_report, choose_model
@@ -279,3 +280,19 @@ def test_the_default_models_tokenizer_splits_text_as_llama_cpp_does():
     ]
     assert ours == _llama_cpp_split(text, conversion.split_rules)
     assert tokenizer("2024", add_special_tokens=False).input_ids == [tokenizer.convert_tokens_to_ids(d) for d in "2024"]
+
+
+@pytest.mark.parametrize(("dtype", "keep_blocks"), [("float32", False), ("bfloat16", False), ("bfloat16", True)])
+def test_the_copy_size_is_known_before_converting_and_a_disk_without_room_refuses_at_once(tmp_path, dtype, keep_blocks):
+    model = inspect_model(str(tiny_gguf(MODELS, "llama", "Q4_1")))
+    blocks = choose_blocks(model.gguf, "auto", False, "ggml built", default_model=False) if keep_blocks else None
+    plan = plan_model_source(model, dtype, tmp_path, SOFTWARE, ARCHITECTURES, blocks=blocks)
+    assert (plan.conversion.blocks is not None) == keep_blocks
+    need = plan.conversion.weight_bytes
+    short = replace(plan.conversion, weight_bytes=shutil.disk_usage(tmp_path).free + 1)
+    with pytest.raises(ConversionError, match=rf"needs about [\d,]+ MB in {tmp_path}/models/gguf, which has"):
+        ensure_converted(short)
+    assert list(Path(plan.conversion.target).parent.iterdir()) == []  # nothing written
+    target = ensure_converted(plan.conversion)
+    written = sum(f.stat().st_size for f in target.glob("*.safetensors"))
+    assert need <= written <= need * 1.01 + 64 * 1024, (need, written)  # the shards' headers on top
