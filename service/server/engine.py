@@ -18,8 +18,8 @@ log = logging.getLogger("service.engine")
 
 
 class EngineConfigRefused(Exception):
-    """vLLM refused the engine configuration (an architecture it does not have, a limit the model cannot take)
-    before starting any process: the start is refused, as the service's own checks refuse one."""
+    """vLLM refused the engine configuration (an architecture it does not have, a limit the model cannot take) or
+    the model's tokenizer before starting any process: the start is refused, as the service's own checks refuse one."""
 
 
 def _config_problem(exc: ValueError) -> str:
@@ -63,6 +63,7 @@ async def start_engine(args: Namespace, state: Any, stack: contextlib.AsyncExitS
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.app import build_app
+    from vllm.tokenizers.registry import cached_tokenizer_from_config
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -76,7 +77,15 @@ async def start_engine(args: Namespace, state: Any, stack: contextlib.AsyncExitS
         try:
             config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         except ValueError as exc:  # pydantic's ValidationError is one
-            raise EngineConfigRefused(_config_problem(exc)) from exc
+            raise EngineConfigRefused(f"vLLM refuses the engine configuration: {_config_problem(exc)}") from exc
+        try:  # what AsyncLLM does first, before any process; cached by vLLM, so AsyncLLM's own call reuses it
+            cached_tokenizer_from_config(config.model_config)
+        except (ValueError, OSError) as exc:  # transformers' "Couldn't instantiate the backend tokenizer", a bad file
+            raise EngineConfigRefused(
+                f"the tokenizer of {config.model_config.tokenizer} cannot be loaded: {' '.join(str(exc).split())} "
+                "(a model directory needs its tokenizer files: tokenizer.json or the files its tokenizer_config.json "
+                "names)"
+            ) from exc
         return AsyncLLM.from_vllm_config(
             vllm_config=config,
             usage_context=UsageContext.OPENAI_API_SERVER,

@@ -235,7 +235,7 @@ async def _serve(
         except Exception as exc:
             refused = isinstance(exc, EngineConfigRefused)
             if refused:
-                reason = f"refusing to start: vLLM refuses the engine configuration: {exc}"
+                reason = f"refusing to start: {exc}"
                 log.error("%s", reason)
             else:
                 reason = f"engine failed to start: {exc}"

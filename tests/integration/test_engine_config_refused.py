@@ -1,6 +1,6 @@
-"""A configuration vLLM refuses before starting any process (here: an architecture it does not have) refuses the
-start, exit 2 with vLLM's reason on one line, as the service's own checks do (was: exit 3, "engine failed to start"
-and a traceback, as if the engine had died)."""
+"""A configuration or tokenizer vLLM refuses before starting any process (an architecture it does not have, a model
+directory without its tokenizer files) refuses the start, exit 2 with vLLM's reason on one line, as the service's own
+checks do (was: exit 3, "engine failed to start" and a traceback, as if the engine had died)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,41 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from service.demo_model import ensure_demo_model
 from service.server.run import EXIT_STARTUP_REFUSED
 from tests.support.server import MODELS, service_env
 
 
-def test_an_architecture_vllm_does_not_have_refuses_the_start(tmp_path):
-    model = shutil.copytree(ensure_demo_model(MODELS), tmp_path / "renamed")
+def _rename_the_architecture(model: Path) -> None:
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "architectures": ["FooBarForCausalLM"]}))
+
+
+def _drop_the_tokenizer(model: Path) -> None:
+    for file in model.glob("tokenizer*"):
+        file.unlink()
+
+
+@pytest.mark.parametrize(
+    ("break_it", "says"),
+    [
+        (
+            _rename_the_architecture,
+            "refusing to start: vLLM refuses the engine configuration: Value error, Model architectures "
+            "['FooBarForCausalLM'] are not supported",
+        ),
+        # was: exit 3 after 18 s ("engine failed to start", transformers' traceback)
+        (_drop_the_tokenizer, "cannot be loaded: Couldn't instantiate the backend tokenizer"),
+    ],
+    ids=["architecture", "no-tokenizer"],
+)
+def test_a_model_vllm_refuses_before_any_process_refuses_the_start(tmp_path, break_it, says):
+    model = shutil.copytree(ensure_demo_model(MODELS), tmp_path / "broken")
+    break_it(model)
     with socket.create_server(("127.0.0.1", 0)) as probe:
         port = probe.getsockname()[1]
     out = subprocess.run(
@@ -32,5 +57,4 @@ def test_an_architecture_vllm_does_not_have_refuses_the_start(tmp_path):
     )
     log = out.stdout + out.stderr
     assert out.returncode == EXIT_STARTUP_REFUSED, log[-3000:]
-    assert "refusing to start: vLLM refuses the engine configuration: " in log, log[-3000:]
-    assert "['FooBarForCausalLM'] are not supported" in log and "Traceback" not in log, log[-3000:]
+    assert says in log and "Traceback" not in log, log[-3000:]
