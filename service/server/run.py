@@ -50,8 +50,12 @@ class DrainingServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         """uvicorn's SIGINT/SIGTERM, and SIGHUP (the terminal of `make serve` closed): by default it killed the
-        process at once, ending every stream without its last event."""
+        process at once, ending every stream without its last event. Under `nohup` (SIGHUP ignored) it stays
+        ignored."""
         with super().capture_signals():
+            if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+                yield
+                return
             hangup = signal.signal(signal.SIGHUP, self.handle_exit)
             try:
                 yield

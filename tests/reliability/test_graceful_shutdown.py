@@ -267,11 +267,23 @@ def test_a_second_signal_ends_the_grace_period_at_once_and_a_third_exits_now():
 
 
 def test_a_hangup_drains_as_sigterm_does():
-    """SIGHUP (the terminal `make serve` runs in was closed) used to kill the process mid-stream."""
+    """SIGHUP (the terminal `make serve` runs in was closed) used to kill the process mid-stream; under nohup it
+    stays ignored."""
     import uvicorn
 
     server = DrainingServer(uvicorn.Config(app=None), Lifecycle(), grace_s=1)
-    before = signal.getsignal(signal.SIGHUP)
-    with server.capture_signals():
-        assert all(signal.getsignal(s) == server.handle_exit for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT))
-    assert signal.getsignal(signal.SIGHUP) == before
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        with server.capture_signals():
+            assert all(
+                signal.getsignal(s) == server.handle_exit for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+            )
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+        # Started under nohup: a hangup stays ignored.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        with server.capture_signals():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) == server.handle_exit
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
