@@ -15,8 +15,8 @@ tests/reliability/test_bad_input.py):
 - presence/frequency penalties outside [-2, 2] and an n below 1 (400 without `param`);
 - a string holding a lone UTF-16 surrogate (the JSON escape "\\ud800"): 400 "TextEncodeInput must be ..." from the
   tokenizer, or a 500 when it is a stop string (the engine cannot encode the request);
-- content that is an object instead of a list, a content part that is not an object, a text part without its
-  text, an assistant's tool call without its id, type, function name or string arguments (400 "validation errors
+- content that is an object instead of a list, a content part that is not an object or of a type vLLM's chat parser
+  does not take, a text part without its text, an assistant's tool call without its id, type, function name or string arguments (400 "validation errors
   for ValidatorIterator" without `param`: vLLM checks those lists item by item, so its errors start at the item);
 - prompt token ids beyond the vocabulary, an empty list of prompts or an empty prompt in one, an empty `messages`
   (400 without `param`).
@@ -196,9 +196,23 @@ def _content_shape(i: int, content: Any) -> RequestProblem | None:
             )
         if kind is not None and not isinstance(kind, str):
             return RequestProblem(f"{where}[{j}].type must be a string, such as 'text'", f"{where}[{j}].type")
+        if kind is not None and kind not in _part_types():
+            return RequestProblem(
+                f"{where}[{j}].type {kind!r} is not a content part type: one of {', '.join(sorted(_part_types()))}",
+                f"{where}[{j}].type",
+            )
         if kind == "text" and not isinstance(part.get("text"), str):
             return RequestProblem(f"{where}[{j}] is a text part without a string 'text'", f"{where}[{j}].text")
     return None
+
+
+@functools.cache
+def _part_types() -> frozenset[str]:
+    """The content part types vLLM's chat parser takes, as its own refusal lists them (which its request schema,
+    checking parts one by one, never reaches: "8 validation errors for ValidatorIterator", no param)."""
+    from vllm.renderers.chat_utils import MM_PARSER_MAP, PART_TYPES_TO_SKIP_NONE_CONTENT
+
+    return frozenset(MM_PARSER_MAP) | frozenset(PART_TYPES_TO_SKIP_NONE_CONTENT)
 
 
 def _tool_calls(i: int, tool_calls: Any) -> RequestProblem | None:

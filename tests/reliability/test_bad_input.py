@@ -145,6 +145,7 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         (CHAT, {"messages": []}, "messages"),
         (COMPLETIONS, {"prompt": ["hi", ""]}, "prompt[1]"),
         ("/invocations", {"prompt": []}, "prompt"),
+        (CHAT, {"messages": [{"role": "user", "content": [{"type": "weird"}]}]}, "messages[0].content[0].type"),
     ],
     ids=[
         "unknown-role",
@@ -182,6 +183,7 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "no-messages",
         "an-empty-prompt-in-a-list",
         "sagemaker-no-prompts",
+        "content-part-type-unknown",
     ],
 )
 def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param):

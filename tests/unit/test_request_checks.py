@@ -519,3 +519,20 @@ def test_a_schema_is_checked_against_the_draft_it_declares(declared, named):
 def test_empty_prompts_and_conversations_are_named(path, body, param):
     found = check_request(path, {"model": "m", **body}, TEXT_MODEL)
     assert (found and found.param) == param, found
+
+
+@pytest.mark.parametrize("kind", ["weird", "file", "input_file"])
+def test_a_content_part_type_vllm_does_not_take_is_named(kind):
+    found = problem({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": kind}]}]})
+    assert found is not None and found.param == "messages[0].content[1].type", found
+    assert f"{kind!r} is not a content part type: one of " in found.message and "image_url" in found.message
+
+
+def test_every_content_part_type_vllm_takes_passes():
+    from vllm.renderers.chat_utils import MM_PARSER_MAP
+
+    assert {"text", "image_url", "input_audio", "refusal"} <= set(MM_PARSER_MAP)
+    for kind in MM_PARSER_MAP:
+        part = {"type": kind, "text": "x"} if kind == "text" else {"type": kind}
+        found = problem({"messages": [{"role": "user", "content": [part]}]}, model=VISION_MODEL)
+        assert found is None or not found.param.endswith(".type"), (kind, found)
