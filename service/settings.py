@@ -146,7 +146,9 @@ class Settings(BaseSettings):
         json_schema_extra={"shown": "unset"},
     )
     shutdown_grace_seconds: float = Field(
-        30.0, ge=0, description="Time in-flight requests get on SIGTERM; a second signal ends it at once"
+        30.0,
+        ge=0,
+        description="Time in-flight requests get on SIGTERM, SIGINT or SIGHUP; a second signal ends it at once",
     )
     warmup: bool = Field(True, description="Run one generation before /ready turns 200")
     tool_call_parser: str = Field(
