@@ -62,6 +62,7 @@ async def _refusal(request: Request, max_queued: int, model: ModelFacts | None) 
     # FastAPI has parsed the body for the route already (a body that is not JSON never gets here);
     # request.json() returns that parse.
     body = await request.json()
+    request.state.json_body = body  # for naming the field of an engine error later (engine_responses.py)
     problem = check_request(path, body, model, raw)
     if problem is not None:
         return ServiceError(HTTPStatus.BAD_REQUEST, problem.message, "BadRequestError", param=problem.param)

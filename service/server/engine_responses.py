@@ -10,6 +10,9 @@ A request that the shutdown ends (the grace period is over, or a second signal c
 engine) answers 503 + Retry-After, or, once its stream has started, ends with an error event and `[DONE]` as
 vLLM ends a stream that fails. Without this, uvicorn cancelled them: a plain-text 500 and streams cut mid-event.
 
+A 400 that vLLM sent without `param` gets the field its message or the request's body names (error_fields.unnamed_field:
+an output constraint that does not compile is in the one field that holds the request's constraint).
+
 Done on the response object, not as ASGI middleware: a middleware wraps `send` for every chunk of every stream
 (64 chunks, 64 extra coroutine calls per request); here the chunks pass through one loop of our own, which reads
 one attribute per chunk.
@@ -25,10 +28,12 @@ from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import Any
 
-from starlette.responses import StreamingResponse
+from fastapi import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Send
 
-from service.server.errors import RETRY_AFTER_SECONDS, ServiceError, error_type, named_field, openai_error
+from service.server.error_fields import parsed_body, unnamed_field
+from service.server.errors import RETRY_AFTER_SECONDS, ServiceError, error_type, openai_error
 from service.server.lifecycle import Lifecycle
 
 log = logging.getLogger("service.http")
@@ -54,13 +59,15 @@ class FirstEventCheckedStream(StreamingResponse):
     """An event stream whose status waits for its first event, and which the shutdown can end."""
 
     lifecycle: Lifecycle
+    request: Request | None  # read only when the stream fails before its first event
 
     @classmethod
-    def of(cls, response: StreamingResponse, lifecycle: Lifecycle) -> FirstEventCheckedStream:
+    def of(cls, response: StreamingResponse, lifecycle: Lifecycle, request: Request | None) -> FirstEventCheckedStream:
         checked = cls(response.body_iterator, response.status_code, media_type=response.media_type)
         checked.raw_headers = response.raw_headers
         checked.background = response.background
         checked.lifecycle = lifecycle
+        checked.request = request
         return checked
 
     def _encoded(self, chunk: str | bytes | memoryview) -> bytes | memoryview:
@@ -78,7 +85,7 @@ class FirstEventCheckedStream(StreamingResponse):
             error = _cut_error(self.lifecycle.cut_reason)
         if error is not None:
             await _close(chunks)
-            return await self._send_error(error, send)
+            return await self._send_error(error, parsed_body(self.request), send)
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         if first:
             await send({"type": "http.response.body", "body": first, "more_body": True})
@@ -93,10 +100,10 @@ class FirstEventCheckedStream(StreamingResponse):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     @staticmethod
-    async def _send_error(error: dict[str, Any], send: Send) -> None:
+    async def _send_error(error: dict[str, Any], body: Any, send: Send) -> None:
         status = HTTPStatus(error["code"])
         message = str(error.get("message") or status.phrase)
-        param = error.get("param") or (named_field(message) if status == HTTPStatus.BAD_REQUEST else None)
+        param = error.get("param") or (unnamed_field(message, body) if status == HTTPStatus.BAD_REQUEST else None)
         response = openai_error(
             status,
             message,
@@ -107,6 +114,22 @@ class FirstEventCheckedStream(StreamingResponse):
         log.info("stream failed before its first event: answering %d instead of 200", status)
         await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
         await send({"type": "http.response.body", "body": response.body, "more_body": False})
+
+
+def _with_param(response: JSONResponse, body: Any) -> Response:
+    """vLLM's 400 with the field it is about, when vLLM left `param` empty and the message and body name it."""
+    try:
+        error = json.loads(bytes(response.body))["error"]
+    except (ValueError, KeyError, TypeError):
+        return response
+    param = None if error.get("param") else unnamed_field(str(error.get("message") or ""), body)
+    if param is None:
+        return response
+    return openai_error(HTTPStatus.BAD_REQUEST, error["message"], str(error.get("type")), param=param)
+
+
+def _request_of(kwargs: dict[str, Any]) -> Request | None:
+    return next((value for value in kwargs.values() if isinstance(value, Request)), None)
 
 
 def _cut_error(reason: str) -> dict[str, Any]:
@@ -151,7 +174,9 @@ def engine_endpoint(endpoint: Callable[..., Any], lifecycle: Lifecycle) -> Calla
             and response.status_code == HTTPStatus.OK
             and (response.media_type or "").startswith("text/event-stream")
         ):
-            return FirstEventCheckedStream.of(response, lifecycle)
+            return FirstEventCheckedStream.of(response, lifecycle, _request_of(kwargs))
+        if isinstance(response, JSONResponse) and response.status_code == HTTPStatus.BAD_REQUEST:
+            return _with_param(response, parsed_body(_request_of(kwargs)))
         return response
 
     return checked

@@ -9,25 +9,19 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
-from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
-from vllm.entrypoints.serve.exception_handling.handlers.validation import (
-    clean_loc_for_param,
-    validation_exception_handler,
-)
+from vllm.entrypoints.serve.exception_handling.handlers.validation import validation_exception_handler
 from vllm.exceptions import VLLMError
 from vllm.v1.engine.exceptions import EngineDeadError
+
+from service.server.error_fields import field_path, parsed_body, unnamed_field
 
 log = logging.getLogger("service.http")
 RETRY_AFTER_SECONDS = "5"
@@ -35,11 +29,6 @@ RETRY_AFTER_SECONDS = "5"
 # 501, and a 5xx would page whoever watches the error rate: the endpoint the model lacks is a 404, an
 # unimplemented option a 400.
 _ENDPOINT_UNSUPPORTED = "The model does not support"
-# vLLM's sampling checks raise "top_k must be 0 (disable), or at least 1, got -5." without a param: the field
-# leads the message. Others name it inside ("... (parameter=logprobs, value=21)") and still leave param empty.
-_LEADING_FIELD = re.compile(r"([a-z_]+) (?:must|cannot)\b")
-_PARAMETER_NOTE = re.compile(r"\(parameter=([a-z_]+)[,)]")
-_REQUEST_FIELDS = frozenset(ChatCompletionRequest.model_fields) | frozenset(CompletionRequest.model_fields)
 
 
 class ServiceError(Exception):
@@ -74,44 +63,6 @@ def error_type(status: int) -> str:
     return name if name.endswith("Error") else name + "Error"
 
 
-def field_path(errors: Sequence[Any]) -> str | None:
-    """OpenAI's spelling of the field a request's schema errors are about: `messages[0].name`, not
-    `body.messages.0.ChatCompletionDeveloperMessageParam.role`. A field of several shapes (a message: one per role)
-    fails once per shape. The request meant a shape whose tag (`role`, a part's `type`) it matched, and of those
-    the one that failed on the fewest fields."""
-    found = [(_path(e["loc"]), e.get("type")) for e in errors if isinstance(e, dict) and e.get("loc")]
-    if not found:
-        return None
-    untagged = {shape for (shape, _), kind in found if kind == "literal_error"}
-    meant = [path for path, _ in found if path[0] not in untagged] or [path for path, _ in found]
-    failures = Counter(shape for shape, _ in meant)
-    path = min(meant, key=lambda path: failures[path[0]])[1]  # min keeps the first of equals
-    # A location inside a list a validator checked on its own starts at the item: the field is unknown.
-    return path if path[:1].isalpha() else None
-
-
-def named_field(message: str) -> str | None:
-    """The request field an engine error's message names, as "(parameter=logprobs, ...)" or by starting with it
-    ("stop cannot contain an empty string."), or None."""
-    found = _PARAMETER_NOTE.search(message) or _LEADING_FIELD.match(message)
-    return found.group(1) if found is not None and found.group(1) in _REQUEST_FIELDS else None
-
-
-def _path(loc: Sequence[Any]) -> tuple[tuple[str, ...], str]:
-    """(the shape branches taken, the field path) of a pydantic error location, without FastAPI's `body` and
-    without pydantic's own wrapper names (vLLM's clean_loc_for_param)."""
-    shape: tuple[str, ...] = ()
-    path = ""
-    for part in clean_loc_for_param(tuple(loc)).split(".")[1 if loc and loc[0] == "body" else 0 :]:
-        if part.isdigit():
-            path += f"[{part}]"
-        elif part[:1].isupper():  # a class name: the branch of a union, not a field
-            shape += (path, part)
-        elif part:
-            path += f".{part}" if path else part
-    return shape, path
-
-
 def install_error_handlers(app: FastAPI, on_engine_dead: Callable[[str], None]) -> None:
     """Specific exception types are registered (not only Exception) so that Starlette's ExceptionMiddleware,
     inside the HTTP-metrics middleware, answers them and their status is counted."""
@@ -142,7 +93,7 @@ def install_error_handlers(app: FastAPI, on_engine_dead: Callable[[str], None]) 
             log.error("answering %d to %s %s", status, request.method, request.url.path, exc_info=exc)
         param = err.error.param
         if param is None and status == HTTPStatus.BAD_REQUEST:
-            param = named_field(message)
+            param = unnamed_field(message, parsed_body(request))
         return openai_error(HTTPStatus(status), message, err_type, param=param, headers=headers)
 
     app.add_exception_handler(ServiceError, service_error)

@@ -146,6 +146,33 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         (COMPLETIONS, {"prompt": ["hi", ""]}, "prompt[1]"),
         ("/invocations", {"prompt": []}, "prompt"),
         (CHAT, {"messages": [{"role": "user", "content": [{"type": "weird"}]}]}, "messages[0].content[0].type"),
+        # vLLM's parser map takes the part type, the user role's schema does not (vLLM: "7 validation errors", param null)
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]},
+            "messages[0].content[0].type",
+        ),
+        # Output constraints that pass the schema checks but do not compile (vLLM: "Grammar error ...", param null)
+        (CHAT, {"messages": MSG, "structured_outputs": {"regex": "a("}}, "structured_outputs.regex"),
+        (CHAT, {"messages": MSG, "stream": True, "structured_outputs": {"regex": "a("}}, "structured_outputs.regex"),
+        (COMPLETIONS, {"prompt": "hi", "structured_outputs": {"grammar": "root ::= ("}}, "structured_outputs.grammar"),
+        (
+            CHAT,
+            {
+                "messages": MSG,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/nope"}}},
+            },
+            "response_format.json_schema.schema",
+        ),
+        (
+            CHAT,
+            {
+                "messages": MSG,
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/nope"}}}],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+            "tools[0].function.parameters",
+        ),
     ],
     ids=[
         "unknown-role",
@@ -184,6 +211,12 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "an-empty-prompt-in-a-list",
         "sagemaker-no-prompts",
         "content-part-type-unknown",
+        "responses-part-in-a-chat-message",
+        "regex-that-does-not-compile",
+        "regex-that-does-not-compile-streamed",
+        "grammar-that-does-not-compile",
+        "schema-ref-to-nowhere",
+        "forced-tool-schema-ref-to-nowhere",
     ],
 )
 def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param):
