@@ -52,7 +52,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def qwen_server(server_logs):
     model = tiny_qwen3_chat(MODELS)
     server = _start("qwen3-chat", server_logs, QWEN, model=str(model), served_model_name=QWEN)

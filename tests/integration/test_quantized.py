@@ -79,9 +79,9 @@ def _serve(name: str, server_logs):
     return server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def started(server_logs):
-    """Per variant, the running server or the service's refusal; stopped at the end of the session."""
+    """Per variant, the running server or the service's refusal; stopped at the end of the module."""
     servers: dict = {}
 
     def get(variant: str):
