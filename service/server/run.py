@@ -107,7 +107,8 @@ def _log_report(report: StartupReport) -> None:
 
 
 def _preload_self(decided: str | None, user_preload: str | None, reexecuted: bool) -> None:
-    """Execute this process again with the engine's preload, unless it is loaded here already (service/self_preload.py)."""
+    """Execute this process again with the engine's preload, unless it is loaded here already
+    (service/self_preload.py)."""
     missing = missing_from(decided, mapped_files(Path("/proc/self/maps").read_text()))
     if not missing:
         return
