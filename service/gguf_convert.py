@@ -10,6 +10,7 @@ later start would load, and the next conversion clears its leftovers.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -109,7 +110,7 @@ def _write_weights(conversion: GgufConversion, config: Any, out: Path) -> int:
     from gguf.quants import dequantize
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     source = Path(conversion.source)
     dtype = getattr(torch, conversion.dtype)
@@ -120,7 +121,7 @@ def _write_weights(conversion: GgufConversion, config: Any, out: Path) -> int:
     expected = set(shapes) - ({"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set())
     reader = GGUFReader(source)
     processor = TENSOR_PROCESSORS.get(conversion.architecture, TensorProcessor)(config=conversion.config)
-    names = get_gguf_hf_weights_map(skeleton, processor)
+    names = weights_map(skeleton, processor)
     stash: dict[str, Any] = {"tensors": {}}  # where transformers' MoE processors assemble expert tensors
     kept: dict[str, str] = {}  # module -> ggml type of the blocks it keeps
     shards = _ShardWriter(out, save_file)
@@ -160,6 +161,21 @@ def _write_weights(conversion: GgufConversion, config: Any, out: Path) -> int:
             kept["lm_head"] = kept["model.embed_tokens"]  # the head vLLM ties to the embedding reads its blocks
         config.quantization_config = {"quant_method": BLOCKS_METHOD, "ggml_type": conversion.blocks, "types": kept}
     return len(shards.names)
+
+
+def weights_map(skeleton: Any, processor: Any) -> dict[str, str]:
+    """The file's tensor names -> the model's, from transformers. It builds gguf-py's name map anew in every submodule
+    it recurses into, and the map's size grows with the layers: quadratic, 54 s for an 80-layer Llama on a Zen 4
+    (`python -m bench.gguf_names`). The map depends only on (architecture, layers), so one is built per conversion."""
+    import gguf
+    from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
+
+    build = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.cache(build)  # transformers imports it from gguf at each call
+    try:
+        return get_gguf_hf_weights_map(skeleton, processor)
+    finally:
+        gguf.get_tensor_name_map = build
 
 
 def _block_rows(tensor: Any, kept: str, processor: Any, names: dict[str, str], stash: Any) -> tuple[str, Any]:

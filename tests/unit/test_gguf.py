@@ -19,7 +19,7 @@ from service.facts.gguf import GgufError, read_gguf
 from service.facts.model import inspect_model, packaged_default_model_path
 from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
-from service.gguf_convert import PROVENANCE, ConversionError, ensure_converted
+from service.gguf_convert import PROVENANCE, ConversionError, ensure_converted, weights_map
 from service.policy.model_source import choose_blocks, converter_key, gguf_errors, plan_model_source
 from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
@@ -162,6 +162,34 @@ def test_a_conversion_runs_once_and_a_failed_one_leaves_nothing(tmp_path, monkey
     with caplog.at_level("INFO", logger="service.gguf"):
         assert ensure_converted(plan.conversion) == target
     assert "using the converted copy" in caplog.text and (target / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_the_name_map_is_transformers_built_once(monkeypatch):
+    """transformers builds gguf-py's name map in every submodule (quadratic in the layers); the service's is the same
+    map from one build, and gguf-py is left as it was."""
+    import gguf
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
+
+    config = AutoConfig.for_model(
+        "llama", hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, vocab_size=256
+    )
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    processor = TensorProcessor(config={})
+    real, built = gguf.get_tensor_name_map, []
+
+    def counted(arch, n_blocks):
+        built.append((arch, n_blocks))
+        return real(arch, n_blocks)
+
+    monkeypatch.setattr(gguf, "get_tensor_name_map", counted)
+    expected = get_gguf_hf_weights_map(model, processor)
+    assert len(built) > 10  # one per submodule: what the service avoids
+    built.clear()
+    assert weights_map(model, processor) == expected
+    assert len(built) == 1 and gguf.get_tensor_name_map is counted
+    assert expected["blk.2.ffn_down.weight"] == "model.layers.2.mlp.down_proj.weight"
 
 
 def test_a_directory_holding_one_gguf_file_is_that_file(tmp_path):
