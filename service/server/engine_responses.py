@@ -125,7 +125,8 @@ def _with_param(response: JSONResponse, body: Any) -> Response:
     param = None if error.get("param") else unnamed_field(str(error.get("message") or ""), body)
     if param is None:
         return response
-    return openai_error(HTTPStatus.BAD_REQUEST, error["message"], str(error.get("type")), param=param)
+    named = error | {"type": error.get("type") or error_type(response.status_code), "param": param}
+    return JSONResponse({"error": named}, status_code=response.status_code)
 
 
 def _request_of(kwargs: dict[str, Any]) -> Request | None:

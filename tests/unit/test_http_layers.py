@@ -52,6 +52,8 @@ def _app(events: list, closed: list[bool], lifecycle: Lifecycle | None = None, c
         if body.get("cut"):  # the shutdown ends it while the engine computes the answer
             lifecycle.cut_reason = "SIGTERM received twice"
             return JSONResponse({"choices": [{"finish_reason": "abort"}]})
+        if body.get("refuse"):  # vLLM's error response, as its serving layer returns one
+            return JSONResponse({"error": body["refuse"]}, status_code=400)
         if not body.get("stream"):
             return JSONResponse({"echo": len(json.dumps(body))})
         return StreamingResponse(stream(), media_type="text/event-stream")
@@ -100,6 +102,30 @@ def test_a_stream_refused_before_its_first_event_names_the_field(error, param):
     event = {"error": {"type": "BadRequestError", "code": 400, **error}}
     resp = _post(_app([_event(event)], []), json={"stream": True})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (  # named from its message; vLLM's other fields kept, a missing type filled in
+            {"message": "top_k must be 0 (disable), or at least 1, got -5.", "code": 400, "extra": 1},
+            {"type": "BadRequestError", "param": "top_k", "code": 400, "extra": 1},
+        ),
+        (
+            {"message": "top_k must be 0 (disable), or at least 1, got -5.", "type": "BadRequestError", "code": 400},
+            {"type": "BadRequestError", "param": "top_k", "code": 400},
+        ),
+        (  # vLLM's own param, and an error no field can be named for, pass through as they are
+            {"message": "x", "type": "BadRequestError", "param": "stop_token_ids", "code": 400},
+            {"type": "BadRequestError", "param": "stop_token_ids", "code": 400},
+        ),
+        ({"message": "something else", "code": 400}, {"code": 400}),
+    ],
+)
+def test_a_refusal_without_param_names_the_field(error, expected):
+    resp = _post(_app([], []), json={"refuse": error})
+    assert resp.status_code == 400
+    assert resp.json()["error"] == {"message": error["message"], **expected}, resp.text
 
 
 def test_a_stream_that_starts_well_streams_every_event_unchanged():
