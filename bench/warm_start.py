@@ -1,4 +1,5 @@
-"""Start-to-ready with torch.compile, cold (empty compile cache) then warm (the cache the cold start saved).
+"""Start-to-ready with torch.compile, cold (empty compile cache) then warm (the cache the cold start saved), and
+each start's stop: SIGTERM to exit.
 
   .venv/bin/python -m bench.warm_start [--model PATH | --default-model] [--out DIR]
 
@@ -27,6 +28,8 @@ from harness import REPO, ServerProcess, offline_env
 SAVED = "saved AOT compiled function to"
 LOADED = "Directly load AOT compilation from path"
 RECOMPILED = "Compiling model again due to a load failure"
+# vLLM's process manager SIGKILLs an engine core that has not ended 5 s after its SIGTERM (utils.py).
+ENGINE_CORE_KILLED = "force killing remaining process"
 INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
 
 
@@ -43,6 +46,7 @@ def read_log(text: str) -> dict:
         "loaded_compiled": LOADED in vllm,
         "load_failed_recompiled": RECOMPILED in vllm,
         "engine_init_s": float(init[1]) if init else None,
+        "engine_core_killed": ENGINE_CORE_KILLED in text,
     }
 
 
@@ -68,8 +72,14 @@ def measure(
             server.wait_ready(ready_timeout)
             ready = time.monotonic() - start
         finally:
+            stopping = time.monotonic()
             server.close()
-        result[phase] = {"ready_s": round(ready, 1), **read_log(log_path.read_text(errors="replace"))}
+        stop = time.monotonic() - stopping
+        result[phase] = {
+            "ready_s": round(ready, 1),
+            "stop_s": round(stop, 1),
+            **read_log(log_path.read_text(errors="replace")),
+        }
         print(f"{phase}: ready after {ready:.0f} s {result[phase]}", file=sys.stderr)
     return result
 
@@ -94,11 +104,23 @@ def summary_line(result: dict) -> str:
         f"start to ready, {result['name']} model: cold {cold['ready_s']:.0f} s, warm {warm['ready_s']:.0f} s "
         f"(engine init {cold['engine_init_s']} s -> {warm['engine_init_s']} s; warm start "
         + ("loaded the compiled graph)" if warm["loaded_compiled"] and not warm["compiled_and_saved"] else "COMPILED)")
+        + f"; SIGTERM to exit {_stops(result)}"
+    )
+
+
+def _stops(result: dict) -> str:
+    """SIGTERM to exit of both starts; runs recorded before the bench timed stops have none."""
+    cold, warm = result["cold"], result["warm"]
+    if "stop_s" not in cold:
+        return "not measured"
+    killed = [phase for phase in ("cold", "warm") if result[phase]["engine_core_killed"]]
+    return f"{cold['stop_s']:.1f} s, {warm['stop_s']:.1f} s" + (
+        f" (engine core SIGKILLed by vLLM: {', '.join(killed)})" if killed else ""
     )
 
 
 def section(results: dict, comparisons: list, decoded: list) -> list[str]:
-    head = ["model", "cold: start to ready", "warm", "vLLM engine init cold", "warm", "warm start"]
+    head = ["model", "cold: start to ready", "warm", "vLLM engine init cold", "warm", "warm start", "SIGTERM to exit"]
     lines = [row(head), row(["---"] * len(head))]
     for w in results["warm_start"]:
         cold, warm = w["cold"], w["warm"]
@@ -112,11 +134,13 @@ def section(results: dict, comparisons: list, decoded: list) -> list[str]:
                     f"{cold['engine_init_s']} s",
                     f"{warm['engine_init_s']} s",
                     how,
+                    _stops(w),
                 ]
             )
         )
     return [
-        "Start to ready with torch.compile (`bench/warm_start.py`): a fresh cache directory, then the same one again.",
+        "Start to ready with torch.compile (`bench/warm_start.py`): a fresh cache directory, then the same one again;",
+        "each start's stop from SIGTERM to the exit of the server (after its engine processes).",
         "",
         *lines,
         "",

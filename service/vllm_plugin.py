@@ -20,6 +20,7 @@ import logging
 import multiprocessing
 import os
 
+from service.exit_gc import skip_exit_collection
 from service.kernels import register_kernels
 from service.parent_watch import watch_parent
 from service.patches import PATCH_ENV, apply_fxgraph_pickle_patch
@@ -61,6 +62,7 @@ def every_process() -> None:
     patch = apply_fxgraph_pickle_patch(os.environ.get(PATCH_ENV) == "1")
     kernels = register_kernels(os.environ.get(KERNELS_ENV, ""))
     parent = watch_parent()
+    skip_exit_collection()
     from vllm.platforms import current_platform
 
     running = f"{type(current_platform).__module__}.{type(current_platform).__qualname__}"

@@ -91,13 +91,36 @@ def test_preload_and_warm_start_sections():
                     "compiled_and_saved": True,
                 },
                 "warm": {"ready_s": 90.0, "engine_init_s": 30.2, "loaded_compiled": True, "compiled_and_saved": False},
-            }
+            },
+            {
+                "name": "default",
+                "cold": {
+                    "ready_s": 40.0,
+                    "stop_s": 5.3,
+                    "engine_init_s": 20.1,
+                    "loaded_compiled": False,
+                    "compiled_and_saved": True,
+                    "engine_core_killed": True,
+                },
+                "warm": {
+                    "ready_s": 20.0,
+                    "stop_s": 1.6,
+                    "engine_init_s": 8.2,
+                    "loaded_compiled": True,
+                    "compiled_and_saved": False,
+                    "engine_core_killed": False,
+                },
+            },
         ],
     )
     md = markdown(results, [], [])
     assert "with its own preload (`LD_PRELOAD=/l/libtcmalloc.so:/l/libiomp5.so`)" in md
     assert "with 8.10 tok/s, without 7.90 tok/s; with/without x1.025 [0.961, 1.093]." in md
-    assert "| bench | 300 s | 90 s | 200.1 s | 30.2 s | loaded the compiled graph |" in md
+    assert "| bench | 300 s | 90 s | 200.1 s | 30.2 s | loaded the compiled graph | not measured |" in md
+    assert (
+        "| default | 40 s | 20 s | 20.1 s | 8.2 s | loaded the compiled graph | 5.3 s, 1.6 s "
+        "(engine core SIGKILLed by vLLM: cold) |" in md
+    )
 
 
 def test_dtype_section_names_the_cpu_class_and_both_ratios():

@@ -19,6 +19,7 @@ def test_read_log_tells_compile_recompile_and_load_apart():
         "loaded_compiled": False,
         "load_failed_recompiled": False,
         "engine_init_s": 220.58,
+        "engine_core_killed": False,
     }
     assert read_log(UNPATCHED)["load_failed_recompiled"] and read_log(UNPATCHED)["engine_init_s"] is None
     assert read_log(WARM) == {
@@ -26,4 +27,11 @@ def test_read_log_tells_compile_recompile_and_load_apart():
         "loaded_compiled": True,
         "load_failed_recompiled": False,
         "engine_init_s": 31.58,
+        "engine_core_killed": False,
     }
+
+
+def test_read_log_tells_an_engine_core_vllm_had_to_kill():
+    stopped = """(MainProcess pid=3) WARNING 11-28 04:10:44 [utils.py:653] [shutdown] Process manager: force killing \
+remaining process EngineCore pid 20832"""
+    assert read_log(stopped)["engine_core_killed"]
