@@ -5,8 +5,8 @@ process does.
 - `every_process` (group `vllm.general_plugins`): vLLM runs it once in each process it starts (API server,
   engine core, workers). It applies the torch patch as decided at startup, registers the service's linear kernels
   the policy chose (vLLM's `register_linear_kernel`), ends the engine's processes with the process that started
-  them (service/parent_watch.py), and logs one line saying which platform that process runs and what became of
-  the patch and the kernels.
+  them (service/parent_watch.py), leaves its heap out of the interpreter's collection at exit (service/exit_gc.py),
+  and logs one line saying which platform that process runs and what became of the patch and the kernels.
 
 Both only carry out decisions the startup hook put in the environment (service/startup.py `apply`); without
 them (vLLM used without the service) they leave vLLM to decide as usual.
