@@ -3,9 +3,11 @@ service from the built default image (no SERVICE_TARGET chosen) and Prometheus f
 from Debian's package, both through a test-only override file (users' compose.yaml stays as it is). The override
 also mounts the session's cache volume as the stack's cache: the stack's first start builds the service's kernels for
 this CPU and compiles the default model there once, and the image tests' starts reuse both instead of doing it again.
-The api must pick the live CPU's backend and its preload by itself; Prometheus must see the api
-target up and scrape `vllm:*` metrics through the compose network; everything is brought down
-(containers, network, its own volumes) afterwards.
+The api runs the image `docker compose up` runs when the user chooses nothing (no target, no model): it must serve
+the default model it ships and answer a question right, pick the live CPU's backend and its preload by itself, with
+the preloaded libraries mapped by the engine processes, and run the service's kernels it built for this CPU;
+Prometheus must see the api target up and scrape `vllm:*` metrics through the compose network; everything is brought
+down (containers, network, its own volumes) afterwards.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import uuid
 import pytest
 
 from .conftest import IMAGE, REPO, SCRIPTS, container_env, expected_backend, free_port, podman, tool
+from .test_images import http, kernels_check, preload_check
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(3600)]
 
@@ -111,6 +114,19 @@ volumes:
             podman("volume", "rm", "-f", vol, check=False)
 
 
+def api_container(project: str) -> str:
+    found = podman(
+        "ps",
+        "-q",
+        "--filter",
+        f"label=io.podman.compose.project={project}",
+        "--filter",
+        "label=com.docker.compose.service=api",
+    ).stdout.split()
+    assert len(found) == 1, found
+    return found[0]
+
+
 def test_compose_stack_prometheus_scrapes_api(stack, host_report):
     deadline = time.monotonic() + TIMEOUT
     up, vllm_names, last_err = None, [], None
@@ -135,19 +151,36 @@ def test_compose_stack_prometheus_scrapes_api(stack, host_report):
         rules = [rule["name"] for g in json.loads(r.read())["data"]["groups"] for rule in g["rules"]]
     assert "LLMEngineDown" in rules and "LLMHighTimeToFirstToken" in rules
     # The API itself answers on its published port, with the key from the secret file.
-    req = urllib.request.Request(f"{stack['api']}/v1/models", headers={"Authorization": "Bearer compose-test-key"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        models = json.loads(r.read())["data"]
+    key = "compose-test-key"
+    status, body = http("GET", f"{stack['api']}/v1/models", key=key)
+    assert status == 200, body
+    models = json.loads(body)["data"]
     # With no model in .env, the default model the image ships: SmolLM2-135M-Instruct from its GGUF file.
-    assert [m["id"] for m in models] == ["SmolLM2-135M-Instruct"], models
+    assert [(m["id"], m["source"]["format"]) for m in models] == [("SmolLM2-135M-Instruct", "gguf")], models
+    status, body = http(
+        "POST",
+        f"{stack['api']}/v1/chat/completions",
+        {"model": models[0]["id"], "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+        | {"max_tokens": 16, "temperature": 0},
+        timeout=120,
+        key=key,
+    )
+    assert status == 200 and "Paris" in json.loads(body)["choices"][0]["message"]["content"], body
     # The memory limit from compose reached the service's startup decisions.
-    req = urllib.request.Request(f"{stack['api']}/v1/hardware", headers={"Authorization": "Bearer compose-test-key"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        hw = json.loads(r.read())
+    status, body = http("GET", f"{stack['api']}/v1/hardware", key=key)
+    assert status == 200, body
+    hw = json.loads(body)
     assert hw["hardware"]["memory_limit_bytes"] == 8 * 1024**3, hw["hardware"]
     # With no target chosen, the default image runs the backend the host's own detection picks (zen on an
-    # AMD EPYC) and preloads tcmalloc and that backend's OpenMP runtime into the engine.
+    # AMD EPYC) and preloads tcmalloc and that backend's OpenMP runtime into the engine processes.
     assert hw["backend"]["name"] == expected_backend(hw, host_report), (hw["backend"], host_report["backend"])
+    assert hw["hardware"]["vendor"] == host_report["hardware"]["vendor"]
     preload = next(d for d in hw["decisions"] if d["setting"] == "env.LD_PRELOAD")
     openmp = "libgomp" if hw["backend"]["name"] == "zen" else "libiomp5"
     assert preload["source"] == "policy" and "libtcmalloc" in preload["value"] and openmp in preload["value"], preload
+    name = api_container(stack["project"])
+    libraries = preload_check(name, hw)
+    assert any(os.path.basename(p).startswith(openmp) for p in libraries), libraries
+    kernels_check(name, hw)
+    log = podman("logs", name, check=False)
+    assert "libtcmalloc is not found in LD_PRELOAD" not in log.stdout + log.stderr

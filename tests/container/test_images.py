@@ -2,12 +2,12 @@
 no registry (the Debian base image is built from Debian's archive first).
 
 Each image is started offline, must turn /ready, answer a chat completion, and report on /v1/hardware and
-/metrics the backend the host's own detection expects. The compose default image (zentorch included) runs with no
-model configured: it must serve the default model it ships (SmolLM2-135M-Instruct) and answer a question right,
-pick the live CPU's backend by itself (zen on an AMD EPYC) and preload that backend's libraries into its engine
-processes. The default and the generic image run the service's kernels, built for this CPU into the shared cache
-volume by the first start on it (theirs, or the compose stack's before them). The other images run the tiny demo model (what they test is the image, not the model); the Zen image on a
-non-AMD host must say why Zen acceleration is unavailable, and refuse cleanly when `backend: zen` is forced.
+/metrics the backend the host's own detection expects. The compose default image with no model configured (the
+default model it ships, the live CPU's backend and preload picked by itself) is run by the compose stack's test
+(test_compose.py), which starts first and builds the service's kernels for this CPU into the shared cache volume;
+the generic image runs them from there. These images run the tiny demo model (what they test is the image, not the
+model); the Zen image on a non-AMD host must say why Zen acceleration is unavailable, and refuse cleanly when
+`backend: zen` is forced.
 """
 
 from __future__ import annotations
@@ -249,33 +249,6 @@ def kernels_check(name: str, hw: dict) -> None:
     if weights in ("bf16", OURS_BF16):
         log = podman("logs", name, check=False)
         assert KERNELS["bf16-weights"].log_markers[0] in log.stdout + log.stderr, weights
-
-
-def test_default_image_chooses_the_live_cpus_backend_and_preload(images, cache_volume, host_report):
-    """`docker compose up` with no choice: the image serves the default model it ships and answers right, picks
-    what the host's own detection picks (zen on an AMD EPYC with AVX-512), and preloads tcmalloc and that
-    backend's OpenMP runtime into the engine."""
-    with running(f"{IMAGE}:{DEFAULT_TARGET}", cache_volume, model="") as (name, base):
-        hw = check_serving(name, base)
-        libraries = preload_check(name, hw)
-        kernels_check(name, hw)
-        status, body = http("GET", f"{base}/v1/models")
-        card = json.loads(body)["data"][0]
-        status, body = http(
-            "POST",
-            f"{base}/v1/chat/completions",
-            {"model": card["id"], "messages": [{"role": "user", "content": "What is the capital of France?"}]}
-            | {"max_tokens": 16, "temperature": 0},
-            timeout=120,
-        )
-        log = logs(name)
-    assert card["id"] == "SmolLM2-135M-Instruct" and card["source"]["format"] == "gguf", card
-    assert status == 200 and "Paris" in json.loads(body)["choices"][0]["message"]["content"], body
-    assert hw["backend"]["name"] == expected_backend(hw, host_report), (hw["backend"], host_report["backend"])
-    assert hw["hardware"]["vendor"] == host_report["hardware"]["vendor"]
-    openmp = "libgomp" if hw["backend"]["name"] == "zen" else "libiomp5"
-    assert any(os.path.basename(p).startswith(openmp) for p in libraries), libraries
-    assert "libtcmalloc is not found in LD_PRELOAD" not in log
 
 
 @pytest.mark.compile_cache
