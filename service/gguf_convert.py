@@ -21,6 +21,7 @@ from typing import Any
 
 from service.atomic_dir import build_once
 from service.facts.gguf import LINEAR_TENSOR
+from service.facts.gguf_reader import shared_readers
 from service.policy.model_source import BLOCKS_METHOD, GgufConversion
 
 log = logging.getLogger("service.gguf")
@@ -58,12 +59,13 @@ def _convert(conversion: GgufConversion, out: Path) -> None:
     from transformers import AutoConfig
 
     _check_free_space(conversion, out)
-    # Tokenizer first: the cheap part, and the one most likely to refuse a file.
-    tokenizer_of(conversion).save_pretrained(out)
-    settings = {k: v for k, v in conversion.config.items() if k != "model_type"}
-    config = AutoConfig.for_model(conversion.config["model_type"], **settings)
-    config.dtype = _DTYPES[conversion.dtype]
-    written = _write_weights(conversion, config, out)
+    with shared_readers():  # the tokenizer builder and the tensor copy read the same header
+        # Tokenizer first: the cheap part, and the one most likely to refuse a file.
+        tokenizer_of(conversion).save_pretrained(out)
+        settings = {k: v for k, v in conversion.config.items() if k != "model_type"}
+        config = AutoConfig.for_model(conversion.config["model_type"], **settings)
+        config.dtype = _DTYPES[conversion.dtype]
+        written = _write_weights(conversion, config, out)
     config.save_pretrained(out)
     provenance = {
         "source": conversion.source,

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.facts.gguf_reader import shared_readers
+
 MAGIC = b"GGUF"
 # GGUF token types (llama.cpp's llama_token_type): control tokens are special, user-defined ones are added tokens.
 _CONTROL, _USER_DEFINED = 3, 4
@@ -126,18 +128,21 @@ def _read_gguf(path: Path, size: int, mtime_ns: int) -> GgufFacts:
     """Read once per process and file version: the header of a large vocabulary takes seconds to parse."""
     if not _has_magic(path):
         raise GgufError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
-    from gguf import GGUFReader
+    with shared_readers():  # transformers' mapping (_hf_mapping) parses the header again otherwise
+        from gguf import GGUFReader
 
-    try:
-        reader = GGUFReader(path)
-    except (ValueError, IndexError, OSError) as exc:  # gguf-py reads past the end of a cut-off header
-        raise GgufError(f"{path} is not a readable GGUF file (truncated or corrupt header: {exc})") from exc
-    # The tensor data of a complete file ends within it; a cut-off download does not.
-    for tensor in reader.tensors:
-        end = int(tensor.data_offset) + int(tensor.n_bytes)
-        if end > size:
-            raise GgufError(f"{path} is truncated: tensor {tensor.name} ends at byte {end}, the file has {size} bytes")
-    return _facts(path, size, reader)
+        try:
+            reader = GGUFReader(path)
+        except (ValueError, IndexError, OSError) as exc:  # gguf-py reads past the end of a cut-off header
+            raise GgufError(f"{path} is not a readable GGUF file (truncated or corrupt header: {exc})") from exc
+        # The tensor data of a complete file ends within it; a cut-off download does not.
+        for tensor in reader.tensors:
+            end = int(tensor.data_offset) + int(tensor.n_bytes)
+            if end > size:
+                raise GgufError(
+                    f"{path} is truncated: tensor {tensor.name} ends at byte {end}, the file has {size} bytes"
+                )
+        return _facts(path, size, reader)
 
 
 def _facts(path: Path, size: int, reader: Any) -> GgufFacts:

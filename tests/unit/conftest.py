@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,19 @@ def with_zentorch() -> SoftwareFacts:
 @pytest.fixture
 def without_zentorch() -> SoftwareFacts:
     return software(False)
+
+
+@pytest.fixture
+def parses(monkeypatch) -> list[str]:
+    """The files whose header gguf-py parsed (its `GGUFReader._build_fields`), in order."""
+    from gguf.gguf_reader import GGUFReader
+
+    seen: list[str] = []
+    build = GGUFReader._build_fields
+
+    def counted(self, offs, count):
+        seen.append(os.path.basename(self.data.filename))
+        return build(self, offs, count)
+
+    monkeypatch.setattr(GGUFReader, "_build_fields", counted)
+    return seen
