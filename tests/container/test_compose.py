@@ -150,10 +150,11 @@ def test_compose_stack_prometheus_scrapes_api(stack, host_report):
     with urllib.request.urlopen(f"{stack['prometheus']}/api/v1/rules", timeout=10) as r:
         rules = [rule["name"] for g in json.loads(r.read())["data"]["groups"] for rule in g["rules"]]
     assert "LLMEngineDown" in rules and "LLMHighTimeToFirstToken" in rules
-    # The API itself answers on its published port, with the key from the secret file.
+    # The API itself answers on its published port, with the key from the secret file, and only with it.
     key = "compose-test-key"
     status, body = http("GET", f"{stack['api']}/v1/models", key=key)
     assert status == 200, body
+    assert http("GET", f"{stack['api']}/v1/models", key="wrong-key")[0] == 401
     models = json.loads(body)["data"]
     # With no model in .env, the default model the image ships: SmolLM2-135M-Instruct from its GGUF file.
     assert [(m["id"], m["source"]["format"]) for m in models] == [("SmolLM2-135M-Instruct", "gguf")], models
