@@ -18,7 +18,7 @@ class Isa:
     """Instruction-set features that decide the backend."""
 
     avx2: bool = False
-    avx512: bool = False  # AVX-512F
+    avx512: bool = False  # AVX-512 F, BW, DQ and VL: torch's test before vLLM loads its AVX-512 kernels
     avx512_bf16: bool = False
     avx512_vnni: bool = False
     amx_tile: bool = False
@@ -141,17 +141,19 @@ def part_contradicted(part: Part, flags: frozenset[str]) -> set[str]:
     flags are compared: archspec's feature lists are curated subsets and cannot tell what a part lacks.
     """
     known = TARGETS[part.base].features | part.adds
-    return {flag for flag in _ISA_FLAGS.values() if flag in flags and flag not in known}
+    return {flag for needed in _ISA_FLAGS.values() for flag in needed if flag in flags and flag not in known}
 
 
-_ISA_FLAGS = {
-    "avx2": "avx2",
-    "avx512": "avx512f",
-    "avx512_bf16": "avx512_bf16",
-    "avx512_vnni": "avx512_vnni",
-    "amx_tile": "amx_tile",
-    "amx_bf16": "amx_bf16",
-    "amx_int8": "amx_int8",
+# Each Isa field and the flags it needs. torch.cpu._is_avx512_supported(), which decides whether vLLM loads its
+# AVX-512 or its AVX2 kernels, asks for F, BW, DQ and VL: a Xeon Phi's AVX-512F alone gets the AVX2 ones.
+_ISA_FLAGS: dict[str, frozenset[str]] = {
+    "avx2": frozenset({"avx2"}),
+    "avx512": frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"}),
+    "avx512_bf16": frozenset({"avx512_bf16"}),
+    "avx512_vnni": frozenset({"avx512_vnni"}),
+    "amx_tile": frozenset({"amx_tile"}),
+    "amx_bf16": frozenset({"amx_bf16"}),
+    "amx_int8": frozenset({"amx_int8"}),
 }
 
 
@@ -175,7 +177,7 @@ def parse_cpuinfo(text: str) -> CpuInfo:
         model=model,
         flags=flags,
         microarchitecture=name,
-        isa=Isa(**{field_name: flag in flags for field_name, flag in _ISA_FLAGS.items()}),
+        isa=Isa(**{field_name: needed <= flags for field_name, needed in _ISA_FLAGS.items()}),
         cpus=tuple(_logical_cpu(block) for block in blocks),
         cpu_part=cpu_part,
         stepping=stepping,

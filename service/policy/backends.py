@@ -136,13 +136,18 @@ def _amx(cpu: CpuInfo, sw: SoftwareFacts) -> tuple[bool, str]:
 def _avx512(cpu: CpuInfo, sw: SoftwareFacts) -> tuple[bool, str]:
     if cpu.isa.avx512:
         bf16 = "with" if cpu.isa.avx512_bf16 else "without"
-        return True, f"{cpu.microarchitecture} has AVX-512F ({bf16} AVX-512 BF16): vLLM's AVX-512 kernels"
-    return False, "no AVX-512F in the CPU flags"
+        return True, f"{cpu.microarchitecture} has AVX-512 ({bf16} AVX-512 BF16): vLLM's AVX-512 kernels"
+    return False, _NO_AVX512
+
+
+# What torch asks for before vLLM loads its AVX-512 kernels (torch.cpu._is_avx512_supported)
+_NO_AVX512 = "no AVX-512 F, BW, DQ and VL together in the CPU flags (torch and vLLM need all four)"
 
 
 def _avx2(cpu: CpuInfo, sw: SoftwareFacts) -> tuple[bool, str]:
     if cpu.isa.avx2:
-        return True, f"{cpu.microarchitecture} has AVX2 but no AVX-512: vLLM's AVX2 kernels"
+        partial = " (AVX-512F alone: torch and vLLM need F, BW, DQ and VL)" if "avx512f" in cpu.flags else ""
+        return True, f"{cpu.microarchitecture} has AVX2 but no AVX-512{partial}: vLLM's AVX2 kernels"
     return False, "no AVX2: vLLM's CPU kernels need at least AVX2 and would die with SIGILL"
 
 

@@ -125,6 +125,13 @@ def test_the_table_never_lowers_archspecs_answer() -> None:
     assert (info.microarchitecture, info.microarchitecture_source) == ("zen5", FROM_ARCHSPEC)
 
 
+@pytest.mark.parametrize("hidden", [{"avx512bw"}, {"avx512dq"}, {"avx512vl"}, {"avx512bw", "avx512dq", "avx512vl"}])
+def test_avx512_needs_f_bw_dq_and_vl(hidden: set[str]) -> None:
+    """torch tests all four before vLLM loads its AVX-512 kernels: AVX-512F alone (a Xeon Phi) is not AVX-512."""
+    info = parse_cpuinfo(_with_flags("xeon_8380_icelake", drop=hidden))
+    assert "avx512f" in info.flags and not info.isa.avx512 and info.isa.avx2
+
+
 # What the E-core Xeons add to Alder Lake's flags (Intel's ISA extensions reference; archspec's arrowlake and
 # arrowlake_s targets list the same).
 CRESTMONT = {"avx_ifma", "avx_ne_convert", "avx_vnni_int8", "cmpccxadd"}

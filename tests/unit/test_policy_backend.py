@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from service.facts.cpu import parse_cpuinfo
 from service.facts.hardware import read_hardware
 from service.policy.backend import choose_backend
 from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
@@ -45,7 +46,14 @@ def test_zen_reason_names_the_hardware_and_zentorch():
 
 def test_amd_without_zentorch_says_why_zen_was_not_chosen():
     reason = choose_backend(cpu("epyc_9654_zen4.txt"), software(False)).reason
-    assert reason.startswith("zen4 has AVX-512F") and "not zen" in reason and "not installed" in reason
+    assert reason.startswith("zen4 has AVX-512 (") and "not zen" in reason and "not installed" in reason
+
+
+def test_avx512f_alone_gets_the_avx2_backend_and_says_why():
+    text = (CPUINFO / "xeon_8380_icelake.txt").read_text().replace(" avx512bw", "").replace(" avx512vl", "")
+    chosen = choose_backend(parse_cpuinfo(text), software(True))
+    assert chosen.name == "avx2"
+    assert "AVX-512F alone" in chosen.reason and "BW, DQ and VL" in chosen.reason
 
 
 def test_intel_auto_reason_says_zen_is_unavailable_and_why():
