@@ -4,7 +4,8 @@ field): pure functions of (path, parsed JSON body, model facts) -> the problem, 
 Only what vLLM lets through is checked here (each case was tried against a running server, see
 tests/reliability/test_bad_input.py):
 - a role OpenAI does not have ("wizard" was answered 200), a tool message without its tool_call_id (200), a
-  user/system/tool message without content (200);
+  user/system/tool message without content or with an empty list of parts (200; null content: 400 with 19
+  validation errors);
 - a negative top_logprobs (400 naming logprobs and the vocabulary's size), logit_bias values outside OpenAI's
   [-100, 100] (200), `best_of` other than `n` (200: vLLM 0.32 parses the field and ignores it, so the answer was n
   plain samples);
@@ -125,8 +126,13 @@ def _messages(messages: Any, model: ModelFacts | None) -> RequestProblem | None:
             return RequestProblem(
                 f"messages[{i}].role {role!r} is not a role: one of {', '.join(sorted(ROLES))}", f"messages[{i}].role"
             )
-        if role in CONTENT_REQUIRED and "content" not in message:
+        if role in CONTENT_REQUIRED and message.get("content") is None:
             return RequestProblem(f"messages[{i}] ({role}) has no content", f"messages[{i}].content")
+        if role in CONTENT_REQUIRED and message["content"] == []:
+            return RequestProblem(
+                f"messages[{i}] ({role}) has an empty list of content parts: send a string or at least one part",
+                f"messages[{i}].content",
+            )
         if role == "tool" and not message.get("tool_call_id"):
             return RequestProblem(
                 f"messages[{i}] has role 'tool' but no tool_call_id: a tool message answers the assistant's tool call "

@@ -45,6 +45,8 @@ def problem(body: dict, path: str = CHAT, model=TEXT_MODEL) -> RequestProblem | 
         ({"messages": [USER, {"role": "wizard", "content": "hi"}]}, "messages[1].role", "'wizard' is not a role"),
         ({"messages": [{"role": "tool", "content": "22 C"}]}, "messages[0].tool_call_id", "no tool_call_id"),
         ({"messages": [{"role": "system", "content": "x"}, {"role": "user"}]}, "messages[1].content", "no content"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "no content"),
+        ({"messages": [{"role": "system", "content": []}, USER]}, "messages[0].content", "empty list of content parts"),
         ({"messages": [USER], "logprobs": True, "top_logprobs": -1}, "top_logprobs", "between 0 and 20"),
         (
             {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, IMAGE]}]},
@@ -126,6 +128,8 @@ def problem(body: dict, path: str = CHAT, model=TEXT_MODEL) -> RequestProblem | 
         "role",
         "tool-without-id",
         "no-content",
+        "null-content",
+        "empty-content-list",
         "negative-top-logprobs",
         "image-to-text-model",
         "audio-to-text-model",
@@ -338,6 +342,15 @@ def test_tokenize_checks_chat_messages_as_the_chat_route_does(messages, param):
         [{"role": "user", "content": [{"image_url": "https://example.com/a.png"}]}],  # vLLM's short image part
         [USER, {"role": "assistant", "tool_calls": None}],
         [USER, {"role": "assistant", "tool_calls": []}],
+        [
+            USER,
+            {"role": "assistant", "content": [], "tool_calls": [{"id": "c1", "type": "function", "function": CALL}]},
+        ],
+        [
+            USER,
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": CALL}]},
+        ],
+        [{"role": "user", "content": ""}],  # OpenAI serves an empty string
         [{"role": "user", "content": "hi", "tool_calls": "a user's tool calls are ignored, as vLLM does"}],
     ],
 )
