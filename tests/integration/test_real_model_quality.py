@@ -5,7 +5,8 @@ generic avx512 platform too; else amx / avx512 / avx2), in fp32 and, where the C
 W8A8 and W4A16 copies made from the model by round-to-nearest (harness/quantized_models.py), on the policy's
 backend and dtype (refused where this CPU's vLLM build lacks the kernel), each copy also on every other kernel
 this CPU runs for it (int4: the service's ggml and auto-round-lib ones, vLLM's; int8: the service's ggml one,
-vLLM's). One service per path, in turn.
+vLLM's). One service per path, in turn; the path the policy picks for the default model (its backend and dtype) is
+measured on the package's default server.
 
 Each path is held to the weights it serves: transformers' fp32 forward on the same weights (the model's fp32
 dequantized GGUF; a quantized copy's own dequantized values, with W8A8's int8 per-token activations, or per
@@ -184,13 +185,30 @@ class Measured:
         return perplexity(self.logprobs)
 
 
-@pytest.fixture(scope="session")
-def measure(server_logs, fp32_model, text, chat_ids):
+def _serves(report: dict, path: Path_) -> bool:
+    """Whether a running default model's server (its /v1/hardware report) is the unquantized `path`."""
+    engine = report["engine_args"]
+    return (
+        not path.scheme
+        and not path.blocks
+        and report["backend"]["name"] == path.settings["backend"]
+        and engine["dtype"] == path.settings["dtype"]
+    )
+
+
+@pytest.fixture(scope="package")  # as default_server, which it may use
+def measure(request, server_logs, fp32_model, text, chat_ids):
     done: dict[str, Measured] = {}
 
     def run(path: Path_) -> Measured:
         if path.name not in done:
             model = ensure_quantized(fp32_model, path.scheme) if path.scheme else fp32_model
+            # The package's default server (test_real_model.py's) is one of the paths: the policy's backend and dtype
+            # for the default model. That path is measured on it, one engine start less.
+            default = None if path.scheme else request.getfixturevalue("default_server")
+            if default is not None and _serves(_report(default), path):
+                done[path.name] = _measure(path, model, default, chat_ids, text)
+                return done[path.name]
             settings = dict(path.settings, kv_cache_gib="0.25", max_model_len="4096")
             settings["model"] = str(model) if path.scheme else DEFAULT_MODEL
             try:
@@ -201,26 +219,29 @@ def measure(server_logs, fp32_model, text, chat_ids):
                 done[path.name] = Measured(path, model, [], [], refused=str(exc))
                 return done[path.name]
             try:
-                client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
-                served = [query(client, SERVED, ids, MAX_TOKENS) for ids in chat_ids]
-                logprobs = served_logprobs(client, SERVED, text)
-                report = httpx.get(f"{server.url}/v1/hardware", headers=server.headers(), timeout=30).json()
+                done[path.name] = _measure(path, model, server, chat_ids, text)
             finally:
                 release(server.process)
-            kernel_setting = "model.gguf_blocks" if path.blocks else "quant.linear_kernel"
-            found = {d["setting"]: d["value"] for d in report["decisions"]}
-            head = found.get("model.gguf_head_blocks")
-            done[path.name] = Measured(
-                path,
-                model,
-                served,
-                logprobs,
-                kernel=found.get(kernel_setting),
-                head=head if head != "dequantized" else None,
-            )
         return done[path.name]
 
     return run
+
+
+def _report(server) -> dict:
+    return httpx.get(f"{server.url}/v1/hardware", headers=server.headers(), timeout=30).json()
+
+
+def _measure(path: Path_, model: Path, server, chat_ids, text) -> Measured:
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    served = [query(client, SERVED, ids, MAX_TOKENS) for ids in chat_ids]
+    logprobs = served_logprobs(client, SERVED, text)
+    report = _report(server)
+    kernel_setting = "model.gguf_blocks" if path.blocks else "quant.linear_kernel"
+    found = {d["setting"]: d["value"] for d in report["decisions"]}
+    head = found.get("model.gguf_head_blocks")
+    return Measured(
+        path, model, served, logprobs, kernel=found.get(kernel_setting), head=head if head != "dequantized" else None
+    )
 
 
 def _prepare(result: Measured, corrupt=None):
