@@ -21,7 +21,7 @@ tests/reliability/test_bad_input.py):
   string arguments (400 "validation errors for ValidatorIterator" without `param`: vLLM checks those lists item by
   item, so its errors start at the item; what else it refuses that way is named after the fact, error_fields.py);
 - prompt token ids beyond the vocabulary, an empty list of prompts or an empty prompt in one, an empty `messages`
-  (400 without `param`).
+  (400 without `param`); token ids given as booleans (200: true was served as token 1).
 vLLM's /v1/chat/completions/batch gets the chat checks for each of its conversations, SageMaker's /invocations those
 of the request vLLM serves it as (chat or completion), /v1/responses the surrogate check, and /tokenize those of
 the messages it is sent (clients count a chat request's tokens there before sending it: a request the chat route
@@ -302,7 +302,9 @@ def _token_ids(tokens: Any, model: ModelFacts | None, name: str = "tokens") -> R
         return None
     vocab = model.vocab_size if model is not None else None
     for i, token in enumerate(tokens):
-        if not isinstance(token, int) or isinstance(token, bool):
+        if isinstance(token, bool):  # vLLM's schema reads true as token 1
+            return RequestProblem(f"{name}[{i}] is {str(token).lower()}, not a token id (an integer)", f"{name}[{i}]")
+        if not isinstance(token, int):
             return None  # a type vLLM's schema names
         if token < 0 or (vocab is not None and token >= vocab):
             bound = f"0 .. {vocab - 1}" if vocab is not None else "not negative"

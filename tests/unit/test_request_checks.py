@@ -394,6 +394,8 @@ def test_a_body_nested_as_deep_as_json_allows_is_walked_without_recursion():
         ([1, 128256], "prompt[1]"),
         ([[1, 2], [128255, 10**9]], "prompt[1][1]"),
         ([[1, 2], [128255]], None),
+        ([1, True], "prompt[1]"),
+        ([[1], [False]], "prompt[1][0]"),
         (["a", "b"], None),
         ([], "prompt"),
     ],
