@@ -128,9 +128,15 @@ def _zen(cpu: CpuInfo, sw: SoftwareFacts) -> tuple[bool, str]:
 
 
 def _amx(cpu: CpuInfo, sw: SoftwareFacts) -> tuple[bool, str]:
-    if cpu.isa.amx:
-        return True, f"{cpu.microarchitecture} has AMX (amx_tile + amx_bf16): vLLM's AMX/AVX-512 BF16 kernels"
-    return False, "no AMX (amx_tile and amx_bf16 not both in the CPU flags)"
+    if not cpu.isa.amx:
+        return False, "no AMX (amx_tile and amx_bf16 not both in the CPU flags)"
+    # vLLM loads its AMX kernel build (_C) only where torch finds AVX-512 and AVX-512 BF16; else _C_AVX512 or _AVX2.
+    if not (cpu.isa.avx512 and cpu.isa.avx512_bf16):
+        return (
+            False,
+            f"{cpu.microarchitecture} shows AMX without AVX-512 BF16: vLLM loads its AMX kernels only with both",
+        )
+    return True, f"{cpu.microarchitecture} has AMX (amx_tile + amx_bf16): vLLM's AMX/AVX-512 BF16 kernels"
 
 
 def _avx512(cpu: CpuInfo, sw: SoftwareFacts) -> tuple[bool, str]:

@@ -56,6 +56,13 @@ def test_avx512f_alone_gets_the_avx2_backend_and_says_why():
     assert "AVX-512F alone" in chosen.reason and "BW, DQ and VL" in chosen.reason
 
 
+def test_amx_without_avx512_bf16_gets_the_avx512_backend_and_says_why():
+    text = (CPUINFO / "xeon_8480_sapphirerapids.txt").read_text().replace(" avx512_bf16", "")
+    chosen = choose_backend(parse_cpuinfo(text), software(True))
+    assert chosen.name == "avx512"
+    assert "not amx" in chosen.reason and "AMX without AVX-512 BF16" in chosen.reason, chosen.reason
+
+
 def test_intel_auto_reason_says_zen_is_unavailable_and_why():
     reason = choose_backend(cpu("xeon_8380_icelake.txt"), software(True)).reason
     assert "not zen" in reason and "GenuineIntel" in reason
