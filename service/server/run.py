@@ -20,6 +20,7 @@ import uvicorn
 import uvloop
 from rich.console import Console
 
+from service.cache_dir import cache_dir_problem
 from service.facts.software import KERNEL_SOURCE
 from service.kernels.build_at_start import build_at_start
 from service.report import StartupReport
@@ -130,6 +131,9 @@ def run(settings: Settings) -> int:
     reexecuted = restore_user_preload(os.environ)
     user_preload = os.environ.get("LD_PRELOAD")
     started = time.monotonic()
+    if (problem := cache_dir_problem(settings.cache_dir)) is not None:
+        log.error("refusing to start: %s", problem)
+        return EXIT_STARTUP_REFUSED
     # Before the facts are read: they find the build this makes (an image's first start on a CPU).
     build_at_start(settings.build_kernels, KERNEL_SOURCE)  # logs what it did
     choice = choose_model(settings, build_demo=True)

@@ -58,3 +58,23 @@ def test_a_model_vllm_refuses_before_any_process_refuses_the_start(tmp_path, bre
     log = out.stdout + out.stderr
     assert out.returncode == EXIT_STARTUP_REFUSED, log[-3000:]
     assert says in log and "Traceback" not in log, log[-3000:]
+
+
+def test_a_cache_dir_it_cannot_write_refuses_the_start(tmp_path):
+    """Checked before anything is written there: the demo model's build was a traceback, a GGUF file's conversion
+    'Not a directory' after the whole report."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    out = subprocess.run(
+        [sys.executable, "-m", "service", "serve"],
+        env=service_env(blocker / "cache", host="127.0.0.1", port=str(port)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    log = out.stdout + out.stderr
+    assert out.returncode == EXIT_STARTUP_REFUSED, log[-3000:]
+    assert f"refusing to start: cache_dir '{blocker / 'cache'}' is not a writable directory" in log, log[-3000:]
+    assert "SERVICE_CACHE_DIR" in log and "Traceback" not in log, log[-3000:]
