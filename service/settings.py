@@ -134,7 +134,8 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
         description="Generated files (converted GGUF models, a GGUF file's header facts so a restart does not parse and "
-        "hash it again, demo model, compile cache, calibration results)",
+        "hash it again, demo model, compile cache, calibration results); a directory the service cannot write "
+        "refuses the start (exit 2)",
         json_schema_extra={"shown": "`$XDG_CACHE_HOME/cpu-llm-service`"},
     )
     metrics_require_auth: bool = Field(False, description="Require the API key on /metrics too")
