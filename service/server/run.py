@@ -35,6 +35,7 @@ EXIT_ENGINE_DIED = 3
 WATCHDOG_INTERVAL_S = 1.0
 DEAD_LINGER_S = 3.0  # keep answering /health 503 briefly so probes see why before the process exits
 CUT_WAIT_S = 5.0  # for the engine to abort the requests still in flight at shutdown, and for them to answer
+START_STOP_WAIT_S = 30.0  # for an engine start that a stop ended to fail, before its processes are killed
 
 
 class DrainingServer(uvicorn.Server):
@@ -242,6 +243,9 @@ async def _serve(
             cache_vllm_environment()
             log.info("froze %d start-up objects out of the garbage collector (as vLLM's own server does)", frozen)
         except Exception as exc:
+            if lifecycle.phase is Phase.DRAINING:  # stopped while starting: _end_engine_start stopped its processes
+                log.warning("engine start ended by the stop: %s", exc)
+                return
             refused = isinstance(exc, EngineConfigRefused)
             if refused:
                 reason = f"refusing to start: {exc}"
@@ -268,6 +272,8 @@ async def _serve(
         log.info("listening on http://%s:%d: /health and /ready answer while the engine loads", shown, port)
         await server.serve(sockets=[sock])
         metrics.ready.set(0)
+        if lifecycle.engine is None and not engine_task.done():
+            await _end_engine_start(engine_task)
         engine_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await engine_task
@@ -291,6 +297,26 @@ async def _watchdog(lifecycle: Lifecycle, server: uvicorn.Server) -> None:
         await asyncio.sleep(DEAD_LINGER_S)
         lifecycle.exit_code = EXIT_ENGINE_DIED
         server.should_exit = True
+
+
+async def _end_engine_start(task: asyncio.Task) -> None:
+    """A stop while the engine starts. AsyncLLM's constructor blocks its thread until the engine is up (minutes for
+    a large model: the process waited for it at exit, past a container's stop timeout), so the engine's processes
+    are stopped, which fails that wait at once. Every round stops what was spawned since the last."""
+    import psutil
+
+    log.warning("stopping the engine start")
+    deadline = time.monotonic() + START_STOP_WAIT_S
+    while not task.done() and time.monotonic() < deadline:
+        for proc in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+        await asyncio.wait({task}, timeout=0.5)
+    if not task.done():
+        log.warning("the engine start did not end within %.0fs: killing its processes", START_STOP_WAIT_S)
+        for proc in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
 
 
 def _engine_processes() -> list:

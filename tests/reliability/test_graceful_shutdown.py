@@ -6,19 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import threading
 import time
 
 import httpx
 import openai
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness import ServerProcess
 from service.server.lifecycle import Lifecycle, Phase
 from service.server.run import DrainingServer
 from tests.reliability.conftest import SERVED, start_server
 from tests.support.decode_rate import stream_timing
+from tests.support.server import MODELS, service_env
 
 pytestmark = pytest.mark.engine
 
@@ -254,6 +258,48 @@ def _signalled(grace_s: float, signals: int) -> tuple[float, DrainingServer, Lif
         return time.monotonic() - t0, server, lifecycle
 
     return asyncio.run(scenario())
+
+
+def test_a_stop_while_the_engine_starts_ends_the_start_at_once_and_exits_zero(reliability_logs):
+    """SIGTERM (`docker stop`, a rollout) while the engine loads: the service stops the engine's processes and exits
+    0 at once. It used to wait for the engine to be up (the demo: 40 s; a large model: minutes, past a container's
+    stop timeout, so the runtime killed it)."""
+    log_path = reliability_logs / "stop-while-starting.log"
+    process = ServerProcess(service_env(MODELS), log_path, name="stop-while-starting").start()
+    try:
+        deadline = time.monotonic() + 300
+        while not any(p.name().startswith("VLLM::EngineCore") for p in _descendants(process.pid)):
+            assert process.proc.poll() is None and time.monotonic() < deadline, process.log_tail()
+            time.sleep(0.2)
+        signalled = time.monotonic()
+        process.proc.send_signal(signal.SIGTERM)
+        code = process.proc.wait(120)
+        took = time.monotonic() - signalled
+        log = log_path.read_text()
+        assert code == 0, log[-3000:]
+        assert "stopping the engine start" in log and "engine start ended by the stop" in log, log[-3000:]
+        # vLLM's engine core logs this line once its start is complete: it never got there.
+        assert "init engine (profile, create kv cache, warmup model) took" not in log, log[-3000:]
+        assert took < 20, took
+        # Nothing of its process group runs on (an exited child the container's init has yet to reap holds nothing).
+        left = [p.info for p in psutil.process_iter(["pid", "name", "status"]) if _group(p) == process.pid]
+        assert [p for p in left if p["status"] != psutil.STATUS_ZOMBIE] == [], left
+    finally:
+        process.kill_group()
+
+
+def _group(proc: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(proc.pid)
+    except OSError:
+        return None
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
 
 
 def test_the_drain_gives_up_after_the_grace_period_and_ends_what_is_left():
