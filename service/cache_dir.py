@@ -1,6 +1,6 @@
 """Whether the cache dir can be written: the service keeps the demo model, converted GGUF files, its kernels, the
-calibration's timings and torch.compile's graphs there, and each of those failed deep in its own code (a traceback,
-or vLLM's compile step) when it could not."""
+calibration's timings and torch.compile's graphs there. Where it could not, the demo model's build ended in a
+traceback, and a GGUF file's conversion failed only after the whole report."""
 
 from __future__ import annotations
 
