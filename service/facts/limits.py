@@ -46,9 +46,9 @@ def read_limits(
     cgroup_dirs = _cgroup_chain(cgroup_root, cgroup_mount)
     v1 = cgroup_v1 or {}
     allowed, allowed_source = _allowed_cpus(online_cpus, affinity, cgroup_root)
-    v1_cpuset = _read_value(v1["cpuset"] / "cpuset.effective_cpus") if "cpuset" in v1 else None
-    if v1_cpuset:
-        allowed, allowed_source = allowed & parse_cpulist(v1_cpuset), f"{allowed_source} & cgroup v1 cpuset"
+    v1_cpuset = _read_cpuset(v1["cpuset"] / "cpuset.effective_cpus") if "cpuset" in v1 else None
+    if v1_cpuset is not None:
+        allowed, allowed_source = allowed & v1_cpuset, f"{allowed_source} & cgroup v1 cpuset"
     v2_memory = _tightest(_memory_max(d) for d in cgroup_dirs)
     v1_memory = _v1_memory(v1.get("memory"))
     if v1_memory is not None and (v2_memory is None or v1_memory < v2_memory):
@@ -85,10 +85,9 @@ def _allowed_cpus(
     allowed, sources = online, ["online CPUs"]
     if affinity is not None:
         allowed, sources = allowed & affinity, [*sources, "sched_getaffinity"]
-    cpuset = _read_value(cgroup_root / "cpuset.cpus.effective") if cgroup_root is not None else None
-    # An empty file means the cpuset controller states nothing here, not "no CPUs at all".
-    if cpuset:
-        allowed, sources = allowed & parse_cpulist(cpuset), [*sources, "cgroup cpuset.cpus.effective"]
+    cpuset = _read_cpuset(cgroup_root / "cpuset.cpus.effective") if cgroup_root is not None else None
+    if cpuset is not None:
+        allowed, sources = allowed & cpuset, [*sources, "cgroup cpuset.cpus.effective"]
     return allowed, " & ".join(sources)
 
 
@@ -96,30 +95,64 @@ def _read_value(path: Path) -> str | None:
     return path.read_text().strip() if path.is_file() else None
 
 
+def _read_cpuset(path: Path) -> frozenset[int] | None:
+    """The CPU list in a cpuset file; None when absent or empty (the controller states nothing here, not "no
+    CPUs at all")."""
+    value = _read_value(path)
+    if not value:
+        return None
+    try:
+        return parse_cpulist(value)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
+def _read_int(path: Path, *, word: str | None = None) -> int | None:
+    """A file holding one integer (or `word`, read as no limit, like None for an absent file); anything else is an
+    error naming the file: a limit read wrong would size threads or the KV cache wrong."""
+    value = _read_value(path)
+    if value is None or value == word:
+        return None
+    return _to_int(path, value)
+
+
+def _to_int(path: Path, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{path} holds {value!r}, not a whole number") from None
+
+
 def _cpu_max(cgroup_dir: Path) -> float | None:
     """cpu.max "QUOTA PERIOD" -> QUOTA/PERIOD CPUs; "max PERIOD" or no file -> None."""
-    value = _read_value(cgroup_dir / "cpu.max")
+    path = cgroup_dir / "cpu.max"
+    value = _read_value(path)
     if value is None:
         return None
     quota, _, period = value.partition(" ")
-    return None if quota == "max" else int(quota) / int(period or 100000)
+    return None if quota == "max" else _quota(path, _to_int(path, quota), _to_int(path, period or "100000"))
+
+
+def _quota(path: Path, quota: int, period: int) -> float:
+    if quota <= 0 or period <= 0:
+        raise ValueError(f"{path}: a CPU quota of {quota} per period {period} is not a positive share of a CPU")
+    return quota / period
 
 
 def _memory_max(cgroup_dir: Path) -> int | None:
-    value = _read_value(cgroup_dir / "memory.max")
-    return None if value in (None, "max") else int(value)
+    return _read_int(cgroup_dir / "memory.max", word="max")
 
 
 def _cgroup_headroom(cgroup_dir: Path) -> int | None:
     """memory.max - memory.current of a v2 cgroup with a limit."""
-    limit, used = _memory_max(cgroup_dir), _read_value(cgroup_dir / "memory.current")
-    return None if limit is None or used is None else max(0, limit - int(used))
+    limit, used = _memory_max(cgroup_dir), _read_int(cgroup_dir / "memory.current")
+    return None if limit is None or used is None else max(0, limit - used)
 
 
 def _v1_headroom(directory: Path | None) -> int | None:
     limit = _v1_memory(directory)
-    used = _read_value(directory / "memory.usage_in_bytes") if directory is not None else None
-    return None if limit is None or used is None else max(0, limit - int(used))
+    used = _read_int(directory / "memory.usage_in_bytes") if directory is not None else None
+    return None if limit is None or used is None else max(0, limit - used)
 
 
 # cgroup v1 writes "no limit" as the largest page-aligned 64-bit value, not as a word.
@@ -127,16 +160,17 @@ _V1_UNLIMITED = 1 << 62
 
 
 def _v1_memory(directory: Path | None) -> int | None:
-    value = _read_value(directory / "memory.limit_in_bytes") if directory is not None else None
-    return None if value is None or int(value) >= _V1_UNLIMITED else int(value)
+    value = _read_int(directory / "memory.limit_in_bytes") if directory is not None else None
+    return None if value is None or value >= _V1_UNLIMITED else value
 
 
 def _v1_quota(directory: Path | None) -> float | None:
     """cpu.cfs_quota_us / cpu.cfs_period_us in CPUs; -1 means no quota."""
     if directory is None:
         return None
-    quota, period = (_read_value(directory / f) for f in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
-    return None if quota in (None, "-1") or not period else int(quota) / int(period)
+    quota = _read_int(directory / "cpu.cfs_quota_us", word="-1")
+    period = _read_int(directory / "cpu.cfs_period_us")
+    return None if quota is None or period is None else _quota(directory / "cpu.cfs_quota_us", quota, period)
 
 
 def _tightest(values: Iterable[_Number | None]) -> _Number | None:

@@ -131,7 +131,10 @@ def plan_threads(
     allowed = limits.allowed_cpus & topology.online_cpus
     by_node = _cores_by_node(topology, allowed)
     if not by_node:
-        error = f"no usable CPU: allowed CPUs {format_cpulist(limits.allowed_cpus)} are not online"
+        error = (
+            f"no usable CPU: {limits.allowed_cpus_source} have no CPU in common "
+            f"(online: {format_cpulist(topology.online_cpus)})"
+        )
         return ThreadPlan((), (), tp_size or 1, error, "policy", error, error=error)
     simulated = None
     if simulate_nodes:

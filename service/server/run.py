@@ -138,7 +138,11 @@ def run(settings: Settings) -> int:
     # Before the facts are read: they find the build this makes (an image's first start on a CPU).
     build_at_start(settings.build_kernels, KERNEL_SOURCE)  # logs what it did
     choice = choose_model(settings, build_demo=True)
-    report = build_report(settings, model=choice)
+    try:
+        report = build_report(settings, model=choice)
+    except (OSError, ValueError) as exc:  # a cgroup or sysfs file that does not parse: `detect` says the same
+        log.error("refusing to start: cannot read the hardware facts: %s", exc)
+        return EXIT_STARTUP_REFUSED
     if report.ok:
         # Calibrated before the re-execution: a verdict can change the backend, and with it the preload. The
         # re-executed process reads the stored timings (even under force: the first process has just timed).

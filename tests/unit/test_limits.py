@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,22 @@ def test_cgroup_v1_headroom_counts_too(tmp_path: Path) -> None:
         affinity=None,
     )
     assert (limits.memory_bytes, limits.memory_available_bytes) == (8 * GIB, 3 * GIB)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("cpu.max", "abc 100000", "holds 'abc', not a whole number"),
+        ("cpu.max", "100000 0", "a CPU quota of 100000 per period 0 is not a positive share of a CPU"),
+        ("memory.max", "lots", "holds 'lots', not a whole number"),
+        ("memory.current", "", "holds '', not a whole number"),
+        ("cpuset.cpus.effective", "0-x", "item '0-x' is not a CPU number N or a range N-M"),
+    ],
+)
+def test_a_cgroup_file_that_does_not_parse_is_an_error_naming_it(
+    tmp_path: Path, name: str, value: str, says: str
+) -> None:
+    (tmp_path / "memory.max").write_text("1073741824\n")
+    (tmp_path / name).write_text(value + "\n")
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / name))}.*{re.escape(says)}"):
+        read_limits(ONLINE, cgroup_root=tmp_path, meminfo_total=None, affinity=None)

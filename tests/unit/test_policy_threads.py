@@ -86,6 +86,14 @@ def test_tp_larger_than_cores_is_an_error():
     assert plan.error and "needs at least 8 physical cores" in plan.error
 
 
+def test_a_cpuset_of_offline_cpus_is_an_error_naming_the_lists():
+    topo, limits = _topo_limits("container_cpuset")
+    plan = plan_threads(topo, dataclasses.replace(limits, allowed_cpus=frozenset()), None, 1)
+    assert plan.error == (
+        "no usable CPU: online CPUs & cgroup cpuset.cpus.effective have no CPU in common (online: 0-31)"
+    )
+
+
 def test_one_core_keeps_its_rank_and_warns_about_reservation():
     topo, limits = _topo_limits("container_cpuset")
     plan = plan_threads(topo, dataclasses.replace(limits, allowed_cpus=frozenset({2})), None, 1)
