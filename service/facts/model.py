@@ -303,10 +303,15 @@ _FLOAT_TYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2"
 _EMBEDDING = re.compile(r"(embed_tokens|wte|word_embeddings|tok_embeddings)\.weight$")
 
 
+# How a file Git LFS stands in for starts (its pointer format, "version https://git-lfs.github.com/spec/v1").
+_LFS_POINTER = b"version https://git-lfs"
+
+
 def _safetensors_headers(directory: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Every tensor's header entry across the shards, and what is wrong with the shards: a header or data that
-    runs past the file's end (an interrupted copy), a header that is not JSON, shards the index names but the
-    directory lacks (while others are there: a directory with no shards at all is a config to inspect)."""
+    runs past the file's end (an interrupted copy), a Git LFS pointer in a shard's place, a header that is not
+    JSON, shards the index names but the directory lacks (while others are there: a directory with no shards at
+    all is a config to inspect)."""
     tensors: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
     found = sorted(directory.glob("*.safetensors"))
@@ -317,7 +322,15 @@ def _safetensors_headers(directory: Path) -> tuple[dict[str, dict[str, Any]], li
         size = shard.stat().st_size
         try:
             with open(shard, "rb") as f:
-                length = int.from_bytes(f.read(8), "little")
+                first = f.read(8)
+                if first + f.read(len(_LFS_POINTER) - 8) == _LFS_POINTER:
+                    problems.append(
+                        f"{shard.name} is a Git LFS pointer, not the weights: the repository was cloned without "
+                        f"git-lfs (run `git lfs pull` in {directory})"
+                    )
+                    continue
+                f.seek(8)
+                length = int.from_bytes(first, "little")
                 if length > size - 8:
                     problems.append(f"{shard.name} is truncated: {size:,} bytes, shorter than its own header")
                     continue

@@ -8,6 +8,7 @@ import json
 import logging
 from argparse import Namespace
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +20,27 @@ log = logging.getLogger("service.engine")
 
 class EngineConfigRefused(Exception):
     """vLLM refused the engine configuration (an architecture it does not have, a limit the model cannot take) or
-    the model's tokenizer before starting any process: the start is refused, as the service's own checks refuse one."""
+    the model's tokenizer before starting any process, or the model directory has no weights vLLM would load: the
+    start is refused, as the service's own checks refuse one."""
+
+
+# What vLLM's default loader globs for in a local model directory (DefaultModelLoader._prepare_weights, load
+# format "auto"): finding none, it failed in the worker, after the processes had started.
+_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
+
+
+def missing_weights(model: str, load_format: str) -> str | None:
+    """Why a local model directory cannot load: it holds none of the files vLLM's loader looks for. None when it
+    has some, when the model is not a local directory, or when another load format decides what to read."""
+    directory = Path(model)
+    if load_format != "auto" or not directory.is_dir():
+        return None
+    if any(next(directory.glob(pattern), None) is not None for pattern in _WEIGHT_PATTERNS):
+        return None
+    return (
+        f"{directory} holds no weights: vLLM looks there for {', '.join(_WEIGHT_PATTERNS)} files and finds none "
+        "(a copy or download of the config and tokenizer alone?)"
+    )
 
 
 def _config_problem(exc: ValueError) -> str:
@@ -78,6 +99,8 @@ async def start_engine(args: Namespace, state: Any, stack: contextlib.AsyncExitS
             config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         except ValueError as exc:  # pydantic's ValidationError is one
             raise EngineConfigRefused(f"vLLM refuses the engine configuration: {_config_problem(exc)}") from exc
+        if (problem := missing_weights(config.model_config.model, config.load_config.load_format)) is not None:
+            raise EngineConfigRefused(problem)
         try:  # what AsyncLLM does first, before any process; cached by vLLM, so AsyncLLM's own call reuses it
             cached_tokenizer_from_config(config.model_config)
         except (ValueError, OSError) as exc:  # transformers' "Couldn't instantiate the backend tokenizer", a bad file

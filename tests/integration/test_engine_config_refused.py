@@ -1,6 +1,6 @@
 """A configuration or tokenizer vLLM refuses before starting any process (an architecture it does not have, a model
-directory without its tokenizer files) refuses the start, exit 2 with vLLM's reason on one line, as the service's own
-checks do (was: exit 3, "engine failed to start" and a traceback, as if the engine had died)."""
+directory without its tokenizer files or its weights) refuses the start, exit 2 with the reason on one line, as the
+service's own checks do (was: exit 3, "engine failed to start" and a traceback, as if the engine had died)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,10 @@ def _drop_the_tokenizer(model: Path) -> None:
         file.unlink()
 
 
+def _drop_the_weights(model: Path) -> None:
+    (model / "model.safetensors").unlink()
+
+
 @pytest.mark.parametrize(
     ("break_it", "says"),
     [
@@ -38,8 +42,10 @@ def _drop_the_tokenizer(model: Path) -> None:
         ),
         # was: exit 3 after 18 s ("engine failed to start", transformers' traceback)
         (_drop_the_tokenizer, "cannot be loaded: Couldn't instantiate the backend tokenizer"),
+        # was: exit 3 after 26 s, vLLM's "Cannot find any model weights" inside a worker's traceback
+        (_drop_the_weights, "holds no weights: vLLM looks there for *.safetensors, *.bin, *.pt files and finds none"),
     ],
-    ids=["architecture", "no-tokenizer"],
+    ids=["architecture", "no-tokenizer", "no-weights"],
 )
 def test_a_model_vllm_refuses_before_any_process_refuses_the_start(tmp_path, break_it, says):
     model = shutil.copytree(ensure_demo_model(MODELS), tmp_path / "broken")

@@ -334,6 +334,12 @@ def test_intact_shards_have_no_weight_problems(tmp_path):
         (lambda shard: shard.write_bytes((2).to_bytes(8, "little") + b"[]"), "no readable"),
         (lambda shard: shard.write_bytes((10).to_bytes(8, "little") + b'{"w": {}} '), "no readable"),
         (lambda shard: (shard.unlink(), shard.symlink_to(shard.parent / "blobs" / "gone")), "which is not there"),
+        (
+            lambda shard: shard.write_text(
+                "version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2146\nsize 538090408\n"
+            ),
+            "a.safetensors is a Git LFS pointer, not the weights: the repository was cloned without git-lfs",
+        ),
     ],
     ids=[
         "one-byte-short",
@@ -342,6 +348,7 @@ def test_intact_shards_have_no_weight_problems(tmp_path):
         "header-a-list",
         "entry-without-offsets",
         "link-to-a-missing-blob",
+        "git-lfs-pointer",
     ],
 )
 def test_a_damaged_shard_is_named_before_the_engine_loads_it(tmp_path, damage, words):
