@@ -276,6 +276,7 @@ async def _serve(
         log.info("listening on http://%s:%d: /health and /ready answer while the engine loads", shown, port)
         await server.serve(sockets=[sock])
         metrics.ready.set(0)
+        _note_a_death_while_stopping(lifecycle)
         if lifecycle.engine is None and not engine_task.done():
             await _end_engine_start(engine_task)
         engine_task.cancel()
@@ -301,6 +302,14 @@ async def _watchdog(lifecycle: Lifecycle, server: uvicorn.Server) -> None:
         await asyncio.sleep(DEAD_LINGER_S)
         lifecycle.exit_code = EXIT_ENGINE_DIED
         server.should_exit = True
+
+
+def _note_a_death_while_stopping(lifecycle: Lifecycle) -> None:
+    """An engine that died during the drain failed the requests in flight (each answered 500): that stop is no
+    clean one. The drain ended as soon as they were answered, before the watchdog's next look, and the exit was 0."""
+    if lifecycle.exit_code == 0 and getattr(lifecycle.engine, "errored", False):
+        log.error("engine is dead (it died while the service stopped): exiting %d", EXIT_ENGINE_DIED)
+        lifecycle.exit_code = EXIT_ENGINE_DIED
 
 
 async def _end_engine_start(task: asyncio.Task) -> None:

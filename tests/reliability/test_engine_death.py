@@ -34,22 +34,7 @@ def test_killing_the_engine_core_fails_health_and_exits_non_zero(reliability_log
     try:
         core = engine_core(server.pid)
         # A request in flight when the engine dies must get an answer, not hang.
-        outcome: dict[str, object] = {}
-
-        def in_flight():
-            body = {"model": SERVED, "prompt": "hello", "max_tokens": 1000, "ignore_eos": True, "stream": True}
-            try:
-                with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as resp:
-                    outcome["status"] = resp.status_code
-                    for _ in resp.iter_lines():
-                        pass
-                outcome["ended"] = "closed"
-            except httpx.HTTPError as exc:
-                outcome["ended"] = type(exc).__name__
-            outcome["at"] = time.monotonic()
-
-        client = threading.Thread(target=in_flight, daemon=True)
-        client.start()
+        client, outcome = _stream_in_flight(server.url)
         time.sleep(0.5)
         assert httpx.get(f"{server.url}/health").status_code == 200
 
@@ -67,18 +52,71 @@ def test_killing_the_engine_core_fails_health_and_exits_non_zero(reliability_log
         assert exited_after <= EXIT_DEADLINE_S
         assert "ended" in outcome and outcome["at"] - killed_at <= EXIT_DEADLINE_S, outcome
         assert "engine core died" in server.log() or "engine health check failed" in server.log()
-        # Nothing of it is left running: no orphaned worker holding the cores. A worker that has exited but that
-        # init has not reaped yet (a zombie: no memory, no CPU) is not running.
-        assert not [
-            p
-            for p in psutil.process_iter(["name", "status"])
-            if p.info["name"]
-            and "VLLM::" in p.info["name"]
-            and p.info["status"] != psutil.STATUS_ZOMBIE
-            and _in_group(p, server.pid)
-        ]
+        # Nothing of it is left running: no orphaned worker holding the cores.
+        assert not _engine_processes_left(server.pid)
     finally:
         server.process.kill_group()
+
+
+def test_an_engine_that_dies_during_the_drain_makes_the_stop_exit_non_zero(reliability_logs):
+    """A SIGTERM, then the engine core dies with a request in flight: that request is answered with an error, and
+    the exit says the engine died (was 0: the drain ended once the request was answered, before the watchdog
+    looked)."""
+    server = start_server(reliability_logs / "engine-death-draining.log", max_model_len="1024")
+    try:
+        core = engine_core(server.pid)
+        client, outcome = _stream_in_flight(server.url)
+        time.sleep(0.5)
+        server.process.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while "draining" not in server.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "received SIGTERM: draining (1 request(s) in flight" in server.log()
+        killed_at = time.monotonic()
+        core.send_signal(signal.SIGKILL)
+        exit_ = watch_until_exit(server.process, killed_at, EXIT_DEADLINE_S + 5)
+        client.join(10)
+        print(f"engine death while draining: exit {exit_.code} after {exit_.after:.1f}s; in-flight: {outcome}")
+        assert exit_.code == EXIT_ENGINE_DIED and exit_.after <= EXIT_DEADLINE_S, server.log()[-3000:]
+        assert "ended" in outcome and outcome["at"] - killed_at <= EXIT_DEADLINE_S, outcome
+        assert "engine is dead (it died while the service stopped)" in server.log()
+        assert not _engine_processes_left(server.pid)
+    finally:
+        server.process.kill_group()
+
+
+def _stream_in_flight(url: str) -> tuple[threading.Thread, dict[str, object]]:
+    """A long streamed completion in a thread; its outcome (status, how it ended, when) fills the dict."""
+    outcome: dict[str, object] = {}
+
+    def in_flight():
+        body = {"model": SERVED, "prompt": "hello", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as resp:
+                outcome["status"] = resp.status_code
+                for _ in resp.iter_lines():
+                    pass
+            outcome["ended"] = "closed"
+        except httpx.HTTPError as exc:
+            outcome["ended"] = type(exc).__name__
+        outcome["at"] = time.monotonic()
+
+    client = threading.Thread(target=in_flight, daemon=True)
+    client.start()
+    return client, outcome
+
+
+def _engine_processes_left(pgid: int) -> list[psutil.Process]:
+    """vLLM processes of the server's group still running. A worker that has exited but that init has not reaped
+    yet (a zombie: no memory, no CPU) is not running."""
+    return [
+        p
+        for p in psutil.process_iter(["name", "status"])
+        if p.info["name"]
+        and "VLLM::" in p.info["name"]
+        and p.info["status"] != psutil.STATUS_ZOMBIE
+        and _in_group(p, pgid)
+    ]
 
 
 def test_killing_the_api_server_ends_the_engine_processes(reliability_logs):
