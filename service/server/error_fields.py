@@ -29,15 +29,55 @@ def field_path(errors: Sequence[Any], within: str = "") -> str | None:
     `body.messages.0.ChatCompletionDeveloperMessageParam.role`. A field of several shapes (a message: one per role)
     fails once per shape. The request meant a shape whose tag (`role`, a part's `type`) it matched, and of those
     the one that failed on the fewest fields. `within`: the field the errors' locations start in."""
-    found = [(_path(e["loc"]), e.get("type")) for e in errors if isinstance(e, dict) and e.get("loc")]
+    chosen = _chosen(errors, within)
+    # A location inside a list a validator checked on its own starts at the item: the field is unknown.
+    return chosen[0] if chosen is not None and chosen[0][:1].isalpha() else None
+
+
+def schema_message(errors: Sequence[Any]) -> str | None:
+    """One line for a request that does not fit the schema, about the error `field_path` names: "validation error:
+    response_format.type: Input should be 'text', 'json_object' or 'json_schema' (got 'xml')". vLLM's message
+    lists every error as a Python dict, one per shape of a union: "6 validation errors: {'type': ...}" for one
+    wrong value."""
+    chosen = _vllm_named(errors) or _chosen(errors, "")
+    if chosen is None or not chosen[0][:1].isalpha():
+        return None
+    path, error = chosen
+    # A union (`stop`: a string or a list) fails once per branch at the same path; a branch of another type
+    # ("Input should be a valid string" for a list) says less than the one of the value's own type ("List should
+    # have at most 4 items").
+    same_place = [e for e in errors if isinstance(e, dict) and e.get("loc") and _path(e["loc"])[1] == path]
+    error = next((e for e in same_place if not str(e.get("type", "")).endswith("_type")), error)
+    value = error.get("input")
+    shown = repr(value) if isinstance(value, str | int | float | bool) else None
+    got = f" (got {shown if len(shown) <= _SHOWN_CHARS else shown[:_SHOWN_CHARS] + '...'})" if shown else ""
+    return f"validation error: {path}: {error.get('msg', 'invalid value')}{got}"
+
+
+_SHOWN_CHARS = 40  # of the value echoed back: enough to recognise it, never a whole prompt
+
+
+def _vllm_named(errors: Sequence[Any]) -> tuple[str, dict[str, Any]] | None:
+    """The error a validator of vLLM raised naming its field (VLLMValidationError.parameter): vLLM's handler takes
+    that field as the param, so the message is about it too."""
+    for error in errors:
+        parameter = getattr(
+            (error.get("ctx") or {}).get("error") if isinstance(error, dict) else None, "parameter", None
+        )
+        if isinstance(parameter, str) and parameter:
+            return parameter, error
+    return None
+
+
+def _chosen(errors: Sequence[Any], within: str) -> tuple[str, dict[str, Any]] | None:
+    found = [(_path(e["loc"]), e) for e in errors if isinstance(e, dict) and e.get("loc")]
     if not found:
         return None
-    untagged = {shape for (shape, _), kind in found if kind == "literal_error"}
-    meant = [path for path, _ in found if path[0] not in untagged] or [path for path, _ in found]
-    failures = Counter(shape for shape, _ in meant)
-    path = within + min(meant, key=lambda path: failures[path[0]])[1]  # min keeps the first of equals
-    # A location inside a list a validator checked on its own starts at the item: the field is unknown.
-    return path if path[:1].isalpha() else None
+    untagged = {shape for (shape, _), e in found if e.get("type") == "literal_error"}
+    meant = [item for item in found if item[0][0] not in untagged] or found
+    failures = Counter(shape for (shape, _), _ in meant)
+    (_, path), error = min(meant, key=lambda item: failures[item[0][0]])  # min keeps the first of equals
+    return within + path, error
 
 
 def named_field(message: str) -> str | None:

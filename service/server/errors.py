@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from http import HTTPStatus
 
@@ -21,7 +22,7 @@ from vllm.entrypoints.serve.exception_handling.handlers.validation import valida
 from vllm.exceptions import VLLMError
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from service.server.error_fields import field_path, parsed_body, unnamed_field
+from service.server.error_fields import field_path, parsed_body, schema_message, unnamed_field
 
 log = logging.getLogger("service.http")
 RETRY_AFTER_SECONDS = "5"
@@ -61,6 +62,10 @@ def error_type(status: int) -> str:
     except ValueError:
         name = "Http"
     return name if name.endswith("Error") else name + "Error"
+
+
+# vLLM's message for a request that does not fit the schema: "N validation errors:" and each error as a dict.
+_ERROR_DUMP = re.compile(r"\d+ validation errors?:\n")
 
 
 def install_error_handlers(app: FastAPI, on_engine_dead: Callable[[str], None]) -> None:
@@ -104,10 +109,12 @@ def install_error_handlers(app: FastAPI, on_engine_dead: Callable[[str], None]) 
         # spelled as in the service's other 400s.
         assert isinstance(exc, RequestValidationError)
         error = json.loads(bytes((await validation_exception_handler(request, exc)).body))["error"]
-        param = error["param"]
+        param, message = error["param"], error["message"]
         if param is None or param.startswith("body") or param[:1].isdigit():  # not named by vLLM's validators
             param = field_path(exc.errors())
-        return openai_error(HTTPStatus.BAD_REQUEST, error["message"], error_type(HTTPStatus.BAD_REQUEST), param=param)
+        if _ERROR_DUMP.match(message):
+            message = schema_message(exc.errors()) or message
+        return openai_error(HTTPStatus.BAD_REQUEST, message, error_type(HTTPStatus.BAD_REQUEST), param=param)
 
     app.add_exception_handler(RequestValidationError, validation_error)
     for exc_type in (VLLMError, ValueError, TypeError, OverflowError, NotImplementedError, Exception):

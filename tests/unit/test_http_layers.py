@@ -271,6 +271,28 @@ def test_schema_errors_name_the_field_as_openai_does(body, param):
     assert "validation error" in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        # vLLM: "6 validation errors:" and six dicts, one per shape of response_format
+        ({"messages": [USER], "response_format": {"type": "xml"}}, "response_format.type: Input should be 'text', "),
+        # the list's own error, not the string branch's "Input should be a valid string"
+        ({"messages": [USER], "stop": ["a", "b", "c", "d", "e"]}, "stop: List should have at most 4 items"),
+        (
+            {"messages": [USER], "seed": "x" * 100},
+            f"seed: Input should be a valid integer, unable to parse string as an integer (got '{'x' * 39}...",
+        ),
+        (
+            {"messages": [USER, {"role": "user", "content": "hi", "name": 5}]},
+            "messages[1].name: Input should be a valid string (got 5)",
+        ),
+    ],
+)
+def test_a_schema_error_is_one_line_about_the_field_it_names(body, message):
+    error = _post(_schema_app(), json={"model": "m", **body}).json()["error"]
+    assert error["message"].startswith(f"validation error: {message}") and "\n" not in error["message"], error
+
+
 def _sampling_app() -> FastAPI:
     """vLLM's SamplingParams checks, raised from an endpoint, answered by the service's handlers."""
     app = FastAPI()
