@@ -23,7 +23,9 @@ tests/reliability/test_bad_input.py):
 - prompt token ids beyond the vocabulary, an empty list of prompts or an empty prompt in one, an empty `messages`
   (400 without `param`); token ids given as booleans (200: true was served as token 1).
 vLLM's /v1/chat/completions/batch gets the chat checks for each of its conversations, SageMaker's /invocations those
-of the request vLLM serves it as (chat or completion), /v1/responses the surrogate check, and /tokenize those of
+of the request vLLM serves it as (chat or completion), /v1/responses the surrogate check, a `max_output_tokens`
+below 1 (named `max_tokens` by vLLM), an empty `input` list and its JSON schemas (text format, function tools'
+parameters), and /tokenize those of
 the messages it is sent (clients count a chat request's tokens there before sending it: a request the chat route
 refuses is refused there too). Everything else (types,
 unknown tool in tool_choice, stop that is not strings, out-of-vocab logit_bias ids) vLLM already answers with 400
@@ -50,7 +52,7 @@ CHAT_BATCH = "/v1/chat/completions/batch"  # vLLM's: a list of conversations, on
 DETOKENIZE = "/detokenize"
 TOKENIZE = "/tokenize"  # vLLM's: a prompt, or chat messages rendered by the chat template
 INVOCATIONS = "/invocations"  # SageMaker's: vLLM serves a body with messages as a chat request, else as a completion
-RESPONSES = "/v1/responses"  # only its strings are checked (lone surrogates): its input is not chat messages
+RESPONSES = "/v1/responses"  # its input is not chat messages: its strings, its output limit and its JSON schemas
 CHECKED_PATHS = frozenset({CHAT, CHAT_BATCH, COMPLETIONS, DETOKENIZE, TOKENIZE, INVOCATIONS, RESPONSES})
 
 # Roles of OpenAI's chat API (function: deprecated, still accepted by OpenAI).
@@ -89,7 +91,7 @@ def check_request(
     walk = raw is None or any(pattern.search(raw) for pattern in SURROGATE_BYTES)
     surrogate = _lone_surrogate(body) if walk else None
     if surrogate is not None or path == RESPONSES:
-        return surrogate
+        return surrogate or _responses(body)
     path = served_as(path, body)
     if path == DETOKENIZE:
         return _token_ids(body.get("tokens"), model)
@@ -423,6 +425,27 @@ def _response_format(response_format: Any) -> RequestProblem | None:
     if not isinstance(json_schema, Mapping):
         return None
     return _schema_problem(json_schema.get("schema"), "response_format.json_schema.schema")
+
+
+def _responses(body: Mapping[str, Any]) -> RequestProblem | None:
+    """/v1/responses: vLLM named the limit `max_tokens` (its sampling field) and left `param` empty for an empty
+    input list and for a JSON schema that is not one ("Grammar error: Invalid type: nonsense")."""
+    limit = body.get("max_output_tokens")
+    if _number(limit) and limit < 1:
+        return RequestProblem(f"max_output_tokens must be at least 1, got {limit}", "max_output_tokens")
+    if body.get("input") == []:
+        return RequestProblem("input is an empty list: send at least one item", "input")
+    text = body.get("text")
+    response_format = text.get("format") if isinstance(text, Mapping) else None
+    if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
+        if (problem := _schema_problem(response_format.get("schema"), "text.format.schema")) is not None:
+            return problem
+    tools = body.get("tools")
+    for i, tool in enumerate(tools if isinstance(tools, list) else []):
+        if isinstance(tool, Mapping) and tool.get("type") == "function":
+            if (problem := _schema_problem(tool.get("parameters"), f"tools[{i}].parameters")) is not None:
+                return problem
+    return None
 
 
 def _tools(tools: Any) -> RequestProblem | None:

@@ -175,6 +175,14 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
             },
             "tools[0].function.parameters",
         ),
+        # vLLM named it max_tokens; param null for the next two
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+        ("/v1/responses", {"input": []}, "input"),
+        (
+            "/v1/responses",
+            {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}},
+            "text.format.schema",
+        ),
     ],
     ids=[
         "unknown-role",
@@ -221,6 +229,9 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "grammar-that-does-not-compile",
         "schema-ref-to-nowhere",
         "forced-tool-schema-ref-to-nowhere",
+        "responses-no-output-tokens",
+        "responses-empty-input",
+        "responses-schema-not-a-schema",
     ],
 )
 def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param):

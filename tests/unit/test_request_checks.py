@@ -435,6 +435,9 @@ FIELDS = [
     "parameters",
     "$schema",
     "tool_call_id",
+    "max_output_tokens",
+    "input",
+    "format",
 ]
 # Objects keyed by the names the checks look at, so the fuzz reaches them.
 SHAPED = st.recursive(
@@ -447,7 +450,7 @@ SHAPED = st.recursive(
 @settings(max_examples=50, deadline=None)
 @given(
     body=st.dictionaries(st.sampled_from(FIELDS), SHAPED, max_size=4),
-    path=st.sampled_from([CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE]),
+    path=st.sampled_from([CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE, RESPONSES]),
 )
 def test_any_json_body_gets_an_answer_never_an_exception(body, path):
     found = check_request(path, body, TEXT_MODEL)
@@ -551,3 +554,27 @@ def test_every_content_part_type_vllm_takes_passes():
         part = {"type": kind, "text": "x"} if kind == "text" else {"type": kind}
         found = problem({"messages": [{"role": "user", "content": [part]}]}, model=VISION_MODEL)
         assert found is None or not found.param.endswith(".type"), (kind, found)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"input": "hi", "max_output_tokens": -3.5}, "max_output_tokens"),
+        ({"input": []}, "input"),
+        (
+            {"input": "hi", "text": {"format": {"type": "json_schema", "schema": {"type": "nonsense"}}}},
+            "text.format.schema",
+        ),
+        (
+            {"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": {"required": "a"}}]},
+            "tools[0].parameters",
+        ),
+        ({"input": "hi", "max_output_tokens": 1, "text": {"format": {"type": "json_schema", "schema": {}}}}, None),
+        ({"input": [{"role": "user", "content": "hi"}], "tools": [{"type": "web_search"}]}, None),
+        ({"input": "hi", "max_output_tokens": True}, None),  # a type error: vLLM's schema names it
+    ],
+)
+def test_responses_name_the_output_limit_an_empty_input_and_schemas_that_are_not_ones(body, param):
+    found = check_request(RESPONSES, {"model": "m", **body}, TEXT_MODEL)
+    assert (found and found.param) == param, found
