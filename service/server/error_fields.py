@@ -4,6 +4,7 @@ error's locations, from the words of vLLM's message, or from the request's body 
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -36,7 +37,7 @@ def field_path(errors: Sequence[Any], within: str = "") -> str | None:
 
 def schema_message(errors: Sequence[Any]) -> str | None:
     """One line for a request that does not fit the schema, about the error `field_path` names: "validation error:
-    response_format.type: Input should be 'text', 'json_object' or 'json_schema' (got 'xml')". vLLM's message
+    response_format.type: Input should be 'text', 'json_object' or 'json_schema' (got "xml")". vLLM's message
     lists every error as a Python dict, one per shape of a union: "6 validation errors: {'type': ...}" for one
     wrong value."""
     chosen = _vllm_named(errors) or _chosen(errors, "")
@@ -49,7 +50,7 @@ def schema_message(errors: Sequence[Any]) -> str | None:
     same_place = [e for e in errors if isinstance(e, dict) and e.get("loc") and _path(e["loc"])[1] == path]
     error = next((e for e in same_place if not str(e.get("type", "")).endswith("_type")), error)
     value = error.get("input")
-    shown = repr(value) if isinstance(value, str | int | float | bool) else None
+    shown = json.dumps(value, ensure_ascii=False) if isinstance(value, str | int | float | bool) else None  # as sent
     got = f" (got {shown if len(shown) <= _SHOWN_CHARS else shown[:_SHOWN_CHARS] + '...'})" if shown else ""
     return f"validation error: {path}: {error.get('msg', 'invalid value')}{got}"
 

@@ -280,7 +280,7 @@ def test_schema_errors_name_the_field_as_openai_does(body, param):
         ({"messages": [USER], "stop": ["a", "b", "c", "d", "e"]}, "stop: List should have at most 4 items"),
         (
             {"messages": [USER], "seed": "x" * 100},
-            f"seed: Input should be a valid integer, unable to parse string as an integer (got '{'x' * 39}...",
+            f'seed: Input should be a valid integer, unable to parse string as an integer (got "{"x" * 39}...',
         ),
         (
             {"messages": [USER, {"role": "user", "content": "hi", "name": 5}]},
