@@ -129,11 +129,14 @@ def api_container(project: str) -> str:
 
 def test_compose_stack_prometheus_scrapes_api(stack, host_report):
     deadline = time.monotonic() + TIMEOUT
-    up, vllm_names, last_err = None, [], None
+    up, ready, vllm_names, last_err = None, None, [], None
     while time.monotonic() < deadline:
         try:
             up = prom_query(stack["prometheus"], 'up{job="cpu-llm-service"}')
-            if up and up[0]["value"][1] == "1":
+            # vLLM's metrics exist from the engine's construction on, before the warm-up: a scrape then found them
+            # while the API still answered 503 "service is starting". The service's own gauge says when it is ready.
+            ready = prom_query(stack["prometheus"], 'service_ready{job="cpu-llm-service"}')
+            if up and up[0]["value"][1] == "1" and ready and ready[0]["value"][1] == "1":
                 with urllib.request.urlopen(f"{stack['prometheus']}/api/v1/label/__name__/values", timeout=10) as r:
                     vllm_names = [n for n in json.loads(r.read())["data"] if n.startswith("vllm:")]
                 if vllm_names:
@@ -143,6 +146,7 @@ def test_compose_stack_prometheus_scrapes_api(stack, host_report):
         time.sleep(5)
     logs = stack["run"]("logs", "--tail", "60", check=False)
     assert up and up[0]["value"][1] == "1", f"api target not up in Prometheus: {up} {last_err}\n{logs.stdout[-4000:]}"
+    assert ready and ready[0]["value"][1] == "1", f"service_ready not 1 in Prometheus: {ready}\n{logs.stdout[-4000:]}"
     assert vllm_names, f"no vllm:* metric in Prometheus\n{logs.stdout[-4000:]}"
     # The scrape went through the compose network to the service name.
     assert up[0]["metric"]["instance"] == "api:8000"
