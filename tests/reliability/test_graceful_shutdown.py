@@ -262,7 +262,7 @@ def _signalled(grace_s: float, signals: int) -> tuple[float, DrainingServer, Lif
 
 def test_a_stop_while_the_engine_starts_ends_the_start_at_once_and_exits_zero(reliability_logs):
     """SIGTERM (`docker stop`, a rollout) while the engine loads: the service stops the engine's processes and exits
-    0 at once. It used to wait for the engine to be up (the demo: 40 s; a large model: minutes, past a container's
+    0 at once. It used to wait for the engine to be up (the demo: 41-42 s; a large model: minutes, past a container's
     stop timeout, so the runtime killed it)."""
     log_path = reliability_logs / "stop-while-starting.log"
     process = ServerProcess(service_env(MODELS), log_path, name="stop-while-starting").start()
