@@ -91,6 +91,7 @@ def _hardware_dict(hw: HardwareFacts) -> dict[str, Any]:
         "microarchitecture": cpu.microarchitecture,
         "microarchitecture_source": cpu.microarchitecture_source,
         "isa": isa,
+        "flags_not_on_every_cpu": sorted(cpu.flags_not_on_every_cpu),
         "sockets": topo.sockets,
         "numa_nodes": {str(n): format_cpulist(c) for n, c in sorted(topo.nodes.items())},
         "physical_cores": len(topo.cores),
@@ -129,6 +130,8 @@ def _summary_table(r: StartupReport) -> Table:
     table.add_column("fact", style="bold")
     table.add_column("value")
     isa = ", ".join(k for k, v in hw["isa"].items() if v) or "none"
+    if uneven := hw["flags_not_on_every_cpu"]:
+        isa += f" (left out, not on every CPU: {', '.join(uneven)})"
     rows = [
         ("source", hw["source"]),
         (

@@ -58,6 +58,9 @@ class CpuInfo:
     cpu_part: str | None = None  # aarch64 "CPU part", e.g. "0xd40" (Neoverse V1); None on x86
     stepping: int | None = None
     microarchitecture_source: str = "archspec"  # FROM_ARCHSPEC | FROM_TABLE | FROM_BOTH
+    # Flags some processors show and others do not (a hypervisor or hybrid part that differs per CPU): left out
+    # of `flags`, since the engine's threads may run on any of them.
+    flags_not_on_every_cpu: frozenset[str] = frozenset()
 
 
 # Microarchitecture of a part from its vendor's family/model(/stepping) identification. archspec names a
@@ -164,7 +167,9 @@ def parse_cpuinfo(text: str) -> CpuInfo:
         raise ValueError("no 'processor' entries in cpuinfo text: is this a /proc/cpuinfo dump?")
     first = blocks[0]
     arch = _arch(first)
-    vendor, model_name, flags = _aarch64_identity(first) if arch == AARCH64 else _x86_identity(first)
+    vendor, model_name = _aarch64_identity(first) if arch == AARCH64 else _x86_identity(first)
+    per_cpu = [_words(block.get("Features" if arch == AARCH64 else "flags", "")) for block in blocks]
+    flags = frozenset.intersection(*per_cpu)
     family, model, cpu_part = _int_field(first, "cpu family"), _int_field(first, "model"), first.get("CPU part")
     stepping = _int_field(first, "stepping")
     uarch = _microarchitecture(arch, partial_uarch(vendor=vendor, features=set(flags), cpu_part=cpu_part or ""))
@@ -182,11 +187,15 @@ def parse_cpuinfo(text: str) -> CpuInfo:
         cpu_part=cpu_part,
         stepping=stepping,
         microarchitecture_source=source,
+        flags_not_on_every_cpu=frozenset.union(*per_cpu) - flags,
     )
 
 
 def read_cpuinfo(path: Path = Path("/proc/cpuinfo")) -> CpuInfo:
-    return parse_cpuinfo(Path(path).read_text())
+    try:
+        return parse_cpuinfo(Path(path).read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def _blocks(text: str) -> list[dict[str, str]]:
@@ -211,16 +220,15 @@ def _arch(block: dict[str, str]) -> str:
     raise ValueError(f"unrecognised cpuinfo format (neither x86-64 nor aarch64); fields: {sorted(block)}")
 
 
-def _x86_identity(block: dict[str, str]) -> tuple[str, str, frozenset[str]]:
-    return block.get("vendor_id", "unknown"), block.get("model name", "unknown"), _words(block.get("flags", ""))
+def _x86_identity(block: dict[str, str]) -> tuple[str, str]:
+    return block.get("vendor_id", "unknown"), block.get("model name", "unknown")
 
 
-def _aarch64_identity(block: dict[str, str]) -> tuple[str, str, frozenset[str]]:
+def _aarch64_identity(block: dict[str, str]) -> tuple[str, str]:
     code = block["CPU implementer"]
     vendor = _ARM_VENDORS.get(code, code)
     # Arm kernels print no model name: name it after implementer and part number.
-    model_name = block.get("model name") or f"{vendor} CPU part {block.get('CPU part', 'unknown')}"
-    return vendor, model_name, _words(block.get("Features", ""))
+    return vendor, block.get("model name") or f"{vendor} CPU part {block.get('CPU part', 'unknown')}"
 
 
 def _words(value: str) -> frozenset[str]:
@@ -229,12 +237,20 @@ def _words(value: str) -> frozenset[str]:
 
 def _int_field(block: dict[str, str], key: str) -> int | None:
     value = block.get(key)
-    return int(value) if value is not None else None
+    return None if value is None else _whole(block, key, value)
+
+
+def _whole(block: dict[str, str], key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        where = "a processor line" if key == "processor" else f"processor {block['processor']}"
+        raise ValueError(f"{where}: {key!r} holds {value!r}, not a whole number") from None
 
 
 def _logical_cpu(block: dict[str, str]) -> LogicalCpu:
     return LogicalCpu(
-        processor=int(block["processor"]),
+        processor=_whole(block, "processor", block["processor"]),
         physical_id=_int_field(block, "physical id"),
         core_id=_int_field(block, "core id"),
     )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from service.cpulist import parse_cpulist
+from service.facts.kernel_files import cpu_list, whole_number
 
 _Number = TypeVar("_Number", int, float)
 
@@ -101,10 +101,7 @@ def _read_cpuset(path: Path) -> frozenset[int] | None:
     value = _read_value(path)
     if not value:
         return None
-    try:
-        return parse_cpulist(value)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from exc
+    return cpu_list(path, value)
 
 
 def _read_int(path: Path, *, word: str | None = None) -> int | None:
@@ -113,14 +110,7 @@ def _read_int(path: Path, *, word: str | None = None) -> int | None:
     value = _read_value(path)
     if value is None or value == word:
         return None
-    return _to_int(path, value)
-
-
-def _to_int(path: Path, value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{path} holds {value!r}, not a whole number") from None
+    return whole_number(path, value)
 
 
 def _cpu_max(cgroup_dir: Path) -> float | None:
@@ -130,7 +120,7 @@ def _cpu_max(cgroup_dir: Path) -> float | None:
     if value is None:
         return None
     quota, _, period = value.partition(" ")
-    return None if quota == "max" else _quota(path, _to_int(path, quota), _to_int(path, period or "100000"))
+    return None if quota == "max" else _quota(path, whole_number(path, quota), whole_number(path, period or "100000"))
 
 
 def _quota(path: Path, quota: int, period: int) -> float:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.cpulist import parse_cpulist
+from service.cpulist import format_cpulist
 from service.facts.cpu import CpuInfo, LogicalCpu
+from service.facts.kernel_files import cpu_list, whole_number
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ def _has_cpu_topology(sys_root: Path) -> bool:
 
 
 def _read_cpulist(path: Path) -> frozenset[int]:
-    return parse_cpulist(path.read_text())
+    return cpu_list(path, path.read_text())
 
 
 def _from_sysfs(sys_root: Path) -> Topology:
@@ -67,7 +69,8 @@ def _from_sysfs(sys_root: Path) -> Topology:
     siblings: set[frozenset[int]] = set()
     for cpu in online:
         topology = cpu_dir / f"cpu{cpu}" / "topology"
-        packages[cpu] = int((topology / "physical_package_id").read_text())
+        package_file = topology / "physical_package_id"
+        packages[cpu] = whole_number(package_file, package_file.read_text().strip())
         siblings.add(_siblings(topology) & online)
     cores = _sorted_cores(Core(packages[min(cpus)], node_of[min(cpus)], tuple(sorted(cpus))) for cpus in siblings)
     return Topology(
@@ -91,9 +94,23 @@ def _siblings(topology: Path) -> frozenset[int]:
 
 def _sysfs_nodes(sys_root: Path, online: frozenset[int]) -> dict[int, frozenset[int]]:
     """NUMA node -> online CPUs; memory-only nodes keep an empty set; no node dirs -> one node 0."""
-    node_dirs = (sys_root / "devices" / "system" / "node").glob("node[0-9]*")
+    node_root = sys_root / "devices" / "system" / "node"
+    node_dirs = [d for d in node_root.glob("node*") if _NODE_DIR.fullmatch(d.name)]
     nodes = {int(d.name.removeprefix("node")): _read_cpulist(d / "cpulist") & online for d in node_dirs}
-    return dict(sorted(nodes.items())) or {0: online}
+    if not nodes:
+        return {0: online}
+    # The kernel puts every online CPU in a node; a tree that does not is partial, and a CPU without a node
+    # would get no thread binding.
+    in_nodes = frozenset().union(*nodes.values())
+    if homeless := online - in_nodes:
+        raise ValueError(
+            f"{node_root}: online CPU(s) {format_cpulist(homeless)} are in no NUMA node's cpulist "
+            f"(the nodes hold {format_cpulist(in_nodes) or 'none'})"
+        )
+    return dict(sorted(nodes.items()))
+
+
+_NODE_DIR = re.compile(r"node[0-9]+")
 
 
 def _from_cpuinfo(cpuinfo: CpuInfo) -> Topology:

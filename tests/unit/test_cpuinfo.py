@@ -245,3 +245,49 @@ def test_unknown_text_is_rejected() -> None:
         parse_cpuinfo("hello: world\n")
     with pytest.raises(ValueError, match="unrecognised cpuinfo format"):
         parse_cpuinfo("processor\t: 0\ncpu\t: POWER9\n")
+
+
+def test_a_flag_missing_on_one_processor_is_left_out_and_named() -> None:
+    blocks = (CPUINFO / "epyc_zen4_kvm.txt").read_text().strip().split("\n\n")
+    avx512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd", "avx512_bf16", "avx512_vnni"}
+    second = "\n".join(
+        " ".join(w for w in line.split(" ") if w not in avx512) if line.startswith("flags") else line
+        for line in blocks[1].splitlines()
+    )
+    cpu = parse_cpuinfo(f"{blocks[0]}\n\n{second}\n")
+    assert cpu.isa == NO_AVX512
+    assert cpu.flags_not_on_every_cpu == avx512
+    assert read_cpuinfo(CPUINFO / "epyc_zen4_kvm.txt").flags_not_on_every_cpu == frozenset()
+
+
+def test_arm_features_missing_on_one_core_are_left_out() -> None:
+    blocks = (CPUINFO / "graviton3_neoverse_v1.txt").read_text().strip().split("\n\n")
+    last = blocks[-1].replace(" sve ", " ")
+    cpu = parse_cpuinfo("\n\n".join([*blocks[:-1], last]))
+    assert "sve" not in cpu.flags
+    assert cpu.flags_not_on_every_cpu == {"sve"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("cpu family", "six", "processor 0: 'cpu family' holds 'six'"),
+        ("model", "0x55", "processor 0: 'model' holds '0x55'"),
+        ("core id", "", "processor 0: 'core id' holds ''"),
+        ("processor", "zero", "a processor line: 'processor' holds 'zero'"),
+    ],
+)
+def test_a_number_field_that_does_not_parse_is_named(field: str, value: str, named: str) -> None:
+    text = "\n".join(
+        f"{field}\t: {value}" if line.partition(":")[0].strip() == field else line
+        for line in _first_block("epyc_zen4_kvm").splitlines()
+    )
+    with pytest.raises(ValueError, match=named):
+        parse_cpuinfo(text)
+
+
+def test_a_file_that_is_not_text_is_named(tmp_path: Path) -> None:
+    dump = tmp_path / "cpuinfo"
+    dump.write_bytes(bytes(range(256)))
+    with pytest.raises(ValueError, match=f"{dump}: 'utf-8' codec"):
+        read_cpuinfo(dump)

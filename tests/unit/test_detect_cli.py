@@ -87,6 +87,17 @@ def test_table_output_is_readable():
     assert result.exit_code == 0 and "Decisions" in result.stdout and "zen4" in result.stdout
 
 
+def test_avx512_on_one_processor_only_is_not_used_and_the_report_says_so(tmp_path):
+    first, second = (CPUINFO / "epyc_zen4_kvm.txt").read_text().strip().split("\n\n")
+    dump = tmp_path / "cpuinfo"
+    dump.write_text(f"{first}\n\n{second.replace(' avx512f ', ' ')}\n")
+    code, report = detect("--cpuinfo", str(dump))
+    assert code == 0 and report["hardware"]["flags_not_on_every_cpu"] == ["avx512f"]
+    assert report["backend"]["name"] == "avx2"
+    table = runner.invoke(app, ["detect", "--cpuinfo", str(dump)], env={"COLUMNS": "200"}).stdout
+    assert "avx512_vnni (left out, not on every CPU: avx512f)" in table
+
+
 @pytest.mark.parametrize("bad", ["--cpuinfo", "--sysfs"])
 def test_missing_dump_is_a_clear_error(tmp_path, bad):
     result = runner.invoke(app, ["detect", bad, str(tmp_path / "missing")])

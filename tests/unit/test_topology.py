@@ -107,3 +107,38 @@ def test_arm_cpuinfo_without_ids_is_one_core_per_processor_on_socket_0(name: str
     assert topology.sockets == 1
     assert topology.cores == tuple(Core(socket=0, node=0, cpus=(cpu.processor,)) for cpu in info.cpus)
     assert not topology.smt
+
+
+def _copy(tmp_path: Path, tree: str = "two_socket_smt") -> Path:
+    shutil.copytree(SYSFS / tree / "sys", tmp_path / "sys")
+    return tmp_path / "sys"
+
+
+def test_an_online_cpu_in_no_numa_node_is_an_error_naming_the_nodes(tmp_path: Path) -> None:
+    sys_root = _copy(tmp_path)
+    (sys_root / "devices/system/node/node1/cpulist").write_text("8-15\n")
+    with pytest.raises(ValueError, match=r"node: online CPU\(s\) 24-31 are in no NUMA node's cpulist"):
+        read_topology(sys_root, read_cpuinfo(CPUINFO / "xeon_8380_icelake.txt"))
+
+
+@pytest.mark.parametrize(
+    ("file", "text", "message"),
+    [
+        ("cpu/cpu3/topology/physical_package_id", "zero\n", "physical_package_id holds 'zero', not a whole number"),
+        ("cpu/cpu3/topology/core_cpus_list", "3,?\n", "core_cpus_list: bad CPU list"),
+        ("cpu/online", "0-\n", "cpu/online: bad CPU list"),
+        ("node/node0/cpulist", "x\n", "node0/cpulist: bad CPU list"),
+    ],
+)
+def test_a_sysfs_file_that_does_not_parse_is_named(tmp_path: Path, file: str, text: str, message: str) -> None:
+    sys_root = _copy(tmp_path)
+    (sys_root / "devices/system" / file).write_text(text)
+    with pytest.raises(ValueError, match=message):
+        read_topology(sys_root, read_cpuinfo(CPUINFO / "xeon_8380_icelake.txt"))
+
+
+def test_only_node_directories_count_as_nodes(tmp_path: Path) -> None:
+    sys_root = _copy(tmp_path)
+    (sys_root / "devices/system/node/node0.bak").mkdir()
+    topology = read_topology(sys_root, read_cpuinfo(CPUINFO / "xeon_8380_icelake.txt"))
+    assert sorted(topology.nodes) == [0, 1]
