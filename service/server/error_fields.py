@@ -40,6 +40,8 @@ def schema_message(errors: Sequence[Any]) -> str | None:
     response_format.type: Input should be 'text', 'json_object' or 'json_schema' (got "xml")". vLLM's message
     lists every error as a Python dict, one per shape of a union: "6 validation errors: {'type': ...}" for one
     wrong value."""
+    if (whole := _whole_body(errors)) is not None:
+        return whole
     chosen = _vllm_named(errors) or _chosen(errors, "")
     if chosen is None or not chosen[0][:1].isalpha():
         return None
@@ -56,6 +58,29 @@ def schema_message(errors: Sequence[Any]) -> str | None:
 
 
 _SHOWN_CHARS = 40  # of the value echoed back: enough to recognise it, never a whole prompt
+
+
+def _whole_body(errors: Sequence[Any]) -> str | None:
+    """The message for an error about the body as a whole (not JSON, not an object, null or empty), or for one a
+    check of vLLM's raised as a bare string (a Content-Type other than JSON)."""
+    for error in errors:
+        if isinstance(error, str):
+            return error
+        loc = tuple(error.get("loc") or ()) if isinstance(error, dict) else ()
+        if loc[:1] != ("body",) or any(isinstance(part, str) for part in loc[1:]):
+            continue
+        if error.get("type") == "json_invalid":  # FastAPI puts the parser's position after "body"
+            at = f" at character {loc[1]}" if len(loc) > 1 else ""
+            return f"the request body is not valid JSON: {(error.get('ctx') or {}).get('error', 'cannot parse')}{at}"
+        if error.get("type") == "missing":
+            return "the request body is empty or null: send a JSON object"
+        return f"the request body must be a JSON object, not {_json_kind(error.get('input'))}"
+    return None
+
+
+def _json_kind(value: Any) -> str:
+    kinds = ((bool, "a boolean"), (int | float, "a number"), (str, "a string"), (list, "an array"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), "that")
 
 
 def _vllm_named(errors: Sequence[Any]) -> tuple[str, dict[str, Any]] | None:

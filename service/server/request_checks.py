@@ -22,12 +22,14 @@ tests/reliability/test_bad_input.py):
   item, so its errors start at the item; what else it refuses that way is named after the fact, error_fields.py);
 - prompt token ids beyond the vocabulary, an empty list of prompts or an empty prompt in one, an empty `messages`
   (400 without `param`); token ids given as booleans (200: true was served as token 1).
+- a number or boolean field sent as another JSON type ("max_tokens": "2", "stream": "yes", "temperature": true:
+  200, pydantic's lax mode converts them; scalar_fields.py).
 vLLM's /v1/chat/completions/batch gets the chat checks for each of its conversations, SageMaker's /invocations those
 of the request vLLM serves it as (chat or completion), /v1/responses the surrogate check, a `max_output_tokens`
 below 1 (named `max_tokens` by vLLM), an empty `input` list and its JSON schemas (text format, function tools'
 parameters), and /tokenize those of
 the messages it is sent (clients count a chat request's tokens there before sending it: a request the chat route
-refuses is refused there too). Everything else (types,
+refuses is refused there too). Everything else (other types,
 unknown tool in tool_choice, stop that is not strings, out-of-vocab logit_bias ids) vLLM already answers with 400
 naming the field.
 """
@@ -45,6 +47,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import Draft202012Validator, validator_for
 
 from service.facts.model import ModelFacts
+from service.server.scalar_fields import wrong_type
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -89,10 +92,10 @@ def check_request(
     if path not in CHECKED_PATHS or not isinstance(body, Mapping):
         return None
     walk = raw is None or any(pattern.search(raw) for pattern in SURROGATE_BYTES)
-    surrogate = _lone_surrogate(body) if walk else None
-    if surrogate is not None or path == RESPONSES:
-        return surrogate or _responses(body)
     path = served_as(path, body)
+    found = (_lone_surrogate(body) if walk else None) or _scalar_type(path, body)
+    if found is not None or path == RESPONSES:
+        return found or _responses(body)
     if path == DETOKENIZE:
         return _token_ids(body.get("tokens"), model)
     if path == TOKENIZE:
@@ -321,6 +324,11 @@ def _prompt_ids(prompt: Any, model: ModelFacts | None) -> RequestProblem | None:
     if not all(isinstance(p, list) for p in prompt):
         return _token_ids(prompt, model, "prompt")
     return next((p for i, ids in enumerate(prompt) if (p := _token_ids(ids, model, f"prompt[{i}]")) is not None), None)
+
+
+def _scalar_type(path: str, body: Mapping[str, Any]) -> RequestProblem | None:
+    wrong = wrong_type(path, body)
+    return None if wrong is None else RequestProblem(*wrong)
 
 
 def _top_logprobs(top: Any) -> RequestProblem | None:

@@ -59,6 +59,23 @@ def test_malformed_json_is_400(server, path, content):
 
 
 @pytest.mark.parametrize(
+    "content,message",
+    [
+        (
+            b'{"model": "demo-tiny-llama", "prompt": ',
+            "the request body is not valid JSON: Expecting value at character",
+        ),
+        (b'[{"model": "demo-tiny-llama"}]', "the request body must be a JSON object, not an array"),
+        (b"null", "the request body is empty or null: send a JSON object"),
+    ],
+    ids=["truncated", "array", "null"],
+)
+def test_a_body_that_is_not_a_json_object_is_named_in_one_line(server, content, message):
+    error = assert_openai_error(post(server, COMPLETIONS, content=content), 400)
+    assert error["message"].startswith(message) and "\n" not in error["message"], error
+
+
+@pytest.mark.parametrize(
     "path,body,param",
     [
         (COMPLETIONS, {"model": SERVED, "prompt": "hi", "max_tokens": "many"}, "max_tokens"),
@@ -183,6 +200,12 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
             {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}},
             "text.format.schema",
         ),
+        # served before: pydantic's lax mode read them as 2, a stream, 1.0, 1 and true
+        (COMPLETIONS, {"prompt": "hi", "max_tokens": "2"}, "max_tokens"),
+        (CHAT, {"messages": MSG, "stream": "true"}, "stream"),
+        (CHAT, {"messages": MSG, "temperature": True}, "temperature"),
+        ("/v1/responses", {"input": "hi", "max_output_tokens": True}, "max_output_tokens"),
+        ("/invocations", {"messages": MSG, "logprobs": 1}, "logprobs"),
     ],
     ids=[
         "unknown-role",
@@ -232,6 +255,11 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "responses-no-output-tokens",
         "responses-empty-input",
         "responses-schema-not-a-schema",
+        "max-tokens-a-numeric-string",
+        "stream-a-string",
+        "temperature-a-boolean",
+        "responses-output-limit-a-boolean",
+        "sagemaker-chat-logprobs-a-number",
     ],
 )
 def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param):

@@ -11,10 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from vllm import SamplingParams
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.serve.utils.api_utils import validate_json_request
 
 from service.server.body_limit import BodyLimitMiddleware
 from service.server.engine_responses import engine_endpoint, sse_error
@@ -291,6 +292,44 @@ def test_schema_errors_name_the_field_as_openai_does(body, param):
 def test_a_schema_error_is_one_line_about_the_field_it_names(body, message):
     error = _post(_schema_app(), json={"model": "m", **body}).json()["error"]
     assert error["message"].startswith(f"validation error: {message}") and "\n" not in error["message"], error
+
+
+def _json_route_app() -> FastAPI:
+    """The schema app's route with vLLM's own Content-Type check, as vLLM's routes have it."""
+    app = _schema_app()
+    app.router.routes.clear()
+
+    async def chat(request: ChatCompletionRequest):
+        return JSONResponse({})
+
+    app.add_api_route("/v1/completions", chat, methods=["POST"], dependencies=[Depends(validate_json_request)])
+    return app
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "message"),
+    [
+        (b"not json", {}, "the request body is not valid JSON: Expecting value at character 0"),
+        (
+            b'{"model": "m",}',
+            {},
+            "the request body is not valid JSON: Expecting property name enclosed in double quotes",
+        ),
+        (b"[1, 2]", {}, "the request body must be a JSON object, not an array"),
+        (b'"hi"', {}, "the request body must be a JSON object, not a string"),
+        (b"7", {}, "the request body must be a JSON object, not a number"),
+        (b"null", {}, "the request body is empty or null: send a JSON object"),
+        (b"{}", {"content-type": "text/plain"}, "Unsupported Media Type: Only 'application/json' is allowed"),
+    ],
+)
+def test_a_body_that_is_not_a_json_object_is_one_line_about_the_body(content, headers, message):
+    # vLLM: "1 validation error:\n  {'type': 'json_invalid', 'loc': 'body.0', ...}", a Python dict
+    headers = {"content-type": "application/json", **headers}
+    resp = _post(_json_route_app(), content=content, headers=headers)
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert error["message"].startswith(message) and "\n" not in error["message"], error
+    assert error["type"] == "BadRequestError" and error["param"] is None
 
 
 def _sampling_app() -> FastAPI:

@@ -20,6 +20,7 @@ from service.server.request_checks import (
     RequestProblem,
     check_request,
 )
+from service.server.scalar_fields import scalar_fields
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 TEXT_MODEL = inspect_model(str(FIXTURES / "llama-3.1-8b-instruct"))
@@ -572,9 +573,46 @@ def test_every_content_part_type_vllm_takes_passes():
         ),
         ({"input": "hi", "max_output_tokens": 1, "text": {"format": {"type": "json_schema", "schema": {}}}}, None),
         ({"input": [{"role": "user", "content": "hi"}], "tools": [{"type": "web_search"}]}, None),
-        ({"input": "hi", "max_output_tokens": True}, None),  # a type error: vLLM's schema names it
+        ({"input": "hi", "max_output_tokens": True}, "max_output_tokens"),  # vLLM's lax schema served it as 1
     ],
 )
 def test_responses_name_the_output_limit_an_empty_input_and_schemas_that_are_not_ones(body, param):
     found = check_request(RESPONSES, {"model": "m", **body}, TEXT_MODEL)
     assert (found and found.param) == param, found
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "value", "message"),
+    [
+        (
+            COMPLETIONS,
+            "max_tokens",
+            "2",
+            "Invalid type for 'max_tokens': expected an integer, but got a string instead.",
+        ),
+        (CHAT, "stream", "yes", "Invalid type for 'stream': expected a boolean, but got a string instead."),
+        (CHAT, "temperature", True, "Invalid type for 'temperature': expected a number, but got a boolean instead."),
+        (CHAT, "logprobs", 1, "Invalid type for 'logprobs': expected a boolean, but got a number instead."),
+        (COMPLETIONS, "logprobs", True, "Invalid type for 'logprobs': expected an integer, but got a boolean instead."),
+        (COMPLETIONS, "truncate_prompt_tokens", "5", "expected an integer, but got a string"),  # Annotated[int, ...]
+        ("/v1/responses", "max_output_tokens", "3", "expected an integer, but got a string"),
+        ("/invocations", "n", [2], "Invalid type for 'n': expected an integer, but got an array instead."),
+    ],
+)
+def test_a_number_or_boolean_of_another_json_type_is_refused_naming_it(path, field, value, message):
+    body = {"messages": [USER]} if path == CHAT or path == "/invocations" else {"prompt": "hi", "input": "hi"}
+    problem = check_request(path, {**body, field: value}, TEXT_MODEL)
+    assert problem is not None and problem.param == field and message in problem.message
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, "/v1/responses"])
+def test_every_number_and_boolean_field_of_vllms_request_model_takes_its_own_type_and_null(path):
+    fields = scalar_fields(path)
+    assert {"stream", "temperature", "top_p", "seed"} <= set(fields)
+    body = {"messages": [USER], "prompt": "hi", "input": "hi"}
+    for field, kind in fields.items():
+        for value in (None, {bool: False, int: 3, float: 0.5}[kind], *([1] if kind is float else [])):
+            problem = check_request(path, {**body, field: value}, TEXT_MODEL)
+            assert problem is None or problem.param != field, (field, value, problem)
+        problem = check_request(path, {**body, field: "1"}, TEXT_MODEL)
+        assert problem is not None and problem.param == field, (field, problem)
