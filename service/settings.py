@@ -151,6 +151,12 @@ class Settings(BaseSettings):
         ge=0,
         description="Time in-flight requests get on SIGTERM, SIGINT or SIGHUP; a second signal ends it at once",
     )
+    engine_stall_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="An engine core that answers no probe for this long (probed every 5 s, answered between steps) "
+        "is hung: /health turns 503 and the service exits 3, to be restarted; 0: never",
+    )
     warmup: bool = Field(True, description="Run one generation before /ready turns 200")
     tool_call_parser: str = Field(
         "auto", description="vLLM tool-call parser: auto (from the chat template), none, forced_only, or a vLLM name"

@@ -25,6 +25,7 @@ from service.facts.software import KERNEL_SOURCE
 from service.kernels.build_at_start import build_at_start
 from service.report import StartupReport
 from service.self_preload import mapped_files, missing_from, reexec_argv, reexec_environ, restore_user_preload
+from service.server.engine_probe import HangProbe
 from service.server.lifecycle import Lifecycle, Phase
 from service.settings import Settings
 from service.startup import apply, build_report, calibrated_report, choose_model, prepare_model
@@ -266,7 +267,7 @@ async def _serve(
             metrics.ready.set(1)
             metrics.startup_seconds.set(time.monotonic() - started)
             log.info("ready: serving %r on http://%s:%d", served, settings.host, settings.port)
-        await _watchdog(lifecycle, server)
+        await _watchdog(lifecycle, server, settings.engine_stall_seconds)
 
     async with contextlib.AsyncExitStack() as stack:
         engine_task = asyncio.create_task(bring_up(stack))
@@ -286,10 +287,12 @@ async def _serve(
     return lifecycle.exit_code
 
 
-async def _watchdog(lifecycle: Lifecycle, server: uvicorn.Server) -> None:
-    """The engine core is a separate process: when it dies, /health turns 503 and the process exits non-zero
-    so the container's restart policy brings the service back."""
+async def _watchdog(lifecycle: Lifecycle, server: uvicorn.Server, stall_s: float) -> None:
+    """The engine core is a separate process: when it dies or hangs, /health turns 503 and the process exits
+    non-zero so the container's restart policy brings the service back."""
     engine = lifecycle.engine
+    probe = HangProbe(engine.is_sleeping, stall_s) if stall_s > 0 else None
+    hung = None
     while not server.should_exit:
         await asyncio.sleep(WATCHDOG_INTERVAL_S)
         if lifecycle.phase is Phase.DEAD:
@@ -297,11 +300,33 @@ async def _watchdog(lifecycle: Lifecycle, server: uvicorn.Server) -> None:
         if getattr(engine, "errored", False):
             lifecycle.set_phase(Phase.DEAD, "engine core died")
             break
+        if probe is not None and (hung := probe.look()) is not None:
+            lifecycle.set_phase(Phase.DEAD, hung)
+            break
+    if probe is not None:
+        probe.close()
     if lifecycle.phase is Phase.DEAD:
         log.error("engine is dead (%s): exiting", lifecycle.reason)
+        if hung is not None:
+            await _end_what_a_hung_engine_holds(lifecycle, hung)
         await asyncio.sleep(DEAD_LINGER_S)
         lifecycle.exit_code = EXIT_ENGINE_DIED
         server.should_exit = True
+        if hung is not None:  # its requests can never finish: waiting the grace period would only delay the restart
+            server.force_exit = True
+
+
+async def _end_what_a_hung_engine_holds(lifecycle: Lifecycle, reason: str) -> None:
+    """Each request in flight gets its answer, a 503 or an error event, instead of a cut connection: vLLM's abort
+    gives each its final output in this process, whatever the engine core does with the abort it is sent."""
+    lifecycle.cut_reason = reason
+    engine = lifecycle.engine
+    try:
+        await asyncio.wait_for(engine.abort(list(engine.output_processor.request_states), internal=True), CUT_WAIT_S)
+    except Exception as exc:
+        log.warning("aborting the hung engine's requests failed: %r", exc)
+    if not await lifecycle.wait_idle(CUT_WAIT_S):
+        log.warning("%d request(s) did not end: cancelled", lifecycle.in_flight)
 
 
 def _note_a_death_while_stopping(lifecycle: Lifecycle) -> None:

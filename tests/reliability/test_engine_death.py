@@ -12,6 +12,7 @@ import httpx
 import psutil
 import pytest
 
+from service.server.engine_probe import PROBE_INTERVAL_S
 from tests.reliability.conftest import SERVED, start_server
 from tests.support.server import watch_until_exit
 
@@ -83,6 +84,68 @@ def test_an_engine_that_dies_during_the_drain_makes_the_stop_exit_non_zero(relia
         assert not _engine_processes_left(server.pid)
     finally:
         server.process.kill_group()
+
+
+STALL_S = 3.0
+
+
+def test_a_hung_engine_core_fails_health_answers_its_requests_and_exits_non_zero(reliability_logs):
+    """An engine core that stops answering (SIGSTOP stands for a kernel stuck or a deadlock) stayed alive to vLLM's
+    health check: /health 200, every request waiting for ever. Busy, it answers the probe between steps."""
+    server = start_server(
+        reliability_logs / "engine-hang.log", max_model_len="1024", engine_stall_seconds=f"{STALL_S:g}"
+    )
+    try:
+        core = engine_core(server.pid)
+        busy = threading.Event()
+        feeder = threading.Thread(target=_keep_busy, args=(server.url, busy), daemon=True)
+        feeder.start()
+        busy_until = time.monotonic() + STALL_S + PROBE_INTERVAL_S + 1
+        while time.monotonic() < busy_until:
+            assert httpx.get(f"{server.url}/health").status_code == 200, server.log()[-2000:]
+            time.sleep(0.25)
+        busy.set()
+        feeder.join(30)
+
+        answers: dict[str, object] = {}
+        stream = threading.Thread(target=_last_stream_events, args=(server.url, answers), daemon=True)
+        plain = threading.Thread(target=_plain_answer, args=(server.url, answers), daemon=True)
+        stream.start()
+        plain.start()
+        time.sleep(1.0)
+        stopped_at = time.monotonic()
+        core.send_signal(signal.SIGSTOP)
+        exit_ = watch_until_exit(server.process, stopped_at, STALL_S + PROBE_INTERVAL_S + 30)
+        stream.join(10)
+        plain.join(10)
+        print(f"engine hang: /health 503 after {exit_.health_503_after}s, exit {exit_.code} after {exit_.after:.1f}s")
+        assert exit_.health_503_after is not None and exit_.health_503_after <= STALL_S + PROBE_INTERVAL_S + 3
+        assert exit_.code == EXIT_ENGINE_DIED, server.log()[-3000:]
+        assert "engine is dead (engine core hung: it has answered no probe for" in server.log()
+        # Each request in flight got its answer, not a cut connection.
+        assert answers["plain"] == 503 and "engine core hung" in str(answers["plain_body"]), answers
+        assert answers["stream"][-1] == "[DONE]" and "engine core hung" in answers["stream"][-2], answers
+        assert not _engine_processes_left(server.pid)
+    finally:
+        server.process.kill_group()
+
+
+def _keep_busy(url: str, done: threading.Event) -> None:
+    body = {"model": SERVED, "prompt": "hello", "max_tokens": 64, "ignore_eos": True}
+    while not done.is_set():
+        httpx.post(f"{url}/v1/completions", json=body, timeout=30).raise_for_status()
+
+
+def _last_stream_events(url: str, answers: dict[str, object]) -> None:
+    body = {"model": SERVED, "prompt": "hello", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as resp:
+        answers["stream"] = [line.removeprefix("data: ") for line in resp.iter_lines() if line.startswith("data: ")]
+
+
+def _plain_answer(url: str, answers: dict[str, object]) -> None:
+    body = {"model": SERVED, "prompt": "hello", "max_tokens": 1000, "ignore_eos": True}
+    resp = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    answers["plain"], answers["plain_body"] = resp.status_code, resp.text
 
 
 def _stream_in_flight(url: str) -> tuple[threading.Thread, dict[str, object]]:

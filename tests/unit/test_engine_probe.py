@@ -1,0 +1,71 @@
+"""The hang probe: a pending probe older than the stall limit is a hung engine core; an answered one is not."""
+
+from __future__ import annotations
+
+import asyncio
+
+from service.server.engine_probe import PROBE_INTERVAL_S, HangProbe
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_unanswered_probe_is_a_hang_once_it_is_older_than_the_limit():
+    async def scenario() -> list[str | None]:
+        clock, never = Clock(), asyncio.Event()
+        probe = HangProbe(never.wait, stall_s=10, clock=clock)
+        seen = [probe.look()]  # too early for a probe
+        clock.now += PROBE_INTERVAL_S
+        seen.append(probe.look())  # sends it
+        clock.now += 9.9
+        seen.append(probe.look())
+        clock.now += 0.2
+        seen.append(probe.look())
+        probe.close()
+        return seen
+
+    early, sent, waiting, hung = asyncio.run(scenario())
+    assert (early, sent, waiting) == (None, None, None)
+    assert hung is not None and "engine core hung" in hung and "for 10 s" in hung and "engine_stall_seconds 10" in hung
+
+
+def test_an_engine_core_that_answers_is_never_hung_however_long_it_runs():
+    async def scenario() -> list[str | None]:
+        clock, asked = Clock(), []
+
+        async def answer() -> bool:
+            asked.append(clock.now)
+            return False
+
+        probe = HangProbe(answer, stall_s=2, clock=clock)
+        seen = []
+        for _ in range(100):
+            clock.now += 1
+            seen.append(probe.look())
+            await asyncio.sleep(0)  # the engine core answers between two looks
+        return seen + [len(asked)]
+
+    *seen, asked = asyncio.run(scenario())
+    assert seen == [None] * 100 and asked >= 100 // (PROBE_INTERVAL_S + 1)
+
+
+def test_a_probe_that_raises_counts_as_answered_and_is_retrieved():
+    async def scenario() -> str | None:
+        clock = Clock()
+
+        async def dead() -> None:
+            raise RuntimeError("engine dead")  # the watchdog learns that from vLLM's errored flag
+
+        probe = HangProbe(dead, stall_s=1, clock=clock)
+        clock.now += PROBE_INTERVAL_S
+        probe.look()
+        await asyncio.sleep(0)
+        clock.now += 5
+        return probe.look()
+
+    assert asyncio.run(scenario()) is None
