@@ -13,7 +13,8 @@ tests/reliability/test_bad_input.py):
   "Grammar error" without `param`);
 - token ids outside the vocabulary sent to /detokenize (200 with the ids dropped; /v1/completions refuses them);
 - audio output asked for (`modalities` other than text, an `audio` object): 200, text only, the field ignored;
-- presence/frequency penalties outside [-2, 2] and an n below 1 (400 without `param`);
+- presence/frequency penalties outside [-2, 2], an n below 1 and a truncate_prompt_tokens of 0 (400 without
+  `param`);
 - a string holding a lone UTF-16 surrogate (the JSON escape "\\ud800"): 400 "TextEncodeInput must be ..." from the
   tokenizer, or a 500 when it is a stop string (the engine cannot encode the request);
 - content that is an object instead of a list, a content part that is not an object or of a type vLLM's chat parser
@@ -351,6 +352,13 @@ def _sampling_ranges(body: Mapping[str, Any]) -> RequestProblem | None:
     n = body.get("n")
     if isinstance(n, int) and not isinstance(n, bool) and n < 1:
         return RequestProblem(f"n must be at least 1, got {n}", "n")
+    # vLLM keeps the last k tokens of the prompt: 0 keeps none ("The decoder prompt cannot be empty", no param).
+    if _number(truncate := body.get("truncate_prompt_tokens")) and truncate == 0:
+        return RequestProblem(
+            "truncate_prompt_tokens must be -1 (the model's context) or at least 1 (the prompt's last tokens kept), "
+            "got 0",
+            "truncate_prompt_tokens",
+        )
     return None
 
 

@@ -144,6 +144,7 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         (CHAT, {"messages": MSG, "modalities": ["text", "audio"]}, "modalities"),
         (COMPLETIONS, {"prompt": "hi", "presence_penalty": 3}, "presence_penalty"),
         (CHAT, {"messages": MSG, "n": 0}, "n"),
+        (COMPLETIONS, {"prompt": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
         # json.dumps writes the lone surrogate as the escape "\ud800"; as a stop string it was a 500.
         (CHAT, {"messages": MSG, "stop": ["\ud800"]}, "stop[0]"),
         (COMPLETIONS, {"prompt": "a\udc00"}, "prompt"),
@@ -230,6 +231,7 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "audio-output",
         "penalty-out-of-range",
         "n-zero",
+        "truncate-prompt-tokens-zero",
         "stop-lone-surrogate",
         "prompt-lone-surrogate",
         "text-part-without-text",

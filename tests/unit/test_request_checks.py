@@ -242,6 +242,9 @@ def test_wrong_shapes_are_left_to_vllm_which_names_them(body):
         ({"presence_penalty": 3}, "presence_penalty", "presence_penalty"),
         ({"frequency_penalty": -2.5}, "frequency_penalty", "frequency_penalty"),
         ({"n": 0}, "n", "n"),
+        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "truncate_prompt_tokens"),
+        ({"truncate_prompt_tokens": -1}, None, None),  # the model's context
+        ({"truncate_prompt_tokens": 5}, None, None),
         ({"modalities": ["text", "audio"]}, "modalities", None),  # completions have no output modalities
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", None),
         ({"presence_penalty": 2, "frequency_penalty": -2, "n": 1, "modalities": ["text"], "audio": None}, None, None),
