@@ -63,7 +63,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.args = engine_args  # vLLM's handlers and routes read it
-    install_error_handlers(app, on_engine_dead=lambda reason: lifecycle.set_phase(Phase.DEAD, reason))
+    install_error_handlers(app, on_engine_dead=lifecycle.engine_died)
     key = settings.resolved_api_key()
     needs_key = Depends(require_api_key(key))
     dependencies = {
@@ -183,7 +183,10 @@ def _service_handlers(
             try:
                 await lifecycle.engine.check_health()
             except Exception as exc:  # EngineDeadError and whatever a dead core raises
-                lifecycle.set_phase(Phase.DEAD, f"engine health check failed: {exc}")
+                if lifecycle.engine_errored:
+                    lifecycle.engine_died()
+                else:
+                    lifecycle.set_phase(Phase.DEAD, f"engine health check failed: {exc}")
                 return JSONResponse({"status": "dead", "reason": lifecycle.reason}, status_code=503)
         return JSONResponse({"status": "alive", "phase": lifecycle.phase.value})
 

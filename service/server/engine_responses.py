@@ -10,12 +10,15 @@ A request that the shutdown ends (the grace period is over, or a second signal c
 engine) answers 503 + Retry-After, or, once its stream has started, ends with an error event and `[DONE]` as
 vLLM ends a stream that fails. Without this, uvicorn cancelled them: a plain-text 500 and streams cut mid-event.
 
+A request the engine's death ends answers as one the shutdown ends (503 + Retry-After, or an error event and
+`[DONE]`), saying how the engine died (engine_death.py) instead of vLLM's 500 "See stack trace (above)".
+
 A 400 that vLLM sent without `param` gets the field its message or the request's body names (error_fields.unnamed_field:
 an output constraint that does not compile is in the one field that holds the request's constraint).
 
 Done on the response object, not as ASGI middleware: a middleware wraps `send` for every chunk of every stream
 (64 chunks, 64 extra coroutine calls per request); here the chunks pass through one loop of our own, which reads
-one attribute per chunk.
+one attribute and compares one prefix per chunk.
 """
 
 from __future__ import annotations
@@ -33,10 +36,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Send
 
 from service.server.error_fields import parsed_body, unnamed_field
-from service.server.errors import RETRY_AFTER_SECONDS, ServiceError, error_type, openai_error
+from service.server.errors import RETRY_AFTER_SECONDS, ServiceError, dead_engine_message, error_type, openai_error
 from service.server.lifecycle import Lifecycle
 
 log = logging.getLogger("service.http")
+# How vLLM starts an event that ends a stream with an error (serving.py: `data: {json.dumps({"error": ...})}`), as
+# the str and bytes a stream's chunks come as.
+ERROR_EVENT = ('data: {"error"', b'data: {"error"')
+ERROR_EVENT_LEN = len(ERROR_EVENT[0])
 
 
 def sse_error(chunk: bytes) -> dict[str, Any] | None:
@@ -83,6 +90,8 @@ class FirstEventCheckedStream(StreamingResponse):
         error = sse_error(bytes(first))
         if error is None and self.lifecycle.cut_reason is not None:
             error = _cut_error(self.lifecycle.cut_reason)
+        elif error is not None and self.lifecycle.engine_errored:
+            error = _dead_error(self.lifecycle.engine_died())
         if error is not None:
             await _close(chunks)
             return await self._send_error(error, parsed_body(self.request), send)
@@ -90,10 +99,14 @@ class FirstEventCheckedStream(StreamingResponse):
         if first:
             await send({"type": "http.response.body", "body": first, "more_body": True})
         async for chunk in chunks:
+            error = None
             if self.lifecycle.cut_reason is not None:  # this chunk is the engine's abort: the error replaces it
+                error = _cut_error(self.lifecycle.cut_reason)
+            elif chunk[:ERROR_EVENT_LEN] in ERROR_EVENT and self.lifecycle.engine_errored:  # vLLM's "See stack trace"
+                error = _dead_error(self.lifecycle.engine_died())
+            if error is not None:
                 await _close(chunks)
-                event = json.dumps({"error": _cut_error(self.lifecycle.cut_reason)})
-                body = f"data: {event}\n\ndata: [DONE]\n\n".encode()
+                body = f"data: {json.dumps({'error': error})}\n\ndata: [DONE]\n\n".encode()
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return
             await send({"type": "http.response.body", "body": self._encoded(chunk), "more_body": True})
@@ -136,6 +149,15 @@ def _request_of(kwargs: dict[str, Any]) -> Request | None:
 def _cut_error(reason: str) -> dict[str, Any]:
     return {
         "message": f"the service is shutting down and ended this request unfinished ({reason}): retry it",
+        "type": "ServiceUnavailableError",
+        "param": None,
+        "code": int(HTTPStatus.SERVICE_UNAVAILABLE),
+    }
+
+
+def _dead_error(reason: str) -> dict[str, Any]:
+    return {
+        "message": dead_engine_message(reason),
         "type": "ServiceUnavailableError",
         "param": None,
         "code": int(HTTPStatus.SERVICE_UNAVAILABLE),

@@ -68,8 +68,15 @@ def error_type(status: int) -> str:
 _ERROR_DUMP = re.compile(r"\d+ validation errors?:\n")
 
 
-def install_error_handlers(app: FastAPI, on_engine_dead: Callable[[str], None]) -> None:
-    """Specific exception types are registered (not only Exception) so that Starlette's ExceptionMiddleware,
+def dead_engine_message(reason: str) -> str:
+    """What a request the dead engine held, or one that comes after, is answered (503 + Retry-After)."""
+    return f"{reason}: the service is exiting to be restarted; retry this request"
+
+
+def install_error_handlers(app: FastAPI, on_engine_dead: Callable[[], str]) -> None:
+    """`on_engine_dead`: marks the service dead and gives the reason (Lifecycle.engine_died).
+
+    Specific exception types are registered (not only Exception) so that Starlette's ExceptionMiddleware,
     inside the HTTP-metrics middleware, answers them and their status is counted."""
 
     async def service_error(request: Request, exc: Exception) -> Response:
@@ -84,8 +91,16 @@ def install_error_handlers(app: FastAPI, on_engine_dead: Callable[[str], None]) 
 
     async def engine_error(request: Request, exc: Exception) -> Response:
         if isinstance(exc, EngineDeadError):
-            # The watchdog owns the exit: /health turns 503 first, then the process exits non-zero.
-            on_engine_dead(f"engine died: {exc}")
+            # The watchdog owns the exit: /health turns 503 first, then the process exits non-zero. vLLM's own
+            # answer (500, "See stack trace (above)") names neither the cause nor that a retry will do.
+            message = dead_engine_message(on_engine_dead())
+            log.warning("answering 503 to %s %s: %s", request.method, request.url.path, message)
+            return openai_error(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                message,
+                error_type(HTTPStatus.SERVICE_UNAVAILABLE),
+                headers={"Retry-After": RETRY_AFTER_SECONDS},
+            )
         err = create_error_response(exc)
         status, message, err_type, headers = err.error.code, err.error.message, err.error.type, None
         if status == HTTPStatus.NOT_IMPLEMENTED:

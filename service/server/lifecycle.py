@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.server.engine_death import death_cause
+
 
 class Phase(enum.Enum):
     STARTING = "starting"  # engine loading
@@ -37,6 +39,18 @@ class Lifecycle:
         if self.phase is Phase.DEAD:
             return
         self.phase, self.reason = phase, reason
+
+    @property
+    def engine_errored(self) -> bool:
+        """vLLM's engine has died (its core, or a worker under it): it answers nothing any more."""
+        return bool(getattr(self.engine, "errored", False))
+
+    def engine_died(self) -> str:
+        """Marks the service dead because its engine died, saying how (once: the first cause seen stays); the
+        reason, which every answer from now on gives."""
+        if self.phase is not Phase.DEAD:
+            self.set_phase(Phase.DEAD, f"engine died: {death_cause(self.engine, self.engine_processes)}")
+        return self.reason
 
     @property
     def accepting(self) -> bool:

@@ -25,6 +25,7 @@ from service.facts.software import KERNEL_SOURCE
 from service.kernels.build_at_start import build_at_start
 from service.report import StartupReport
 from service.self_preload import mapped_files, missing_from, reexec_argv, reexec_environ, restore_user_preload
+from service.server.engine_death import alive
 from service.server.engine_probe import HangProbe
 from service.server.lifecycle import Lifecycle, Phase
 from service.settings import Settings
@@ -297,8 +298,8 @@ async def _watchdog(lifecycle: Lifecycle, server: uvicorn.Server, stall_s: float
         await asyncio.sleep(WATCHDOG_INTERVAL_S)
         if lifecycle.phase is Phase.DEAD:
             break
-        if getattr(engine, "errored", False):
-            lifecycle.set_phase(Phase.DEAD, "engine core died")
+        if lifecycle.engine_errored:
+            lifecycle.engine_died()
             break
         if probe is not None and (hung := probe.look()) is not None:
             lifecycle.set_phase(Phase.DEAD, hung)
@@ -370,24 +371,17 @@ def _stop_leftover_engine_processes(known: list, wait_s: float = 3.0) -> None:
     while a restarted service starts next to it. Stop any vLLM process of ours still there on the way out."""
     import psutil
 
-    left = [p for p in {*known, *_engine_processes()} if _alive(p)]
+    left = [p for p in {*known, *_engine_processes()} if alive(p)]
     if not left:
         return
     log.warning("stopping %d leftover engine process(es): %s", len(left), ", ".join(str(p.pid) for p in left))
     for proc in left:
         with contextlib.suppress(psutil.Error):
             proc.terminate()
-    _, alive = psutil.wait_procs(left, timeout=wait_s)
-    for proc in alive:
+    _, still_running = psutil.wait_procs(left, timeout=wait_s)
+    for proc in still_running:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-
-
-def _alive(proc) -> bool:
-    try:  # is_running() also checks the create time: a reused pid is not ours
-        return proc.is_running() and proc.status() != "zombie"
-    except Exception:  # psutil.Error
-        return False
 
 
 def _is_vllm_process(proc) -> bool:

@@ -16,7 +16,7 @@ from service.server.lifecycle import Lifecycle, Phase
 
 def _app(lifecycle: Lifecycle, seen: list[int]) -> FastAPI:
     app = FastAPI()
-    install_error_handlers(app, on_engine_dead=lambda reason: None)
+    install_error_handlers(app, on_engine_dead=lambda: "engine died")
 
     @app.post("/v1/completions", dependencies=[Depends(engine_admission(lifecycle, max_queued=4, model=None))])
     async def stream() -> StreamingResponse:

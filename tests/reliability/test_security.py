@@ -126,7 +126,7 @@ def test_api_key_is_compared_in_constant_time(monkeypatch):
 
     monkeypatch.setattr("service.server.auth.secrets.compare_digest", spy)
     app = FastAPI()
-    install_error_handlers(app, on_engine_dead=lambda reason: None)
+    install_error_handlers(app, on_engine_dead=lambda: "engine died")
 
     @app.get("/v1/thing", dependencies=[Depends(require_api_key(key))])
     async def thing():

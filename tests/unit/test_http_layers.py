@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from argparse import Namespace
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from vllm import SamplingParams
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.serve.utils.api_utils import validate_json_request
+from vllm.v1.engine.exceptions import EngineDeadError
 
 from service.server.body_limit import BodyLimitMiddleware
 from service.server.engine_responses import engine_endpoint, sse_error
@@ -24,6 +26,25 @@ from service.server.lifecycle import Lifecycle
 
 LIMIT = 1000
 CUT = object()  # in an event list: the shutdown ends the request here; the next event is the engine's abort
+DIE = object()  # in an event list: the engine dies here; the next event is vLLM's error event
+# vLLM's engine after its engine core was killed: its manager holds the reaped process (a multiprocessing.Process).
+KILLED_ENGINE = SimpleNamespace(
+    errored=True,
+    engine_core=SimpleNamespace(
+        resources=SimpleNamespace(
+            engine_manager=SimpleNamespace(processes=[SimpleNamespace(pid=1, name="EngineCore_DP0", exitcode=-9)])
+        )
+    ),
+)
+# What vLLM's serving layer sends a stream when the engine died.
+VLLM_DEAD_EVENT = {
+    "error": {
+        "message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+        "type": "InternalServerError",
+        "param": None,
+        "code": 500,
+    }
+}
 
 
 def _event(data: object) -> str:
@@ -33,13 +54,15 @@ def _event(data: object) -> str:
 def _app(events: list, closed: list[bool], lifecycle: Lifecycle | None = None, calls: list | None = None) -> FastAPI:
     app = FastAPI()
     lifecycle = lifecycle or Lifecycle()
-    install_error_handlers(app, on_engine_dead=lambda reason: None)
+    install_error_handlers(app, on_engine_dead=lifecycle.engine_died)
 
     async def stream():
         try:
             for event in events:
                 if event is CUT:
                     lifecycle.cut_reason = "shutdown grace period of 3s over"
+                elif event is DIE:
+                    lifecycle.engine = KILLED_ENGINE
                 else:
                     yield event
         finally:
@@ -53,6 +76,9 @@ def _app(events: list, closed: list[bool], lifecycle: Lifecycle | None = None, c
         if body.get("cut"):  # the shutdown ends it while the engine computes the answer
             lifecycle.cut_reason = "SIGTERM received twice"
             return JSONResponse({"choices": [{"finish_reason": "abort"}]})
+        if body.get("die"):  # the engine dies while it computes the answer
+            lifecycle.engine = KILLED_ENGINE
+            raise EngineDeadError()
         if body.get("refuse"):  # vLLM's error response, as its serving layer returns one
             return JSONResponse({"error": body["refuse"]}, status_code=400)
         if not body.get("stream"):
@@ -189,6 +215,42 @@ def test_once_the_shutdown_ends_requests_the_endpoint_is_not_called():
     _assert_cut(resp.json()["error"], "SIGTERM received twice")
 
 
+def _assert_dead(error: dict) -> None:
+    assert error["code"] == 503 and error["type"] == "ServiceUnavailableError", error
+    assert error["message"].startswith("engine died: the engine core was killed by SIGKILL"), error
+    assert error["message"].endswith("retry this request"), error
+
+
+def test_a_request_the_dying_engine_held_answers_503_saying_how_it_died():
+    lifecycle = Lifecycle()
+    resp = _post(_app([], [], lifecycle), json={"die": True})
+    assert resp.status_code == 503 and int(resp.headers["retry-after"]) > 0
+    _assert_dead(resp.json()["error"])
+    assert lifecycle.phase.value == "dead" and "killed by SIGKILL" in lifecycle.reason
+
+
+def test_a_stream_the_dying_engine_ends_gets_an_error_event_saying_how_and_done():
+    closed: list[bool] = []
+    events = [_event({"text": "a"}), DIE, _event(VLLM_DEAD_EVENT), "data: [DONE]\n\n"]
+    resp = _post(_app(events, closed), json={"stream": True})
+    assert resp.status_code == 200 and resp.text.startswith(_event({"text": "a"}))
+    assert resp.text.endswith("data: [DONE]\n\n") and "stack trace" not in resp.text
+    _assert_dead(json.loads(resp.text.split("\n\n")[-3][6:])["error"])
+    assert closed == [True]
+
+
+def test_a_stream_the_dying_engine_ends_before_its_first_event_answers_503():
+    resp = _post(_app([DIE, _event(VLLM_DEAD_EVENT)], []), json={"stream": True})
+    assert resp.status_code == 503 and resp.headers["retry-after"]
+    _assert_dead(resp.json()["error"])
+
+
+def test_an_error_event_of_a_live_engine_passes_unchanged():
+    events = [_event({"text": "a"}), _event(VLLM_DEAD_EVENT), "data: [DONE]\n\n"]
+    resp = _post(_app(events, []), json={"stream": True})
+    assert resp.status_code == 200 and resp.text == "".join(events)
+
+
 @pytest.mark.parametrize(
     ("chunk", "code"),
     [
@@ -237,7 +299,7 @@ def _schema_app() -> FastAPI:
     """vLLM's own chat request model behind the service's error handlers."""
     app = FastAPI()
     app.state.args = Namespace(log_error_stack=False)  # vLLM's validation handler reads it
-    install_error_handlers(app, on_engine_dead=lambda reason: None)
+    install_error_handlers(app, on_engine_dead=lambda: "engine died")
 
     async def chat(request: ChatCompletionRequest):
         return JSONResponse({})
@@ -335,7 +397,7 @@ def test_a_body_that_is_not_a_json_object_is_one_line_about_the_body(content, he
 def _sampling_app() -> FastAPI:
     """vLLM's SamplingParams checks, raised from an endpoint, answered by the service's handlers."""
     app = FastAPI()
-    install_error_handlers(app, on_engine_dead=lambda reason: None)
+    install_error_handlers(app, on_engine_dead=lambda: "engine died")
 
     async def completions(body: dict[str, Any]):
         SamplingParams(**body)
