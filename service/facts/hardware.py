@@ -11,7 +11,7 @@ from service.facts.cpu import CpuInfo, read_cpuinfo
 from service.facts.limits import Limits, read_limits
 from service.facts.topology import Topology, read_topology
 
-_CGROUP_MOUNT = Path("/sys/fs/cgroup")
+CGROUP_MOUNT = Path("/sys/fs/cgroup")
 # "MemTotal:  263856880 kB" in /proc/meminfo, "Node 0 MemTotal:  263856880 kB" in node meminfo.
 _MEMTOTAL = re.compile(r"^(?:Node \d+ )?MemTotal:\s+(\d+) kB$", re.MULTILINE)
 _MEMAVAILABLE = re.compile(r"^MemAvailable:\s+(\d+) kB$", re.MULTILINE)
@@ -47,9 +47,9 @@ def _read_live() -> HardwareFacts:
     meminfo = Path("/proc/meminfo").read_text()
     limits = read_limits(
         topology.online_cpus,
-        cgroup_root=cgroup_dir(own_cgroup, _CGROUP_MOUNT),
-        cgroup_mount=_CGROUP_MOUNT,
-        cgroup_v1=cgroup_v1_dirs(own_cgroup, _CGROUP_MOUNT),
+        cgroup_root=cgroup_dir(own_cgroup, CGROUP_MOUNT),
+        cgroup_mount=CGROUP_MOUNT,
+        cgroup_v1=cgroup_v1_dirs(own_cgroup, CGROUP_MOUNT),
         meminfo_total=memtotal_bytes(meminfo),
         meminfo_available=memavailable_bytes(meminfo),
         affinity=frozenset(os.sched_getaffinity(0)),

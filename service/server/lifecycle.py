@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.server.engine_death import death_cause
+from service.facts.oom_kills import OomKills, live_oom_kills
+from service.server.engine_death import OomSince, death_cause, oom_since
 
 
 class Phase(enum.Enum):
@@ -29,6 +30,7 @@ class Lifecycle:
     in_flight: int = 0
     exit_code: int = 0
     cut_reason: str | None = None  # set when the shutdown ends the requests still in flight: why
+    oom_kills_at_start: OomKills | None = None  # the kernel's OOM-kill count when the engine started
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -49,8 +51,15 @@ class Lifecycle:
         """Marks the service dead because its engine died, saying how (once: the first cause seen stays); the
         reason, which every answer from now on gives."""
         if self.phase is not Phase.DEAD:
-            self.set_phase(Phase.DEAD, f"engine died: {death_cause(self.engine, self.engine_processes)}")
+            cause = death_cause(self.engine, self.engine_processes, self.oom_kills_since_start())
+            self.set_phase(Phase.DEAD, f"engine died: {cause}")
         return self.reason
+
+    def engine_starting(self) -> None:
+        self.oom_kills_at_start = _oom_kills()
+
+    def oom_kills_since_start(self) -> OomSince | None:
+        return oom_since(self.oom_kills_at_start, _oom_kills())
 
     @property
     def accepting(self) -> bool:
@@ -72,3 +81,10 @@ class Lifecycle:
             return True
         except TimeoutError:
             return False
+
+
+def _oom_kills() -> OomKills | None:
+    try:
+        return live_oom_kills()
+    except (OSError, ValueError):  # a count that cannot be read says nothing
+        return None

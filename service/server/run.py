@@ -25,7 +25,7 @@ from service.facts.software import KERNEL_SOURCE
 from service.kernels.build_at_start import build_at_start
 from service.report import StartupReport
 from service.self_preload import mapped_files, missing_from, reexec_argv, reexec_environ, restore_user_preload
-from service.server.engine_death import alive
+from service.server.engine_death import alive, oom_note
 from service.server.engine_probe import HangProbe
 from service.server.lifecycle import Lifecycle, Phase
 from service.settings import Settings
@@ -236,6 +236,7 @@ async def _serve(
     embedding = report.model is not None and report.model.is_embedding
 
     async def bring_up(stack: contextlib.AsyncExitStack) -> None:
+        lifecycle.engine_starting()
         try:
             lifecycle.engine, vllm_app = await start_engine(args, shell.app.state, stack)
             lifecycle.engine_processes = _engine_processes()
@@ -257,8 +258,9 @@ async def _serve(
                 reason = f"refusing to start: {exc}"
                 log.error("%s", reason)
             else:
-                reason = f"engine failed to start: {exc}"
-                log.exception("engine failed to start")
+                oom = oom_note(lifecycle.oom_kills_since_start())  # a process killed by SIGKILL logs nothing
+                reason = f"engine failed to start: {exc}" + (f" ({oom})" if oom else "")
+                log.exception("%s", reason)
             lifecycle.set_phase(Phase.DEAD, reason)
             lifecycle.exit_code = EXIT_STARTUP_REFUSED if refused else EXIT_ENGINE_DIED
             server.should_exit = True

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from service.server.engine_death import death_cause, describe
+from service.facts.oom_kills import OomKills, read_oom_kills
+from service.server.engine_death import OomSince, death_cause, describe, oom_since
 
 OOM_HINT = "(the kernel's out-of-memory killer sends it, or a `kill -9`)"
 
@@ -75,3 +76,79 @@ def test_an_engine_without_an_engine_manager_still_gets_a_cause():
     """vLLM's in-process engine (no engine core process), or one whose manager is gone after its shutdown."""
     assert death_cause(SimpleNamespace(), []).startswith("the engine core reported a fatal error")
     assert death_cause(None, []).startswith("the engine core reported a fatal error")
+
+
+CGROUP_OOM = OomSince(1, "oom_kill 0 -> 1 in /sys/fs/cgroup/x/memory.events", "this cgroup")
+NO_OOM = OomSince(0, "oom_kill 2 -> 2 in /proc/vmstat", "this machine")
+
+
+@pytest.mark.parametrize(
+    ("core_exits", "gone", "oom", "cause"),
+    [
+        (
+            {"EngineCore_DP0": -9},
+            [],
+            CGROUP_OOM,
+            "the engine core was killed by SIGKILL, by the kernel's out-of-memory killer "
+            "(oom_kill 0 -> 1 in /sys/fs/cgroup/x/memory.events)",
+        ),
+        (
+            {"EngineCore_DP0": -9},
+            [7],
+            NO_OOM,
+            "the engine core was killed by SIGKILL, not by the out-of-memory killer (oom_kill 2 -> 2 in /proc/vmstat): "
+            "a `kill -9` or the container runtime",
+        ),
+        # The worker the OOM killer chose: its exit code is its parent's to read, the count is the kernel's.
+        (
+            {"EngineCore_DP0": 1},
+            [7],
+            CGROUP_OOM,
+            "an engine worker process (pid 7) ended; the engine core exited with code 1; the kernel's out-of-memory "
+            "killer killed 1 process(es) of this cgroup (oom_kill 0 -> 1 in /sys/fs/cgroup/x/memory.events)",
+        ),
+        (
+            {"EngineCore_DP0": 1},
+            [7],
+            NO_OOM,
+            "an engine worker process (pid 7) ended; the engine core exited with code 1",
+        ),
+    ],
+)
+def test_the_oom_kill_count_says_whether_the_out_of_memory_killer_did_it(core_exits, gone, oom, cause):
+    assert describe(core_exits, gone, oom) == cause
+
+
+def test_the_oom_kill_count_is_read_from_the_narrowest_file_that_has_it(tmp_path):
+    v2, v1, vmstat = tmp_path / "v2", tmp_path / "v1", tmp_path / "vmstat"
+    for directory in (v2, v1):
+        directory.mkdir()
+    vmstat.write_text("nr_free_pages 1000\noom_kill 5\n")
+    assert read_oom_kills(None, None, vmstat) == OomKills(5, str(vmstat), "this machine")
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert read_oom_kills(v2, v1, vmstat) == OomKills(2, str(v1 / "memory.oom_control"), "this cgroup")
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n")
+    assert read_oom_kills(v2, v1, vmstat) == OomKills(1, str(v2 / "memory.events"), "this cgroup")
+    # A kernel without the counter (before 4.13): nothing is known.
+    vmstat.write_text("nr_free_pages 1000\n")
+    assert read_oom_kills(None, None, vmstat) is None
+    assert read_oom_kills(None, None, tmp_path / "absent") is None
+    (v2 / "memory.events").write_text("oom_kill x\n")
+    with pytest.raises(ValueError, match="memory.events holds 'x', not a whole number"):
+        read_oom_kills(v2, None, vmstat)
+
+
+def test_counts_from_different_files_or_unknown_ones_say_nothing():
+    assert oom_since(OomKills(0, "/a", "this cgroup"), OomKills(1, "/b", "this cgroup")) is None
+    assert oom_since(None, OomKills(1, "/a", "this cgroup")) is None
+    assert oom_since(OomKills(0, "/a", "this cgroup"), OomKills(2, "/a", "this cgroup")) == OomSince(
+        2, "oom_kill 0 -> 2 in /a", "this cgroup"
+    )
+
+
+def test_this_machines_count_is_read():
+    """The live files of the machine in hand: /proc/vmstat has the counter on every kernel since 4.13."""
+    from service.facts.oom_kills import live_oom_kills
+
+    live = live_oom_kills()
+    assert live is not None and live.count >= 0 and live.scope in ("this cgroup", "this machine"), live
