@@ -85,7 +85,10 @@ def _core(name: str, code: int, several: bool, oom: OomSince | None) -> str:
         return f"{core} was killed by SIGKILL (the kernel's out-of-memory killer sends it, or a `kill -9`)"
     if oom.killed > 0:
         return f"{core} was killed by SIGKILL, by the kernel's out-of-memory killer ({oom.evidence})"
-    return f"{core} was killed by SIGKILL, not by the out-of-memory killer ({oom.evidence}): a `kill -9` or the container runtime"
+    return (
+        f"{core} was killed by SIGKILL, not by the out-of-memory killer ({oom.evidence}): a `kill -9` or the container "
+        "runtime"
+    )
 
 
 def alive(proc: Any) -> bool:

@@ -47,7 +47,8 @@ def test_killing_the_engine_core_fails_health_and_exits_non_zero(reliability_log
         client.join(10)
         print(
             f"engine death: /health 503 after {health_503_after:.2f}s, exit {code} after {exited_after:.1f}s; "
-            f"in-flight request: {outcome.get('status')}, {outcome.get('ended')}, ended with {outcome.get('events', [])[-2:]}"
+            f"in-flight request: {outcome.get('status')}, {outcome.get('ended')}, "
+            f"ended with {outcome.get('events', [])[-2:]}"
         )
         assert health_503_after is not None and health_503_after <= HEALTH_DEADLINE_S
         assert code == EXIT_ENGINE_DIED
