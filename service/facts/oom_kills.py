@@ -14,20 +14,22 @@ from pathlib import Path
 from service.facts.hardware import CGROUP_MOUNT, cgroup_dir, cgroup_v1_dirs
 from service.facts.kernel_files import whole_number
 
+CGROUP, MACHINE = "this cgroup", "this machine"  # whose processes a count counts
+
 
 @dataclass(frozen=True)
 class OomKills:
     count: int
     source: str  # the file it was read from
-    scope: str  # whose processes it counts: "this cgroup" or "this machine"
+    scope: str  # CGROUP or MACHINE
 
 
 def read_oom_kills(cgroup_v2: Path | None, cgroup_v1_memory: Path | None, vmstat: Path) -> OomKills | None:
     """The count from the first of these files that has an `oom_kill` line; None where none has."""
     for path, scope in (
-        (cgroup_v2 / "memory.events" if cgroup_v2 else None, "this cgroup"),
-        (cgroup_v1_memory / "memory.oom_control" if cgroup_v1_memory else None, "this cgroup"),
-        (vmstat, "this machine"),
+        (cgroup_v2 / "memory.events" if cgroup_v2 else None, CGROUP),
+        (cgroup_v1_memory / "memory.oom_control" if cgroup_v1_memory else None, CGROUP),
+        (vmstat, MACHINE),
     ):
         count = _oom_kill_line(path) if path is not None else None
         if count is not None:

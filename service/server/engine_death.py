@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from service.facts.oom_kills import OomKills
+from service.facts.oom_kills import CGROUP, OomKills
 
 
 @dataclass(frozen=True)
@@ -51,13 +51,14 @@ def describe(core_exits: Mapping[str, int], gone_workers: Iterable[int], oom: Oo
     """`core_exits`: the exit code of each engine core that ended (by name; negative: the signal that killed it);
     `gone_workers`: the pids of worker processes no longer running."""
     cores = [_core(name, code, len(core_exits) > 1, oom) for name, code in core_exits.items()]
-    if any(code == -signal.SIGKILL for code in core_exits.values()) and oom is not None:
-        return "; ".join(cores)  # the OOM count is named with the signal
-    if any(code < 0 for code in core_exits.values()):
-        return "; ".join(cores + _oom_note(oom))  # its workers end with it: naming them says nothing more
-    workers = [f"an engine worker process (pid {pid}) ended" for pid in gone_workers]
-    what = workers + cores or ["the engine core reported a fatal error (the service log has its traceback)"]
-    return "; ".join(what + _oom_note(oom))
+    # Workers end with a core killed by a signal: naming them says nothing more.
+    workers = [] if any(code < 0 for code in core_exits.values()) else gone_workers
+    what = [f"an engine worker process (pid {pid}) ended" for pid in workers] + cores
+    said = any(code == -signal.SIGKILL for code in core_exits.values()) and _sigkill_says(oom)
+    return "; ".join(
+        (what or ["the engine core reported a fatal error (the service log has its traceback)"])
+        + ([] if said else _oom_note(oom))
+    )
 
 
 def oom_note(oom: OomSince | None) -> str | None:
@@ -83,12 +84,19 @@ def _core(name: str, code: int, several: bool, oom: OomSince | None) -> str:
         return f"{core} was killed by {sig.name}"
     if oom is None:
         return f"{core} was killed by SIGKILL (the kernel's out-of-memory killer sends it, or a `kill -9`)"
+    if not _sigkill_says(oom):  # OOM kills elsewhere on the machine: the note after it gives the count
+        return f"{core} was killed by SIGKILL"
     if oom.killed > 0:
         return f"{core} was killed by SIGKILL, by the kernel's out-of-memory killer ({oom.evidence})"
     return (
         f"{core} was killed by SIGKILL, not by the out-of-memory killer ({oom.evidence}): a `kill -9` or the container "
         "runtime"
     )
+
+
+def _sigkill_says(oom: OomSince | None) -> bool:
+    """Whether a SIGKILL's words can say who sent it: none were counted, or only this cgroup's processes are."""
+    return oom is not None and (oom.killed <= 0 or oom.scope == CGROUP)
 
 
 def alive(proc: Any) -> bool:

@@ -80,6 +80,7 @@ def test_an_engine_without_an_engine_manager_still_gets_a_cause():
 
 CGROUP_OOM = OomSince(1, "oom_kill 0 -> 1 in /sys/fs/cgroup/x/memory.events", "this cgroup")
 NO_OOM = OomSince(0, "oom_kill 2 -> 2 in /proc/vmstat", "this machine")
+MACHINE_OOM = OomSince(2, "oom_kill 3 -> 5 in /proc/vmstat", "this machine")
 
 
 @pytest.mark.parametrize(
@@ -112,6 +113,14 @@ NO_OOM = OomSince(0, "oom_kill 2 -> 2 in /proc/vmstat", "this machine")
             [7],
             NO_OOM,
             "an engine worker process (pid 7) ended; the engine core exited with code 1",
+        ),
+        # A machine-wide count: another container's process may be the one killed, so the count is only reported.
+        (
+            {"EngineCore_DP0": -9},
+            [7],
+            MACHINE_OOM,
+            "the engine core was killed by SIGKILL; the kernel's out-of-memory killer killed 2 process(es) of this "
+            "machine (oom_kill 3 -> 5 in /proc/vmstat)",
         ),
     ],
 )
