@@ -12,7 +12,8 @@ tests/reliability/test_bad_input.py):
 - an image/audio/video part sent to a text-only model (400 without `param`), a JSON schema that is not one (400
   "Grammar error" without `param`);
 - token ids outside the vocabulary sent to /detokenize (200 with the ids dropped; /v1/completions refuses them);
-- audio output asked for (`modalities` other than text, an `audio` object): 200, text only, the field ignored;
+- audio output asked for (`modalities` other than text, an `audio` object): 200, text only, the field ignored; so
+  was `web_search_options` (OpenAI's search models' option: no search was done);
 - presence/frequency penalties outside [-2, 2], an n below 1 and a truncate_prompt_tokens of 0 (400 without
   `param`);
 - a string holding a lone UTF-16 surrogate (the JSON escape "\\ud800"): 400 "TextEncodeInput must be ..." from the
@@ -27,8 +28,9 @@ tests/reliability/test_bad_input.py):
   200, pydantic's lax mode converts them; scalar_fields.py).
 vLLM's /v1/chat/completions/batch gets the chat checks for each of its conversations, SageMaker's /invocations those
 of the request vLLM serves it as (chat or completion), /v1/responses the surrogate check, a `max_output_tokens`
-below 1 (named `max_tokens` by vLLM), an empty `input` list and its JSON schemas (text format, function tools'
-parameters), and /tokenize those of
+below 1 (named `max_tokens` by vLLM), an empty `input` list, an image or audio part for a text-only model, a
+built-in tool (`web_search`, `file_search`, `mcp`, ...: served without it, as the service runs no tool server) and
+its JSON schemas (text format, function tools' parameters), and /tokenize those of
 the messages it is sent (clients count a chat request's tokens there before sending it: a request the chat route
 refuses is refused there too). Everything else (other types,
 unknown tool in tool_choice, stop that is not strings, out-of-vocab logit_bias ids) vLLM already answers with 400
@@ -67,6 +69,9 @@ CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool", "function"}
 MEDIA_PARTS = frozenset(
     {"image_url", "input_image", "image_embeds", "image_pil", "audio_url", "input_audio", "video_url", "file"}
 )
+# The /v1/responses tool types vLLM serves without a tool server (which the service does not run): the rest are
+# OpenAI's built-in tools (web_search, file_search, code_interpreter, mcp, ...), which vLLM drops from the request.
+RESPONSES_TOOLS = frozenset({"function", "custom", "namespace"})
 # A JSON "\ud800" escape decodes to half of a UTF-16 pair, which no UTF-8 text can hold.
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # How a lone surrogate reaches a parsed body (json.loads decodes bytes with "surrogatepass"): the escape \udXXX, its
@@ -96,7 +101,7 @@ def check_request(
     path = served_as(path, body)
     found = (_lone_surrogate(body) if walk else None) or _scalar_type(path, body)
     if found is not None or path == RESPONSES:
-        return found or _responses(body)
+        return found or _responses(body, model)
     if path == DETOKENIZE:
         return _token_ids(body.get("tokens"), model)
     if path == TOKENIZE:
@@ -110,6 +115,7 @@ def check_request(
         checks.append(_conversations(body.get("messages"), model))
     if path in (CHAT, CHAT_BATCH):
         checks += [_response_format(body.get("response_format")), _tools(body.get("tools")), _output_modalities(body)]
+        checks.append(_web_search(body))
     return next((problem for problem in checks if problem is not None), None)
 
 
@@ -289,15 +295,15 @@ def _conversations(conversations: Any, model: ModelFacts | None) -> RequestProbl
     return None
 
 
-def _content_parts(i: int, content: Any, model: ModelFacts | None) -> RequestProblem | None:
+def _content_parts(i: int, content: Any, model: ModelFacts | None, items: str = "messages") -> RequestProblem | None:
     if not isinstance(content, list) or model is None or model.is_multimodal:
         return None
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, Mapping) else None
         if isinstance(kind, str) and kind in MEDIA_PARTS:
             return RequestProblem(
-                f"messages[{i}].content[{j}] is a {kind!r} part, but the model takes text only",
-                f"messages[{i}].content[{j}]",
+                f"{items}[{i}].content[{j}] is a {kind!r} part, but the model takes text only",
+                f"{items}[{i}].content[{j}]",
             )
     return None
 
@@ -443,14 +449,19 @@ def _response_format(response_format: Any) -> RequestProblem | None:
     return _schema_problem(json_schema.get("schema"), "response_format.json_schema.schema")
 
 
-def _responses(body: Mapping[str, Any]) -> RequestProblem | None:
+def _responses(body: Mapping[str, Any], model: ModelFacts | None) -> RequestProblem | None:
     """/v1/responses: vLLM named the limit `max_tokens` (its sampling field) and left `param` empty for an empty
-    input list and for a JSON schema that is not one ("Grammar error: Invalid type: nonsense")."""
+    input list, for a JSON schema that is not one ("Grammar error: Invalid type: nonsense") and for an image sent to
+    a text-only model ("X is not a multimodal model"); it serves a built-in tool's request without the tool."""
     limit = body.get("max_output_tokens")
     if _number(limit) and limit < 1:
         return RequestProblem(f"max_output_tokens must be at least 1, got {limit}", "max_output_tokens")
-    if body.get("input") == []:
+    items = body.get("input")
+    if items == []:
         return RequestProblem("input is an empty list: send at least one item", "input")
+    for i, item in enumerate(items if isinstance(items, list) else []):
+        if isinstance(item, Mapping) and (problem := _content_parts(i, item.get("content"), model, "input")):
+            return problem
     text = body.get("text")
     response_format = text.get("format") if isinstance(text, Mapping) else None
     if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
@@ -458,10 +469,24 @@ def _responses(body: Mapping[str, Any]) -> RequestProblem | None:
             return problem
     tools = body.get("tools")
     for i, tool in enumerate(tools if isinstance(tools, list) else []):
-        if isinstance(tool, Mapping) and tool.get("type") == "function":
+        kind = tool.get("type") if isinstance(tool, Mapping) else None
+        if isinstance(kind, str) and kind not in RESPONSES_TOOLS:
+            return RequestProblem(
+                f"tools[{i}] is a built-in {kind!r} tool, which this server does not run (it has no tool server): "
+                f"send function tools",
+                f"tools[{i}].type",
+            )
+        if kind == "function":
             if (problem := _schema_problem(tool.get("parameters"), f"tools[{i}].parameters")) is not None:
                 return problem
     return None
+
+
+def _web_search(body: Mapping[str, Any]) -> RequestProblem | None:
+    """OpenAI's search models' option, which vLLM ignores: the answer would come without the search asked for."""
+    if body.get("web_search_options") is None:
+        return None
+    return RequestProblem("web_search_options: this server does not search the web", "web_search_options")
 
 
 def _tools(tools: Any) -> RequestProblem | None:

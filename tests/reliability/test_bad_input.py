@@ -207,6 +207,14 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         (CHAT, {"messages": MSG, "temperature": True}, "temperature"),
         ("/v1/responses", {"input": "hi", "max_output_tokens": True}, "max_output_tokens"),
         ("/invocations", {"messages": MSG, "logprobs": 1}, "logprobs"),
+        # served without what they ask for: the search, the built-in tool; vLLM's 400 for the image named no field
+        (CHAT, {"messages": MSG, "web_search_options": {}}, "web_search_options"),
+        ("/v1/responses", {"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        (
+            "/v1/responses",
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": IMAGE["image_url"]["url"]}]}]},
+            "input[0].content[0]",
+        ),
     ],
     ids=[
         "unknown-role",
@@ -262,6 +270,9 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "temperature-a-boolean",
         "responses-output-limit-a-boolean",
         "sagemaker-chat-logprobs-a-number",
+        "web-search-options",
+        "responses-built-in-tool",
+        "responses-image-to-text-model",
     ],
 )
 def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param):

@@ -575,13 +575,38 @@ def test_every_content_part_type_vllm_takes_passes():
             "tools[0].parameters",
         ),
         ({"input": "hi", "max_output_tokens": 1, "text": {"format": {"type": "json_schema", "schema": {}}}}, None),
-        ({"input": [{"role": "user", "content": "hi"}], "tools": [{"type": "web_search"}]}, None),
+        # A built-in tool: vLLM serves the request without it (the service runs no tool server).
+        ({"input": [{"role": "user", "content": "hi"}], "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": "hi", "tools": [TOOL | {"name": "f"}, {"type": "mcp", "server_label": "x"}]}, "tools[1].type"),
+        ({"input": "hi", "tools": [{"type": "custom", "name": "run"}]}, None),  # vLLM's free-form tool
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,A"}]}]},
+            "input[0].content[0]",
+        ),
+        ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]}, None),
         ({"input": "hi", "max_output_tokens": True}, "max_output_tokens"),  # vLLM's lax schema served it as 1
     ],
 )
 def test_responses_name_the_output_limit_an_empty_input_and_schemas_that_are_not_ones(body, param):
     found = check_request(RESPONSES, {"model": "m", **body}, TEXT_MODEL)
     assert (found and found.param) == param, found
+
+
+def test_a_responses_image_is_named_for_a_text_only_model_and_served_to_a_multimodal_one():
+    body = {"model": "m", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}
+    found = check_request(RESPONSES, body, TEXT_MODEL)
+    assert (
+        found is not None
+        and found.message == "input[0].content[0] is a 'input_image' part, but the model takes text only"
+    )
+    assert check_request(RESPONSES, body, VISION_MODEL) is None
+
+
+@pytest.mark.parametrize("options", [{}, {"search_context_size": "low"}])
+def test_web_search_options_are_named_as_this_server_does_not_search(options):
+    found = problem({"messages": [USER], "web_search_options": options})
+    assert found is not None and found.param == "web_search_options", found
+    assert problem({"messages": [USER], "web_search_options": None}) is None
 
 
 @pytest.mark.parametrize(
