@@ -5,7 +5,7 @@ Only what vLLM lets through is checked here (each case was tried against a runni
 tests/reliability/test_bad_input.py):
 - a role OpenAI does not have ("wizard" was answered 200), a tool message without its tool_call_id (200), a
   user/system/tool message without content or with an empty list of parts (200; null content: 400 with 19
-  validation errors);
+  validation errors), an assistant message with neither content nor tool calls (200);
 - a negative top_logprobs (400 naming logprobs and the vocabulary's size), logit_bias values outside OpenAI's
   [-100, 100] (200), `best_of` other than `n` (200: vLLM 0.32 parses the field and ignores it, so the answer was n
   plain samples);
@@ -140,6 +140,11 @@ def _messages(messages: Any, model: ModelFacts | None) -> RequestProblem | None:
             )
         if role in CONTENT_REQUIRED and message.get("content") is None:
             return RequestProblem(f"messages[{i}] ({role}) has no content", f"messages[{i}].content")
+        if role == "assistant" and message.get("content") is None and not _calls_tools(message):
+            return RequestProblem(
+                f"messages[{i}] (assistant) has neither content nor tool_calls: an assistant message needs one",
+                f"messages[{i}].content",
+            )
         if role in CONTENT_REQUIRED and message["content"] == []:
             return RequestProblem(
                 f"messages[{i}] ({role}) has an empty list of content parts: send a string or at least one part",
@@ -159,6 +164,10 @@ def _messages(messages: Any, model: ModelFacts | None) -> RequestProblem | None:
             if problem is not None:
                 return problem
     return None
+
+
+def _calls_tools(message: Mapping[str, Any]) -> bool:
+    return bool(message.get("tool_calls")) or message.get("function_call") is not None
 
 
 def _lone_surrogate(body: Mapping[str, Any]) -> RequestProblem | None:

@@ -209,6 +209,7 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         ("/invocations", {"messages": MSG, "logprobs": 1}, "logprobs"),
         # served without what they ask for: the search, the built-in tool; vLLM's 400 for the image named no field
         (CHAT, {"messages": MSG, "web_search_options": {}}, "web_search_options"),
+        (CHAT, {"messages": [*MSG, {"role": "assistant"}, *MSG]}, "messages[1].content"),
         ("/v1/responses", {"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         (
             "/v1/responses",
@@ -271,6 +272,7 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "responses-output-limit-a-boolean",
         "sagemaker-chat-logprobs-a-number",
         "web-search-options",
+        "assistant-without-content-or-calls",
         "responses-built-in-tool",
         "responses-image-to-text-model",
     ],

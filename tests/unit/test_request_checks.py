@@ -47,6 +47,12 @@ def problem(body: dict, path: str = CHAT, model=TEXT_MODEL) -> RequestProblem | 
         ({"messages": [{"role": "tool", "content": "22 C"}]}, "messages[0].tool_call_id", "no tool_call_id"),
         ({"messages": [{"role": "system", "content": "x"}, {"role": "user"}]}, "messages[1].content", "no content"),
         ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "no content"),
+        ({"messages": [USER, {"role": "assistant"}, USER]}, "messages[1].content", "neither content nor tool_calls"),
+        (
+            {"messages": [USER, {"role": "assistant", "content": None, "tool_calls": []}]},
+            "messages[1].content",
+            "neither content nor tool_calls",
+        ),
         ({"messages": [{"role": "system", "content": []}, USER]}, "messages[0].content", "empty list of content parts"),
         ({"messages": [USER], "logprobs": True, "top_logprobs": -1}, "top_logprobs", "between 0 and 20"),
         (
@@ -130,6 +136,8 @@ def problem(body: dict, path: str = CHAT, model=TEXT_MODEL) -> RequestProblem | 
         "tool-without-id",
         "no-content",
         "null-content",
+        "assistant-without-content-or-calls",
+        "assistant-with-an-empty-list-of-calls",
         "empty-content-list",
         "negative-top-logprobs",
         "image-to-text-model",
@@ -344,8 +352,9 @@ def test_tokenize_checks_chat_messages_as_the_chat_route_does(messages, param):
         [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "refusal", "refusal": "x"}]}],
         [{"role": "user", "content": ["bare strings are vLLM's to judge"]}],
         [{"role": "user", "content": [{"image_url": "https://example.com/a.png"}]}],  # vLLM's short image part
-        [USER, {"role": "assistant", "tool_calls": None}],
-        [USER, {"role": "assistant", "tool_calls": []}],
+        [USER, {"role": "assistant", "content": "", "tool_calls": None}],
+        [USER, {"role": "assistant", "content": "ok", "tool_calls": []}],
+        [USER, {"role": "assistant", "function_call": {"name": "get_weather", "arguments": "{}"}}],  # deprecated
         [
             USER,
             {"role": "assistant", "content": [], "tool_calls": [{"id": "c1", "type": "function", "function": CALL}]},
