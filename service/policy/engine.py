@@ -16,6 +16,7 @@ from service.facts.libraries import LibraryFacts
 from service.facts.model import DecodeReads, ModelFacts
 from service.facts.software import SoftwareFacts
 from service.facts.vllm_source import VllmNames
+from service.policy.amx_state import amx_state
 from service.policy.backend import BackendChoice, choose_backend
 from service.policy.backends import Backend
 from service.policy.calibration import (
@@ -229,6 +230,7 @@ def build_plan(
         _general_decisions(settings, user),
         plan_compile_cache(settings.cache_dir, software.vllm, environ),
         fxgraph_patch(software.torch),
+        amx_state(hardware.cpu.isa),
     ]
     results.append(compile_key(PolicyResult.merge(results).env))
     return EnginePlan.of_results(results, backend, threads, source, questions)

@@ -68,6 +68,14 @@ def test_every_vllm_process_applies_the_startup_patch_decision(chat_server):
         assert statuses == {PatchStatus.NOT_NEEDED.value}, states
 
 
+def test_every_vllm_process_holds_the_amx_tile_state_where_the_cpu_shows_tiles(chat_server):
+    """vLLM's bf16 attention runs on AMX tiles wherever torch sees them, and vLLM never asks Linux for the tile
+    state: the plugin asks in each process (service/policy/amx_state.py), and says so."""
+    states = process_states(chat_server.process.log_path.read_text(errors="replace"))
+    expected = "granted" if torch.cpu._is_amx_tile_supported() else "not asked"
+    assert states and {s["amx_tile_state"] for s in states} == {expected}, states
+
+
 def test_avx512_on_a_zen_host_runs_vllms_generic_platform(server_logs):
     """The A/B switch away from zentorch. Live on a Zen host; elsewhere the recorded Zen 5 host's plan,
     through `detect --cpuinfo`, handed to vLLM's own platform resolution with the service's plugin."""

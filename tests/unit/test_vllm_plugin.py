@@ -13,6 +13,7 @@ import pytest
 from service import vllm_plugin
 from service.facts.hardware import read_hardware
 from service.patches import PATCH_ENV
+from service.policy.amx_state import AMX_STATE_ENV
 from service.policy.backend import choose_backend
 from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
 from service.policy.platform import PLATFORM_ENV, PLUGIN_NAME, choose_platform
@@ -69,6 +70,7 @@ def test_every_process_does_nothing_without_the_service(monkeypatch, capfd):
     monkeypatch.delenv(PLATFORM_ENV, raising=False)
     monkeypatch.delenv(PATCH_ENV, raising=False)
     monkeypatch.delenv(KERNELS_ENV, raising=False)
+    monkeypatch.delenv(AMX_STATE_ENV, raising=False)
     vllm_plugin.every_process()
     assert capfd.readouterr().err == ""
 
