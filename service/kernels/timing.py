@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 
+from service.amx_state import request_amx_state
 from service.kernels import register_kernels
+from service.policy.amx_state import AMX_STATE_ENV
 from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 
 MAX_REL_ERR = 0.05  # of the reference output's largest magnitude: 16-bit rounding and int8 activations pass, a
@@ -95,6 +97,7 @@ def _int4_layer(question: dict[str, Any], k: int, n: int, dtype: torch.dtype) ->
         )
     for name, p in zip(("w_q", "w_s", "w_zp"), params, strict=True):
         layer.register_parameter(name, p)
+    layer.bias = None  # as vLLM's linear layers carry it (AMX W4A8 reads it)
     if question["layout"] == "awq":  # what vLLM's AutoAWQ method does at load, before its kernel's own repacking
         from vllm.model_executor.layers.quantization.auto_awq import _convert_awq_to_standard_format
 
@@ -250,6 +253,9 @@ def time_question(question: dict[str, Any], rounds: int, prefill_m: int, log: Ca
 
 def main() -> None:
     request = json.load(sys.stdin)
+    # A kernel on AMX tiles (vLLM's WNA16 and W4A8 on AMX) needs the tile state that vLLM's processes get from the
+    # service's plugin: this process is not one of them.
+    request_amx_state(os.environ.get(AMX_STATE_ENV) == "1")
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
