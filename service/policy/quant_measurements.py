@@ -77,6 +77,12 @@ EMERALD_RAPIDS_NO_AMX_2 = Machine(
     "python bench/quant_kernels.py --formats bf16,fp32,w8a8,w4a16 --reps 3, 2026-11-26 22:08, quiet machine",
 )
 
+AMX_GUEST = Machine(
+    "Intel Xeon KVM guest with AMX and AVX-512 BF16 (family 6 model 167 as the guest shows it; 1 compute core)",
+    "amx",
+    "python bench/quant_kernels.py --formats bf16,w8a8,w4a16 --reps 3, 2026-11-29 01:00, quiet machine",
+)
+
 MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(EMERALD_RAPIDS_NO_AMX, "bf16", "bf16", "", 8.0, 71.0, (7.7, 8.7), (68.0, 72.0)),
     Measurement(EMERALD_RAPIDS_NO_AMX, "w8a8", "onednn-w8a8", "", 17.0, 291.0, (15.2, 17.3), (248.0, 314.0)),
@@ -154,6 +160,15 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         (327.0, 341.0),
     ),
     Measurement(ZEN4_INT8, "w8a8", "ggml-q8_0", "SERVICE_INT8_KERNEL=ggml", 30.2, 179.0, (29.3, 31.1), (178.0, 180.0)),
+    Measurement(AMX_GUEST, "bf16", "bf16", "", 10.6, 630.0, (10.2, 10.6), (612.0, 646.0)),
+    Measurement(AMX_GUEST, "w8a8", "amx-w8a8", "SERVICE_INT8_KERNEL=vllm", 18.9, 931.0, (18.1, 19.8), (886.0, 936.0)),
+    Measurement(AMX_GUEST, "w8a8", "ggml-q8_0", "SERVICE_INT8_KERNEL=ggml", 11.5, 447.0, (11.5, 11.6), (436.0, 455.0)),
+    Measurement(AMX_GUEST, "w4a16", "wna16-amx", "VLLM_CPU_INT4_W4A8=0", 7.8, 641.0, (7.3, 8.0), (631.0, 682.0)),
+    Measurement(AMX_GUEST, "w4a16", "amx-w4a8", "VLLM_CPU_INT4_W4A8=1", 28.5, 575.0, (28.3, 29.1), (570.0, 598.0)),
+    Measurement(
+        AMX_GUEST, "w4a16", "auto-round", "SERVICE_INT4_KERNEL=auto-round", 20.0, 500.0, (19.4, 21.2), (483.0, 534.0)
+    ),
+    Measurement(AMX_GUEST, "w4a16", "ggml-q4_0", "SERVICE_INT4_KERNEL=ggml", 15.3, 349.0, (15.2, 15.5), (331.0, 355.0)),
 )
 
 
