@@ -17,7 +17,9 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -117,7 +119,9 @@ def _int4_runner(question: dict[str, Any], candidate: dict[str, Any], k: int, n:
     dtype = getattr(torch, question["act_dtype"])
     config, layer, dequant = _int4_layer(question, k, n, dtype)
     cls = choose_mp_linear_kernel(config)
-    kernel = cls(config, "w_q", "w_s", None if question["symmetric"] else "w_zp")
+    # Named for symmetric checkpoints too, as vLLM's compressed-tensors, GPTQ and AWQ methods do: AMX W4A8 puts its
+    # implied zero points there.
+    kernel = cls(config, "w_q", "w_s", "w_zp")
     kernel.process_weights_after_loading(layer)
     return (lambda x: kernel.apply_weights(layer, x, None)), cls.__name__, dequant
 
@@ -201,6 +205,14 @@ def _time(passes: list[Callable[[], Any]], reps: int, blocks: int = 1) -> float:
     return best
 
 
+def _why(exc: Exception) -> str:
+    """The exception, and where it was raised when it says nothing itself (a bare `assert` in a kernel)."""
+    said = str(exc)
+    if not said and (frames := traceback.extract_tb(exc.__traceback__)):
+        said = f"at {Path(frames[-1].filename).name}:{frames[-1].lineno}"
+    return f"{type(exc).__name__}: {said}"[:300]
+
+
 def time_question(question: dict[str, Any], rounds: int, prefill_m: int, log: Callable[[str], None]) -> dict[str, Any]:
     torch.manual_seed(0)
     dtype = getattr(torch, question.get("act_dtype") or "float32")
@@ -233,7 +245,7 @@ def time_question(question: dict[str, Any], rounds: int, prefill_m: int, log: Ca
                 continue
             built[name] = (decode, prefill)
         except Exception as exc:  # a candidate that cannot be built here is excluded, with why
-            results[name] = {"candidate": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            results[name] = {"candidate": name, "error": _why(exc)}
     # Enough decode repetitions for blocks of ~7 ms (three per round), from one warm-up pass.
     reps = {}
     for name, (decode, prefill) in built.items():

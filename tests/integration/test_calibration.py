@@ -92,7 +92,12 @@ def test_detect_calibrates_within_its_bound_and_a_warm_run_times_nothing(calibra
     assert verdict["value"] in {c["name"] for c in question["candidates"]}
     assert "round 7/7" in first_log and "calibration: timing int4_kernel" in first_log
     (stored,) = (cache / "calibration").glob("*.json")
-    assert json.loads(stored.read_text())["seconds"] < BOUND_S
+    stored = json.loads(stored.read_text())
+    assert stored["seconds"] < BOUND_S
+    # Every candidate the policy offers on this CPU builds from the checkpoint's (symmetric) packing and is timed.
+    (answer,) = (a for a in stored["answers"] if a["decision"] == "int4_kernel")
+    for t in answer["timings"]:
+        assert t.get("error") is None and len(t["decode_s"]) == 7, t
     assert "reusing" in second_log and "round 1/" not in second_log
     assert _decided(second)["calibration.int4_kernel"] == verdict
 

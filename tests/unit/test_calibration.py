@@ -316,3 +316,29 @@ def test_when_the_table_wins_its_lead_is_cited_with_its_interval():
     v = decide(QUESTION, (Timing("a", rounds(1.0), rounds(10)), Timing("b", rounds(2.0), rounds(20))))
     assert (v.chosen, dict(v.settings)) == ("a", {})
     assert "the table's a measured fastest here, ahead of b by decode x2.00 [" in v.reason
+
+
+def test_a_candidate_that_fails_on_a_bare_assert_is_excluded_with_where_it_failed():
+    from service.kernels.timing import _why
+
+    try:
+        raise AssertionError  # what vLLM's kernels raise on an unmet `assert`: no message
+    except AssertionError as exc:
+        why = _why(exc)
+    assert why.startswith("AssertionError: at test_calibration.py:") and why.rsplit(":", 1)[1].isdigit()
+    assert _why(ValueError("no such dtype")) == "ValueError: no such dtype"
+
+
+def test_stored_timings_are_keyed_by_the_harness_that_took_them(tmp_path, monkeypatch):
+    """A mended timing harness times again rather than reuse what the old one measured (or failed to build)."""
+    from service import calibrate
+    from service.startup import build_report
+    from tests.unit.conftest import CPUINFO
+
+    report = build_report(load_settings(), model=None, cpuinfo=CPUINFO / "build_machine.txt", environ={})
+    before = calibrate.machine(report)
+    harness = tmp_path / "timing.py"
+    harness.write_bytes(calibrate.HARNESS.read_bytes() + b"# mended\n")
+    monkeypatch.setattr(calibrate, "HARNESS", harness)
+    after = calibrate.machine(report)
+    assert before["harness"] != after["harness"] and {**before, "harness": None} == {**after, "harness": None}
