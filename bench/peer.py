@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import random
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ TREE = REPO / ".cache" / "bench-src" / f"llama_cpp_python-{LLAMA_CPP_VERSION}" /
 BIN = REPO / ".cache" / "llama.cpp-build" / "bin"
 SERVED = "bench-llama"
 CTX_PER_SLOT = 512  # prompt + answer of every workload here, with room
+REPACK_OFF = {"LLAMA_ARG_REPACK": "0"}  # llama-server's --no-repack
 
 # format -> (the service's model: None = the bf16 bench model, GGUF = llama.cpp's own file, else
 #            harness/quantized_models.py's scheme; llama.cpp's GGUF type). Q8_0: int8 blocks of 32 with an fp16
@@ -156,7 +158,9 @@ def gguf_bytes_per_token(path: Path) -> int:
     return sum(int(t.n_bytes) for t in tensors if tied or t.name != "token_embd.weight")
 
 
-def llama_server(gguf: Path, cpus: list[int], slots: int, log_path: Path) -> ServerProcess:
+def llama_server(
+    gguf: Path, cpus: list[int], slots: int, log_path: Path, env: dict[str, str] | None = None
+) -> ServerProcess:
     """llama-server with the engine's compute cores as its threads (pinned there, strictly), `slots` parallel slots
     (continuous batching is its default), a context of CTX_PER_SLOT per slot."""
     mask = hex(sum(1 << c for c in cpus))
@@ -194,7 +198,30 @@ def llama_server(gguf: Path, cpus: list[int], slots: int, log_path: Path) -> Ser
         "-1",
         "--metrics",  # its own count of generated tokens, which the bench's client cannot read (predicted_tokens)
     ]
-    return ServerProcess(srv.bench_env(), log_path, argv, "/health", "llama.cpp")
+    return ServerProcess(srv.bench_env() | (env or {}), log_path, argv, "/health", "llama.cpp")
+
+
+def start_llama(
+    ctx: Context, peer: dict[str, Any], gguf: Path, cpus: list[int], slots: int, log_path: Path
+) -> ServerProcess:
+    """llama-server, started. One that dies of SIGILL while it loads with its weight repacking on (on an Intel guest
+    with AMX its AMX kernel's `tilezero` did) is started again with repacking off (LLAMA_ARG_REPACK=0, which keeps it
+    off those kernels and off its repacked AVX-512 layouts too), as is every later llama-server of the run: a fallback
+    the table names. A user's own LLAMA_ARG_REPACK is left as it is."""
+    off = peer.get("repack_off")
+    server = llama_server(gguf, cpus, slots, log_path, REPACK_OFF if off else None)
+    try:
+        return start(server, ctx)
+    except RuntimeError:
+        if off or "LLAMA_ARG_REPACK" in os.environ or server.proc is None or server.proc.returncode != -signal.SIGILL:
+            raise
+    peer["repack_off"] = (
+        f"llama-server died of SIGILL (an illegal instruction) loading {gguf.name} with its weight repacking on, so "
+        "it and every llama-server after it in this run ran with repacking off (LLAMA_ARG_REPACK=0): off its "
+        "repacked (AVX-512, AMX) kernels, which flatters ours"
+    )
+    log(f"peer: {peer['repack_off']}")
+    return start(llama_server(gguf, cpus, slots, log_path, REPACK_OFF), ctx)
 
 
 def predicted_tokens(url: str) -> float:
@@ -289,8 +316,8 @@ def run(ctx: Context, options: PeerOptions) -> Output:
                 first_llama = None
                 if not ours_first:  # llama.cpp started first this repetition
                     cpus = ctx.reported.engine_cpus if ctx.reported else [0]
-                    first_llama = start(
-                        llama_server(ggufs[fmt], cpus, opts.concurrencies[0], llama_log(opts.concurrencies[0])), ctx
+                    first_llama = start_llama(
+                        ctx, peer, ggufs[fmt], cpus, opts.concurrencies[0], llama_log(opts.concurrencies[0])
                     )
                     live.append(first_llama)
                 ours = start(
@@ -311,7 +338,7 @@ def run(ctx: Context, options: PeerOptions) -> Output:
                 for c in opts.concurrencies:
                     llama = first_llama if (first_llama and c == opts.concurrencies[0]) else None
                     if llama is None:
-                        llama = start(llama_server(ggufs[fmt], cpus, c, llama_log(c)), ctx)
+                        llama = start_llama(ctx, peer, ggufs[fmt], cpus, c, llama_log(c))
                         live.append(llama)
                     if rep == 0 and c == opts.concurrencies[0]:
                         check = tokenization(ours.url, llama.url, tokenizer)
@@ -445,7 +472,7 @@ def section(results: dict[str, Any], comparisons: list[Comparison], decoded: lis
         f"restarted per repetition), {o.get('input_len')} input / {o.get('output_len')} output tokens, "
         f"{p.get('threads')} compute thread(s) on CPU(s) {p.get('engine_cpus')} for both, llama.cpp's parallel slots = "
         "concurrency; ratios ours/llama.cpp (output tok/s above 1: ours faster; latencies below 1: ours faster). "
-        f"{_recounted(p)}",
+        f"{_recounted(p)}" + (f" **{p['repack_off']}.**" if p.get("repack_off") else ""),
         "",
         comparison_table([c for c in comparisons if c.name.startswith("peer")], PEER_COLUMNS, verdicts=False),
         "",

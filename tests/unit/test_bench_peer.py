@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench import peer
 
 
@@ -82,3 +84,43 @@ def test_llama_cpp_reads_the_token_table_whole_only_where_it_is_the_output_head(
         assert ("output.weight" not in sizes) == tied
         table = 0 if not tied else sizes["token_embd.weight"]
         assert peer.gguf_bytes_per_token(path) == sum(sizes.values()) - sizes["token_embd.weight"] + table
+
+
+FAKE_LLAMA_SERVER = """#!{python}
+import http.server, os, signal, sys
+if os.environ.get("LLAMA_ARG_REPACK") != "0":  # as llama.cpp's AMX kernel did on a guest, while loading
+    os.kill(os.getpid(), signal.SIGILL)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{{"status": "ok"}}')
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Health).serve_forever()
+"""
+
+
+def test_a_llama_server_that_dies_of_sigill_while_loading_runs_with_repacking_off_and_the_table_says_so(
+    tmp_path, monkeypatch
+):
+    import sys
+    from types import SimpleNamespace
+
+    fake = tmp_path / "bin" / "llama-server"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable))
+    fake.chmod(0o755)
+    monkeypatch.setattr(peer, "BIN", fake.parent)
+    monkeypatch.delenv("LLAMA_ARG_REPACK", raising=False)
+    ctx, state = SimpleNamespace(startup_s={}), {}
+    servers = [peer.start_llama(ctx, state, tmp_path / "m.gguf", [0], c, tmp_path / f"c{c}.log") for c in (1, 4)]
+    for server in servers:
+        assert server.env["LLAMA_ARG_REPACK"] == "0" and server.proc.poll() is None
+        server.close()
+    assert "SIGILL" in state["repack_off"] and "m.gguf" in state["repack_off"]
+    assert len(ctx.startup_s["llama.cpp"]) == 2  # the second started with repacking off at once
+    results = {"peer": {"repack_off": state["repack_off"], "runs": []}, "options": {}}
+    assert "LLAMA_ARG_REPACK=0" in "\n".join(peer.section(results, [], []))
+    # A user's own setting is left as it is: the crash is the bench's error then.
+    monkeypatch.setenv("LLAMA_ARG_REPACK", "1")
+    with pytest.raises(RuntimeError, match="exited with -4"):
+        peer.start_llama(ctx, {}, tmp_path / "m.gguf", [0], 1, tmp_path / "user.log")
