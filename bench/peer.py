@@ -333,6 +333,8 @@ def run(ctx: Context, options: PeerOptions) -> Output:
                 ours_ready(ctx, lambda: None)(ours)
                 # What one decode step reads as the service holds the weights (its dtype may not be the file's).
                 peer["formats"][fmt]["read_per_token"] = ctx.reported.read_per_token
+                # What ours ran is part of the result: a calibration may choose another kernel than the table's.
+                peer["formats"][fmt]["kernel"] = ctx.reported.linear_kernel
                 cpus = ctx.reported.engine_cpus
                 peer.update(engine_cpus=cpus, threads=len(cpus))
                 for c in opts.concurrencies:
@@ -477,6 +479,9 @@ def section(results: dict[str, Any], comparisons: list[Comparison], decoded: lis
         comparison_table([c for c in comparisons if c.name.startswith("peer")], PEER_COLUMNS, verdicts=False),
         "",
     ]
+    kernels = [f"{fmt}: {data['kernel']}" for fmt, data in p.get("formats", {}).items() if data.get("kernel")]
+    if kernels:
+        parts += [f"Our linear layers ran: {'; '.join(kernels)}.", ""]
     if p.get("tokenization"):
         parts += [f"Tokenization check: {p['tokenization']}", ""]
     for failed in p.get("failed", []):

@@ -57,6 +57,15 @@ class Reported:
         return int(found["value"]) if found else None
 
     @property
+    def linear_kernel(self) -> str:
+        """The kernel the service's linear layers run, and what chose it (a calibration, the table, the user)."""
+        found = {d["setting"]: d for d in self.raw["decisions"]}
+        if kernel := found.get("quant.linear_kernel"):
+            return f"{kernel['value']} ({kernel['source']})"
+        dtype = found.get("engine.dtype", {}).get("value", "")
+        return f"the {self.raw['backend']['name']} backend's {dtype} GEMM".replace("  ", " ")
+
+    @property
     def reserved_cpus(self) -> list[int]:
         return sorted(parse_cpulist(self.raw["threads"]["reserved"] or ""))
 

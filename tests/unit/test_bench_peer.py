@@ -42,6 +42,22 @@ def test_ours_bytes_per_token_are_the_services_own_decision():
     assert Reported({"decisions": []}).read_per_token is None
 
 
+def test_the_peer_section_says_which_kernel_ours_ran_and_what_chose_it():
+    """A calibration may choose another kernel than the table's (on AMX it once left W4A8 out): the table says."""
+    from bench.servers import Reported
+
+    calibrated = {"setting": "quant.linear_kernel", "value": "amx-w4a8", "source": "calibration", "reason": ""}
+    bf16 = {"setting": "engine.dtype", "value": "bfloat16", "source": "policy", "reason": ""}
+    backend = {"name": "amx"}
+    assert Reported({"decisions": [calibrated, bf16], "backend": backend}).linear_kernel == "amx-w4a8 (calibration)"
+    assert Reported({"decisions": [bf16], "backend": backend}).linear_kernel == "the amx backend's bfloat16 GEMM"
+    results = {
+        "peer": {"runs": [], "formats": {"q4_0": {"kernel": "amx-w4a8 (calibration)"}, "old": {}}},
+        "options": {},
+    }
+    assert "Our linear layers ran: q4_0: amx-w4a8 (calibration)." in peer.section(results, [], [])
+
+
 def test_each_format_pairs_a_service_model_with_a_gguf_type():
     assert peer.FORMATS["bf16"] == (None, "BF16")
     assert peer.FORMATS["q8_0"] == ("w8a8", "Q8_0") and peer.FORMATS["q4_0"] == ("w4a16", "Q4_0")
