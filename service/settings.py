@@ -154,8 +154,9 @@ class Settings(BaseSettings):
     engine_stall_seconds: float = Field(
         300.0,
         ge=0,
-        description="An engine core that answers no probe for this long (probed every 5 s, answered between steps) "
-        "is hung: /health turns 503 and the service exits 3, to be restarted; 0: never",
+        description="An engine core that answers no probe for this long (probed every 5 s, answered between steps), "
+        "or a start whose processes use under 5% of a core and move no data for this long, is hung: /health turns "
+        "503 and the service exits 3, to be restarted; 0: never",
     )
     warmup: bool = Field(True, description="Run one generation before /ready turns 200")
     tool_call_parser: str = Field(

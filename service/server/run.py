@@ -28,6 +28,7 @@ from service.self_preload import mapped_files, missing_from, reexec_argv, reexec
 from service.server.engine_death import alive, oom_note
 from service.server.engine_probe import HangProbe
 from service.server.lifecycle import Lifecycle, Phase
+from service.server.start_watch import StartWatch, process_usage
 from service.settings import Settings
 from service.startup import apply, build_report, calibrated_report, choose_model, prepare_model
 
@@ -253,6 +254,9 @@ async def _serve(
             if lifecycle.phase is Phase.DRAINING:  # stopped while starting: _end_engine_start stopped its processes
                 log.warning("engine start ended by the stop: %s", exc)
                 return
+            if lifecycle.phase is Phase.DEAD:  # a hung start: _watch_start killed its processes and said why
+                log.warning("engine start ended: %s", exc)
+                return
             refused = isinstance(exc, EngineConfigRefused)
             if refused:
                 reason = f"refusing to start: {exc}"
@@ -274,6 +278,7 @@ async def _serve(
 
     async with contextlib.AsyncExitStack() as stack:
         engine_task = asyncio.create_task(bring_up(stack))
+        start_watch = asyncio.create_task(_watch_start(lifecycle, server, settings.engine_stall_seconds))
         # uvicorn logs its address only for the sockets it binds itself
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
@@ -283,9 +288,10 @@ async def _serve(
         _note_a_death_while_stopping(lifecycle)
         if lifecycle.engine is None and not engine_task.done():
             await _end_engine_start(engine_task)
-        engine_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await engine_task
+        for task in (engine_task, start_watch):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     _stop_leftover_engine_processes(lifecycle.engine_processes)
     return lifecycle.exit_code
 
@@ -317,6 +323,34 @@ async def _watchdog(lifecycle: Lifecycle, server: uvicorn.Server, stall_s: float
         server.should_exit = True
         if hung is not None:  # its requests can never finish: waiting the grace period would only delay the restart
             server.force_exit = True
+
+
+async def _watch_start(lifecycle: Lifecycle, server: uvicorn.Server, stall_s: float) -> None:
+    """While the engine starts and warms up (the watchdog's probe takes over once it serves): a start that makes no
+    progress for `stall_s` is hung. Its processes are killed (a stopped one acts on no other signal), which ends
+    vLLM's wait for them, and the service exits 3 to be restarted, as for a hang of a running engine."""
+    if stall_s <= 0:
+        return
+    watch = StartWatch(process_usage, stall_s)
+    while lifecycle.phase in (Phase.STARTING, Phase.WARMING_UP) and not server.should_exit:
+        await asyncio.sleep(WATCHDOG_INTERVAL_S)
+        if (hung := watch.look()) is None:
+            continue
+        lifecycle.set_phase(Phase.DEAD, hung)
+        log.error("engine is dead (%s): exiting", hung)
+        _kill_descendants()
+        await asyncio.sleep(DEAD_LINGER_S)
+        lifecycle.exit_code = EXIT_ENGINE_DIED
+        server.should_exit = server.force_exit = True
+        return
+
+
+def _kill_descendants() -> None:
+    import psutil
+
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
 
 
 async def _end_what_a_hung_engine_holds(lifecycle: Lifecycle, reason: str) -> None:

@@ -13,9 +13,10 @@ import httpx
 import psutil
 import pytest
 
+from harness import ServerProcess
 from service.server.engine_probe import PROBE_INTERVAL_S
 from tests.reliability.conftest import SERVED, start_server
-from tests.support.server import watch_until_exit
+from tests.support.server import MODELS, service_env, watch_until_exit
 
 pytestmark = pytest.mark.engine
 
@@ -137,6 +138,47 @@ def test_a_hung_engine_core_fails_health_answers_its_requests_and_exits_non_zero
         assert not _engine_processes_left(server.pid)
     finally:
         server.process.kill_group()
+
+
+START_STALL_S = 8.0
+
+
+def test_a_start_that_hangs_fails_health_and_exits_non_zero(reliability_logs):
+    """An engine core stopped while it loads (SIGSTOP stands for a deadlock or a lock never released): vLLM waits
+    for its handshake with no limit, and the service said "starting" for ever. A normal start under the same short
+    limit is not mistaken for one: the demo model's start makes progress every second."""
+    log_path = reliability_logs / "start-hang.log"
+    env = service_env(MODELS, max_model_len="1024", engine_stall_seconds=f"{START_STALL_S:g}")
+    process = ServerProcess(env, log_path, name="start-hang").start()
+    try:
+        deadline = time.monotonic() + 300
+        while (core := _named(process.pid, "VLLM::EngineCore")) is None:
+            assert process.proc.poll() is None and time.monotonic() < deadline, process.log_tail()
+            time.sleep(0.1)
+        assert httpx.get(f"{process.url}/health").status_code == 200, process.log_tail()
+        stopped_at = time.monotonic()
+        core.send_signal(signal.SIGSTOP)
+        exit_ = watch_until_exit(process, stopped_at, START_STALL_S + 30)
+        log = log_path.read_text()
+        print(f"start hang: /health 503 after {exit_.health_503_after}s, exit {exit_.code} after {exit_.after:.1f}s")
+        assert exit_.code == EXIT_ENGINE_DIED, log[-3000:]
+        # Not before a whole window without progress; the worker the engine core spawned may load for a while first.
+        assert exit_.health_503_after is not None and START_STALL_S <= exit_.health_503_after <= START_STALL_S + 15
+        assert f"engine is dead (engine start hung: in {START_STALL_S:.0f} s" in log, log[-3000:]
+        assert f"VLLM::EngineCore (pid {core.pid}) stopped" in log, log[-3000:]
+        assert "ready: serving" not in log
+        # Nothing of its process group runs on: the stopped engine core was killed, not left stopped.
+        left = [p for p in psutil.process_iter(["status"]) if _in_group(p, process.pid) and p.pid != process.pid]
+        assert [p for p in left if p.info["status"] != psutil.STATUS_ZOMBIE] == [], left
+    finally:
+        process.kill_group()
+
+
+def _named(pid: int, name: str) -> psutil.Process | None:
+    try:
+        return next((p for p in psutil.Process(pid).children(recursive=True) if p.name() == name), None)
+    except psutil.Error:
+        return None
 
 
 def _keep_busy(url: str, done: threading.Event) -> None:
