@@ -7,15 +7,41 @@ import contextlib
 import json
 import logging
 from argparse import Namespace
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from service.server.response_models import drop_request_validator
 
 log = logging.getLogger("service.engine")
+T = TypeVar("T")
+
+
+class EngineDied(Exception):
+    """The engine died during a step of the start that waited on it."""
+
+    def __init__(self, engine: Any) -> None:
+        super().__init__("the engine died while the service set it up")
+        self.engine = engine
+
+
+DEAD_POLL_S = 0.25  # vLLM marks a dead engine with a flag, not an event
+
+
+async def unless_dead(engine: Any, step: Awaitable[T]) -> T:
+    """`step`, given up as soon as vLLM marks the engine dead. A utility call or request the engine core had not
+    answered when it died waits for ever (vLLM fails only the calls made after): an engine core that died just
+    after its handshake, as its worker was killed, held the start in "starting" with nothing left to wait for."""
+    task = asyncio.ensure_future(step)
+    try:
+        while not (await asyncio.wait({task}, timeout=DEAD_POLL_S))[0]:
+            if engine.errored:
+                raise EngineDied(engine)
+        return task.result()
+    finally:
+        task.cancel()
 
 
 class EngineConfigRefused(Exception):
@@ -127,9 +153,9 @@ async def start_engine(args: Namespace, state: Any, stack: contextlib.AsyncExitS
     dropped = drop_request_validator()
     log.info("response models built without vLLM's request-side validator: %s", ", ".join(dropped) or "none had it")
     stack.callback(engine.shutdown)
-    supported = await engine.get_supported_tasks()
+    supported = await unless_dead(engine, engine.get_supported_tasks())
     vllm_app = build_app(args, supported, engine.model_config)
-    await init_app_state(engine, state, args, supported)
+    await unless_dead(engine, init_app_state(engine, state, args, supported))
     return engine, vllm_app
 
 

@@ -25,7 +25,7 @@ from service.facts.software import KERNEL_SOURCE
 from service.kernels.build_at_start import build_at_start
 from service.report import StartupReport
 from service.self_preload import mapped_files, missing_from, reexec_argv, reexec_environ, restore_user_preload
-from service.server.engine_death import alive, oom_note
+from service.server.engine_death import alive, death_cause, oom_note
 from service.server.engine_probe import HangProbe
 from service.server.lifecycle import Lifecycle, Phase
 from service.server.start_watch import StartWatch, process_usage
@@ -208,9 +208,11 @@ async def _serve(
     from service.server.app import create_app
     from service.server.engine import (
         EngineConfigRefused,
+        EngineDied,
         cache_vllm_environment,
         serving_lifespan,
         start_engine,
+        unless_dead,
         vllm_args,
         warm_up,
     )
@@ -246,7 +248,8 @@ async def _serve(
             await asyncio.to_thread(shell.app.openapi)
             lifecycle.set_phase(Phase.WARMING_UP, "engine up, warm-up request running")
             if settings.warmup:
-                await warm_up(shell.app, served, embedding, {"Authorization": f"Bearer {key}"} if key else {})
+                headers = {"Authorization": f"Bearer {key}"} if key else {}
+                await unless_dead(lifecycle.engine, warm_up(shell.app, served, embedding, headers))
             frozen = await stack.enter_async_context(serving_lifespan(shell.app))
             cache_vllm_environment()
             log.info("froze %d start-up objects out of the garbage collector (as vLLM's own server does)", frozen)
@@ -260,6 +263,10 @@ async def _serve(
             refused = isinstance(exc, EngineConfigRefused)
             if refused:
                 reason = f"refusing to start: {exc}"
+                log.error("%s", reason)
+            elif isinstance(exc, EngineDied):  # its processes say how; vLLM's traceback is in the log above
+                cause = death_cause(exc.engine, lifecycle.engine_processes, lifecycle.oom_kills_since_start())
+                reason = f"engine failed to start: {exc}: {cause}"
                 log.error("%s", reason)
             else:
                 oom = oom_note(lifecycle.oom_kills_since_start())  # a process killed by SIGKILL logs nothing

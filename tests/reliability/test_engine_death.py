@@ -140,6 +140,32 @@ def test_a_hung_engine_core_fails_health_answers_its_requests_and_exits_non_zero
         server.process.kill_group()
 
 
+def test_a_worker_killed_as_the_engine_comes_up_ends_the_start_with_exit_3(reliability_logs):
+    """The worker dies just as its engine core reports ready (the OOM killer's moment: the KV cache is allocated):
+    the engine core dies a moment after its handshake, while the service asks it for its tasks. That call waited
+    for ever (vLLM fails only the calls made after a death): "starting", with nothing left to wait for."""
+    log_path = reliability_logs / "worker-killed-starting.log"
+    process = ServerProcess(service_env(MODELS, max_model_len="1024"), log_path, name="worker-killed-starting").start()
+    try:
+        deadline = time.monotonic() + 300
+        while "init engine (profile, create kv cache, warmup model) took" not in log_path.read_text():
+            assert process.proc.poll() is None and time.monotonic() < deadline, process.log_tail()
+            time.sleep(0.02)
+        worker = _named(process.pid, "VLLM::Worker")
+        assert worker is not None, process.log_tail()
+        killed_at = time.monotonic()
+        worker.send_signal(signal.SIGKILL)
+        exit_ = watch_until_exit(process, killed_at, EXIT_DEADLINE_S + 5)
+        log = log_path.read_text()
+        print(f"worker killed while starting: exit {exit_.code} after {exit_.after:.1f}s")
+        assert exit_.code == EXIT_ENGINE_DIED and exit_.after <= EXIT_DEADLINE_S, log[-3000:]
+        assert "ERROR service: engine failed to start: " in log, log[-3000:]
+        assert "ready: serving" not in log
+        assert not _engine_processes_left(process.pid)
+    finally:
+        process.kill_group()
+
+
 START_STALL_S = 8.0
 
 

@@ -1,9 +1,11 @@
-"""The hang probe: a pending probe older than the stall limit is a hung engine core; an answered one is not."""
+"""The hang probe: a pending probe older than the stall limit is a hung engine core; an answered one is not. And a
+start-up step that waits on the engine ends once vLLM marks the engine dead."""
 
 from __future__ import annotations
 
 import asyncio
 
+from service.server.engine import DEAD_POLL_S, EngineDied, unless_dead
 from service.server.engine_probe import PROBE_INTERVAL_S, HangProbe
 
 
@@ -69,3 +71,40 @@ def test_a_probe_that_raises_counts_as_answered_and_is_retrieved():
         return probe.look()
 
     assert asyncio.run(scenario()) is None
+
+
+class Engine:
+    errored = False
+
+
+def test_a_step_the_engine_never_answers_ends_once_the_engine_is_dead():
+    """vLLM fails only the calls made after its engine died: one pending at the death waited for ever."""
+
+    async def scenario() -> tuple[bool, float, bool]:
+        engine, never = Engine(), asyncio.Event()
+        step = asyncio.ensure_future(never.wait())
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.3, setattr, engine, "errored", True)
+        started = loop.time()
+        try:
+            await unless_dead(engine, step)
+        except EngineDied as exc:
+            took = loop.time() - started
+            await asyncio.sleep(0)  # the cancellation it asked for runs
+            return exc.engine is engine, took, step.cancelled()
+        return False, 0.0, False
+
+    named, took, cancelled = asyncio.run(scenario())
+    assert named and cancelled
+    assert 0.3 <= took <= 0.3 + 2 * DEAD_POLL_S, took
+
+
+def test_a_step_of_a_live_engine_gives_its_result_however_long_it_takes():
+    async def scenario() -> str:
+        async def slow() -> str:
+            await asyncio.sleep(3 * DEAD_POLL_S)
+            return "answered"
+
+        return await unless_dead(Engine(), slow())
+
+    assert asyncio.run(scenario()) == "answered"
