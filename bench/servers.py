@@ -62,8 +62,7 @@ class Reported:
         found = {d["setting"]: d for d in self.raw["decisions"]}
         if kernel := found.get("quant.linear_kernel"):
             return f"{kernel['value']} ({kernel['source']})"
-        dtype = found.get("engine.dtype", {}).get("value", "")
-        return f"the {self.raw['backend']['name']} backend's {dtype} GEMM".replace("  ", " ")
+        return f"the {self.raw['backend']['name']} backend's {found['engine.dtype']['value']} GEMM"
 
     @property
     def reserved_cpus(self) -> list[int]:
