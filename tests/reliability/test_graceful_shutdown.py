@@ -282,10 +282,22 @@ def test_a_stop_while_the_engine_starts_ends_the_start_at_once_and_exits_zero(re
         assert "init engine (profile, create kv cache, warmup model) took" not in log, log[-3000:]
         assert took < 20, took
         # Nothing of its process group runs on (an exited child the container's init has yet to reap holds nothing).
-        left = [p.info for p in psutil.process_iter(["pid", "name", "status"]) if _group(p) == process.pid]
-        assert [p for p in left if p["status"] != psutil.STATUS_ZOMBIE] == [], left
+        # Python's multiprocessing resource tracker ignores SIGTERM and ends once the service's exit closes its pipe:
+        # it may still be cleaning up for a moment (seen once in a CI run).
+        deadline = time.monotonic() + 5
+        while (left := _running_in_group(process.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert left == [], left
     finally:
         process.kill_group()
+
+
+def _running_in_group(pgid: int) -> list[dict]:
+    return [
+        p.info
+        for p in psutil.process_iter(["pid", "name", "status"])
+        if _group(p) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE
+    ]
 
 
 def _group(proc: psutil.Process) -> int | None:
