@@ -27,6 +27,7 @@ from service.server.engine_responses import engine_endpoint
 from service.server.errors import ServiceError, install_error_handlers
 from service.server.lifecycle import Lifecycle, Phase
 from service.server.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
+from service.server.request_id import RequestIdMiddleware
 from service.server.routes import ENGINE_ROUTES, SERVICE_ROUTES, UNCOUNTED, Access, served_engine_route
 from service.settings import Settings
 
@@ -118,6 +119,7 @@ def create_app(
 
     Instrumentator(excluded_handlers=list(UNCOUNTED), registry=metrics.registry).instrument(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(RequestIdMiddleware)  # outside the body limit: its 413 names the request too
     # Outermost: preflights need no API key, and refusals (401, 413, 503) carry the headers a page needs to read them.
     app.add_middleware(
         CORSMiddleware,
@@ -125,7 +127,7 @@ def create_app(
         allow_origin_regex=LOCAL_ORIGINS,
         allow_methods=["*"],
         allow_headers=["*"],
-        expose_headers=["Retry-After"],
+        expose_headers=["Retry-After", "X-Request-Id"],
     )
     return HttpShell(app, attach_engine)
 

@@ -53,6 +53,26 @@ def test_chat_completion(client, chat_server):
     assert out.choices[0].message.role == "assistant" and out.usage.completion_tokens == 5
 
 
+def test_each_answer_names_its_request_as_openai_does(client, chat_server):
+    """`x-request-id`, which the official client reads as `_request_id`: a new id the answer's own id is made of
+    (the engine ran the request under it), or the client's X-Request-Id; error answers carry it too."""
+    args = dict(model=chat_server.served_model, messages=MESSAGES, max_tokens=3, temperature=0)
+    out = client.chat.completions.create(**args)
+    assert out._request_id and out.id == f"chatcmpl-{out._request_id}", (out.id, out._request_id)
+    again = client.chat.completions.create(**args)
+    assert again._request_id != out._request_id
+    mine = client.completions.create(
+        model=chat_server.served_model, prompt="hi", max_tokens=2, extra_headers={"X-Request-Id": "trace-7"}
+    )
+    assert mine._request_id == "trace-7" and mine.id == "cmpl-trace-7"
+    stream = client.chat.completions.with_raw_response.create(**args, stream=True)
+    chunks = list(stream.parse())
+    assert stream.headers["x-request-id"] and {c.id for c in chunks} == {f"chatcmpl-{stream.headers['x-request-id']}"}
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(**(args | {"model": "gpt-4o"}))
+    assert err.value.request_id and err.value.response.headers["x-request-id"] == err.value.request_id
+
+
 def test_streaming_usage_matches_non_streamed(client, chat_server):
     args = dict(model=chat_server.served_model, messages=MESSAGES, max_tokens=12, temperature=0)
     plain = client.chat.completions.create(**args)
