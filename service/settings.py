@@ -165,11 +165,17 @@ class Settings(BaseSettings):
     reasoning_parser: str = Field(
         "auto", description="vLLM reasoning parser: auto (from the chat template), none, or a vLLM name"
     )
+    chat_template: Path | None = Field(
+        None,
+        description="Jinja chat template file used instead of the model's (a base model has none); the tool-call and "
+        "reasoning parsers are then chosen from it",
+        json_schema_extra={"shown": "the model's"},
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="debug, info, warning, error")
 
     _field_sources: dict[str, FieldSource] = PrivateAttr(default_factory=dict)
 
-    @field_validator("model", "served_model_name", "api_key_file", mode="before")
+    @field_validator("model", "served_model_name", "api_key_file", "chat_template", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         # Compose passes unset variables as empty strings.

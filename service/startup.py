@@ -91,7 +91,9 @@ def build_report(
     model_error = model.error if model else None
     if model and model.location:
         try:
-            model_facts = inspect_model(model.location, cache_dir=settings.cache_dir)
+            model_facts = inspect_model(
+                model.location, cache_dir=settings.cache_dir, chat_template=settings.chat_template
+            )
         except (ModelNotFound, OSError, ValueError) as exc:
             model_error = f"model {model.location!r}: {exc}"
     plan = build_plan(

@@ -78,12 +78,26 @@ def _added_tokens(directory: Path, tokenizer_config: dict[str, Any]) -> list[dic
     return [t for t in tokens if isinstance(t, dict)] if isinstance(tokens, list) else []
 
 
-def read_chat_template(directory: Path) -> ChatTemplateFacts:
+def read_chat_template(directory: Path, template_file: Path | None = None) -> ChatTemplateFacts:
+    """The model's template, or `template_file` in its place (the chat_template setting), with the model's tokens."""
     tokenizer_config = _read_json(directory / "tokenizer_config.json")
-    source, template = _template(directory, tokenizer_config)
+    source, template = read_template_file(template_file) if template_file else _template(directory, tokenizer_config)
     tokens = _added_tokens(directory, tokenizer_config)
     added = [(str(t.get("content", "")), bool(t.get("special"))) for t in tokens]
     return chat_template_facts(source, template, added)
+
+
+def read_template_file(path: Path) -> tuple[str, str]:
+    """(its absolute path, its text) of a chat template file; ValueError naming what is wrong with it."""
+    path = path.expanduser().absolute()
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValueError(f"chat_template {path} cannot be read: {reason}") from None
+    if not text.strip():
+        raise ValueError(f"chat_template {path} is empty")
+    return str(path), text
 
 
 def chat_template_facts(

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from service.facts import gguf_cache
-from service.facts.chat_template import ChatTemplateFacts, chat_template_facts, read_chat_template
+from service.facts.chat_template import ChatTemplateFacts, chat_template_facts, read_chat_template, read_template_file
 from service.facts.gguf import GgufFacts, find_gguf, read_gguf
 from service.facts.json_file import read_json
 from service.facts.quantization import QuantFacts, dense_layers, read_quantization
@@ -374,36 +374,41 @@ def _decode_reads(tensors: dict[str, dict[str, Any]]) -> DecodeReads | None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def inspect_model(model: str, hf_cache: Path | None = None, cache_dir: Path | None = None) -> ModelFacts:
-    """`cache_dir`: where a GGUF file's facts are kept between starts (service/facts/gguf_cache.py)."""
+def inspect_model(
+    model: str, hf_cache: Path | None = None, cache_dir: Path | None = None, chat_template: Path | None = None
+) -> ModelFacts:
+    """`cache_dir`: where a GGUF file's facts are kept between starts (service/facts/gguf_cache.py);
+    `chat_template`: a template file served instead of the model's own (the chat_template setting)."""
     gguf = find_gguf(Path(model).expanduser())
     if gguf is not None:
         path = gguf.absolute()
-        return _gguf_model(gguf_cache.read_gguf(path, cache_dir) if cache_dir else read_gguf(path))
+        return _gguf_model(gguf_cache.read_gguf(path, cache_dir) if cache_dir else read_gguf(path), chat_template)
     directory = resolve_model_path(model, hf_cache)
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise ModelNotFound(f"{directory} has no config.json: not a Hugging Face model directory")
     cfg = read_json(config_file)
-    return _facts_from_config(cfg, directory)
+    return _facts_from_config(cfg, directory, chat_template)
 
 
-def _gguf_model(gguf: GgufFacts) -> ModelFacts:
+def _gguf_model(gguf: GgufFacts, template_file: Path | None = None) -> ModelFacts:
     """A GGUF file as the model its converted copy is: dequantized weights (fp32 precision), the file's tokenizer."""
     cfg = {**gguf.config, "architectures": [gguf.hf_architecture or ""], "torch_dtype": "float32"}
     facts = _facts_from_config(cfg, None)
-    template = gguf.chat_template or ""
+    source, template = (
+        read_template_file(template_file) if template_file else ("GGUF metadata", gguf.chat_template or "")
+    )
     return replace(
         facts,
         path=gguf.path,
         weight_bytes=gguf.parameters * 4,
         decode_reads=DecodeReads(gguf.read_per_token_elements, 0),  # its converted copy is float
-        chat_template=chat_template_facts("GGUF metadata" if template else None, template, gguf.added_tokens),
+        chat_template=chat_template_facts(source if template else None, template, gguf.added_tokens),
         gguf=gguf,
     )
 
 
-def _facts_from_config(cfg: Config, directory: Path | None) -> ModelFacts:
+def _facts_from_config(cfg: Config, directory: Path | None, template_file: Path | None = None) -> ModelFacts:
     """Facts from a parsed config.json plus what lies next to it in `directory` (None: nothing does)."""
     lm = _language_model_config(cfg)
     architecture = str((cfg.get("architectures") or [""])[0])
@@ -432,7 +437,7 @@ def _facts_from_config(cfg: Config, directory: Path | None) -> ModelFacts:
         qk_rope_head_dim=int(lm["qk_rope_head_dim"]) if lm.get("qk_rope_head_dim") is not None else None,
         vocab_size=int(lm["vocab_size"]) if lm.get("vocab_size") else None,
         is_multimodal=any(cfg.get(key) is not None for key in _MULTIMODAL_KEYS),
-        chat_template=read_chat_template(directory) if directory else None,
+        chat_template=read_chat_template(directory, template_file) if directory else None,
         quant=read_quantization(lm),
         linear_shapes=tuple(dict.fromkeys((k, n) for _, _, k, n in dense_layers(lm))),
         linear_key_head_dim=_int_or_none(lm, "linear_key_head_dim"),

@@ -78,13 +78,25 @@ def chat_decisions(model: ModelFacts, settings: Settings) -> PolicyResult:
     """Engine arguments for tool calling and reasoning (none for pooling models), and parsers vLLM lacks."""
     errors = unknown_parser_errors(settings)
     template = model.chat_template
+    chosen = [] if template is None or settings.chat_template is None else [_template_decision(template)]
     if model.is_embedding or template is None:
-        return PolicyResult(errors=tuple(errors))
+        return PolicyResult.of(*chosen, errors=errors)
     decisions = [
+        *chosen,
         *_tool_decisions(template, settings.tool_call_parser),
         _reasoning_decision(template, settings.reasoning_parser),
     ]
     return PolicyResult.of(*decisions, errors=errors)
+
+
+def _template_decision(template: ChatTemplateFacts) -> Decision:
+    """The user's template file (its absolute path, as the model facts read it), for vLLM's --chat-template."""
+    return engine(
+        "chat_template",
+        template.source,
+        "set by the user: served instead of the model's own; the tool-call and reasoning parsers are chosen from it",
+        "user",
+    )
 
 
 def _tool_decisions(template: ChatTemplateFacts, setting: str) -> list[Decision]:

@@ -126,6 +126,34 @@ def test_user_settings_win(tmp_path):
     assert sources["engine.tool_call_parser"] == "user" and "engine.enable_auto_tool_choice" not in sources
 
 
+def test_the_users_template_file_replaces_the_models_and_decides_the_parsers(tmp_path):
+    """A base model (no template) given a Qwen3-style one: the parsers come from the file, the markers that are the
+    model's own tokens from its tokenizer, and vLLM is handed the file by its absolute path."""
+    (tmp_path / "model").mkdir()
+    model_path = str(model_dir(tmp_path / "model", None, QWEN3_SPECIAL, QWEN3_ADDED))
+    template = tmp_path / "qwen3.jinja"
+    template.write_text(QWEN3_TEMPLATE)
+    model = inspect_model(model_path, chat_template=template)
+    assert model.chat_template.source == str(template) and model.chat_template.has_template
+    result = chat_decisions(model, Settings(chat_template=template))
+    got = {d.setting: (d.value, d.source) for d in result.decisions}
+    assert got["engine.chat_template"] == (str(template), "user")
+    assert got["engine.tool_call_parser"] == ("hermes", "policy")
+    assert got["engine.reasoning_parser"] == ("qwen3", "policy")
+    # Without the setting, the same model has no template, and the parsers say so.
+    plain = {d.setting: d.value for d in chat_decisions(inspect_model(model_path), Settings()).decisions}
+    assert "engine.chat_template" not in plain and plain["engine.tool_call_parser"] is None
+
+
+@pytest.mark.parametrize("content", [None, "", "\xff\xfe"])
+def test_a_template_file_that_cannot_serve_is_refused_naming_it(tmp_path, content):
+    path = tmp_path / "template.jinja"
+    if content is not None:
+        path.write_bytes(content.encode("latin-1"))
+    with pytest.raises(ValueError, match=f"chat_template {path} "):
+        inspect_model(str(model_dir(tmp_path, CHATML)), chat_template=path)
+
+
 def test_pooling_models_get_no_chat_decisions():
     model = inspect_model(str(FIXTURES / "bge-small-en-v1.5"))
     assert chat_decisions(model, Settings()).decisions == ()
