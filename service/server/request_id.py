@@ -1,6 +1,7 @@
 """Every answer names its request in `x-request-id`: the client's own X-Request-Id, or a new one. A new one is also
-put into the request's headers, where vLLM's serving layer takes the engine's request id from, so the header, the
-answer's id (`chatcmpl-<id>`) and vLLM's log lines of the request name the same one. OpenAI's API sends
+put into the request's headers, where vLLM's chat and completion serving take the engine's request id from, so the
+header, the answer's id (`chatcmpl-<id>`, `cmpl-<id>`) and vLLM's log lines of the request name the same one
+(/v1/responses makes its `resp_` id from the body instead). OpenAI's API sends
 x-request-id with every answer (the official client reads it as `_request_id`); vLLM sends one only with
 --enable-request-id-headers, and then a random one that matches nothing else when the client sent none.
 Pure ASGI middleware, so that refusals made before routing (413, 401, 503) carry it too."""
