@@ -9,6 +9,7 @@ ended, is a hang. Idle engine processes waiting on each other use about 1% (the 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -66,18 +67,23 @@ def _progressed(first: Usage, last: Usage, span: float) -> bool:
 
 def process_usage() -> Usage:
     """This process and every process under it, from /proc (psutil). A process that ends while it is read drops
-    out of the sample."""
+    out of the sample. This process's CPU leaves out the calling thread's, the event loop's: it answers the probes
+    (a client polling /health ten times a second costs it a few % of a core) and takes these samples, neither of
+    which is the start's progress; the start itself runs in vLLM's processes and in this process's other threads."""
     import psutil
 
     me = psutil.Process()
+    loop_thread = threading.get_native_id()
     pids, cpu_s, io_bytes, rss_bytes, states = set(), 0.0, 0, 0, []
     for proc in [me, *me.children(recursive=True)]:
         with contextlib.suppress(psutil.Error):
             with proc.oneshot():
                 times, io, rss = proc.cpu_times(), proc.io_counters(), proc.memory_info().rss
                 name, status = proc.name(), proc.status()
+                threads = proc.threads() if proc is me else []
             pids.add(proc.pid)
             cpu_s += times.user + times.system
+            cpu_s -= sum(t.user_time + t.system_time for t in threads if t.id == loop_thread)
             io_bytes += io.read_chars + io.write_chars
             rss_bytes += rss
             if proc is not me:

@@ -8,7 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
+import psutil
 import pytest
 
 from service.server.start_watch import IDLE_CPU_SHARE, MOVED_BYTES, StartWatch, Usage, process_usage
@@ -98,15 +101,39 @@ def test_progress_is_measured_over_the_last_window_not_since_the_start():
 
 
 def test_the_live_sample_counts_this_process_and_the_ones_under_it():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    spin = "import time\nend = time.thread_time() + 0.2\nwhile time.thread_time() < end: pass\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", spin])
     try:
+        deadline = time.monotonic() + 30
+        while sum(psutil.Process(child.pid).cpu_times()[:2]) < 0.2 and time.monotonic() < deadline:
+            time.sleep(0.05)
         child.send_signal(signal.SIGSTOP)
         os.waitpid(child.pid, os.WUNTRACED)  # stopped by now
         usage = process_usage()
         assert {os.getpid(), child.pid} <= usage.pids
-        assert usage.cpu_s > 0 and usage.rss_bytes > 0 and usage.io_bytes > 0
+        assert usage.cpu_s >= 0.2 and usage.rss_bytes > 0 and usage.io_bytes > 0
         assert f"python (pid {child.pid}) stopped" in usage.states, usage.states
         assert not any(f"(pid {os.getpid()})" in state for state in usage.states)
     finally:
         child.kill()
         child.wait()
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_the_calling_threads_cpu_is_not_the_starts_and_another_threads_is():
+    """The event loop takes the samples and answers /health (a client polling it ten times a second used a few % of
+    a core: a stopped start never looked idle); the start's own work runs in other threads and processes."""
+    before = process_usage().cpu_s
+    _spin(0.3)  # on the calling thread
+    after_loop = process_usage().cpu_s
+    worker = threading.Thread(target=_spin, args=(0.3,))
+    worker.start()
+    worker.join()
+    after_thread = process_usage().cpu_s
+    assert after_loop - before < 0.1, (before, after_loop)
+    assert after_thread - after_loop >= 0.25, (after_loop, after_thread)
