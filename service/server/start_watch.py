@@ -68,7 +68,7 @@ def _progressed(first: Usage, last: Usage, span: float) -> bool:
 def process_usage() -> Usage:
     """This process and every process under it, from /proc (psutil). A process that ends while it is read drops
     out of the sample. This process's CPU leaves out the calling thread's, the event loop's: it answers the probes
-    (a client polling /health ten times a second costs it a few % of a core) and takes these samples, neither of
+    (a client polling /health ten times a second added 1.6% of a core, measured on a ready demo server) and takes these samples, neither of
     which is the start's progress; the start itself runs in vLLM's processes and in this process's other threads."""
     import psutil
 
