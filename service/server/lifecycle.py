@@ -55,6 +55,11 @@ class Lifecycle:
             self.set_phase(Phase.DEAD, f"engine died: {cause}")
         return self.reason
 
+    def remember_engine_processes(self, processes: list[Any]) -> None:
+        """Adds the engine processes not seen before: one that ends during the start is then named in its cause."""
+        seen = {proc.pid for proc in self.engine_processes}
+        self.engine_processes += [proc for proc in processes if proc.pid not in seen]
+
     def engine_starting(self) -> None:
         self.oom_kills_at_start = _oom_kills()
 

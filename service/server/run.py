@@ -335,13 +335,14 @@ async def _watchdog(lifecycle: Lifecycle, server: uvicorn.Server, stall_s: float
 async def _watch_start(lifecycle: Lifecycle, server: uvicorn.Server, stall_s: float) -> None:
     """While the engine starts and warms up (the watchdog's probe takes over once it serves): a start that makes no
     progress for `stall_s` is hung. Its processes are killed (a stopped one acts on no other signal), which ends
-    vLLM's wait for them, and the service exits 3 to be restarted, as for a hang of a running engine."""
-    if stall_s <= 0:
-        return
-    watch = StartWatch(process_usage, stall_s)
+    vLLM's wait for them, and the service exits 3 to be restarted, as for a hang of a running engine. The engine's
+    processes are remembered as they appear: an engine that dies during the start is then told by the one that ended
+    (vLLM's start returns none of them)."""
+    watch = StartWatch(process_usage, stall_s) if stall_s > 0 else None
     while lifecycle.phase in (Phase.STARTING, Phase.WARMING_UP) and not server.should_exit:
         await asyncio.sleep(WATCHDOG_INTERVAL_S)
-        if (hung := watch.look()) is None:
+        lifecycle.remember_engine_processes(_engine_processes())
+        if watch is None or (hung := watch.look()) is None:
             continue
         lifecycle.set_phase(Phase.DEAD, hung)
         log.error("engine is dead (%s): exiting", hung)
@@ -428,7 +429,9 @@ def _stop_leftover_engine_processes(known: list, wait_s: float = 3.0) -> None:
 
 
 def _is_vllm_process(proc) -> bool:
+    """vLLM's engine core and workers: named "VLLM::..." once they run, and before that (their seconds of imports,
+    in which a worker can die too) the children multiprocessing spawned."""
     try:
-        return proc.name().startswith("VLLM::")
+        return proc.name().startswith("VLLM::") or "multiprocessing.spawn" in " ".join(proc.cmdline())
     except Exception:  # psutil.Error: gone already
         return False

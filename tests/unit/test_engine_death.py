@@ -161,3 +161,41 @@ def test_this_machines_count_is_read():
 
     live = live_oom_kills()
     assert live is not None and live.count >= 0 and live.scope in ("this cgroup", "this machine"), live
+
+
+def test_a_worker_seen_during_the_start_is_named_once_it_ended():
+    """The start watch remembers each engine process it sees (vLLM's start returns none): one seen twice is kept
+    once, and one that ended is named in the cause."""
+    from service.server.lifecycle import Lifecycle
+
+    worker, other = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+    try:
+        lifecycle = Lifecycle()
+        lifecycle.remember_engine_processes([psutil.Process(worker.pid)])
+        lifecycle.remember_engine_processes([psutil.Process(worker.pid), psutil.Process(other.pid)])
+        assert [proc.pid for proc in lifecycle.engine_processes] == [worker.pid, other.pid]
+        worker.kill()
+        worker.wait()
+        assert death_cause(None, lifecycle.engine_processes) == f"an engine worker process (pid {worker.pid}) ended"
+    finally:
+        for proc in (worker, other):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_spawned_child_counts_as_an_engine_process_before_vllm_names_it():
+    """vLLM's processes are spawned by multiprocessing and named "VLLM::..." only after seconds of imports; a
+    child that is neither is not one of them."""
+    from service.server.run import _is_vllm_process
+
+    spawned = multiprocessing.get_context("spawn").Process(target=_sleep)
+    spawned.start()
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        assert _is_vllm_process(psutil.Process(spawned.pid))
+        assert not _is_vllm_process(psutil.Process(other.pid))
+    finally:
+        spawned.kill()
+        spawned.join()
+        other.kill()
+        other.wait()
