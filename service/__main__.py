@@ -106,6 +106,9 @@ def serve(
     tensor_parallel_size: TpOpt = None,
     reserved_cpus: ReservedOpt = None,
     enforce_eager: Annotated[bool | None, typer.Option("--enforce-eager/--no-enforce-eager")] = None,
+    lora_adapter: Annotated[
+        list[str] | None, typer.Option("--lora-adapter", help="name=path of a LoRA adapter to serve (repeatable)")
+    ] = None,
 ) -> None:
     """Run the OpenAI-compatible server (API key: SERVICE_API_KEY or --api-key-file, never a flag)."""
     from service.server.run import run
@@ -123,6 +126,7 @@ def serve(
         tensor_parallel_size=tensor_parallel_size,
         reserved_cpus=reserved_cpus,
         enforce_eager=enforce_eager,
+        lora_adapters=lora_adapter or None,
     )
     raise typer.Exit(run(settings))
 

@@ -171,6 +171,12 @@ class Settings(BaseSettings):
         "reasoning parsers are then chosen from it",
         json_schema_extra={"shown": "the model's"},
     )
+    lora_adapters: Annotated[dict[str, Path], NoDecode] = Field(
+        default_factory=dict,
+        description="LoRA adapters (PEFT directories) served beside the model, each under its own model name: "
+        "`name=/path,name2=/path2` (or a JSON object); a request names one in `model`",
+        json_schema_extra={"shown": "none"},
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="debug, info, warning, error")
 
     _field_sources: dict[str, FieldSource] = PrivateAttr(default_factory=dict)
@@ -190,6 +196,22 @@ class Settings(BaseSettings):
         if value.strip().startswith("["):
             return json.loads(value)
         return [origin.strip() for origin in value.split(",") if origin.strip()]
+
+    @field_validator("lora_adapters", mode="before")
+    @classmethod
+    def _adapters(cls, value: Any) -> Any:
+        # A variable holds `name=path,...` (vLLM's --lora-modules form) or a JSON object; the flag gives a list of
+        # `name=path`; YAML and code give a mapping.
+        if isinstance(value, str):
+            if value.strip().startswith("{"):
+                return json.loads(value)
+            value = [item for item in value.split(",") if item.strip()]
+        if not isinstance(value, list):
+            return value
+        pairs = [str(item).split("=", 1) for item in value]
+        if bad := [item for item, pair in zip(value, pairs, strict=True) if len(pair) != 2 or not pair[0].strip()]:
+            raise ValueError(f"a LoRA adapter is given as name=path, not {bad[0]!r}")
+        return {name.strip(): path.strip() for name, path in pairs}
 
     @field_validator("api_key", mode="before")
     @classmethod

@@ -92,7 +92,10 @@ def build_report(
     if model and model.location:
         try:
             model_facts = inspect_model(
-                model.location, cache_dir=settings.cache_dir, chat_template=settings.chat_template
+                model.location,
+                cache_dir=settings.cache_dir,
+                chat_template=settings.chat_template,
+                lora_adapters=settings.lora_adapters,
             )
         except (ModelNotFound, OSError, ValueError) as exc:
             model_error = f"model {model.location!r}: {exc}"

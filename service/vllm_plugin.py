@@ -4,7 +4,8 @@ process does.
 - `platform` (group `vllm.platform_plugins`): vLLM calls it in every process while resolving its platform.
 - `every_process` (group `vllm.general_plugins`): vLLM runs it once in each process it starts (API server,
   engine core, workers). It asks Linux for the AMX tile state where decided (service/amx_state.py), applies the
-  torch patch as decided at startup, registers the service's linear kernels
+  torch patch as decided at startup, leaves base-model tokens out of vLLM's CPU LoRA ops where adapters are
+  served (service/lora_rows.py), registers the service's linear kernels
   the policy chose (vLLM's `register_linear_kernel`), ends the engine's processes with the process that started
   them (service/parent_watch.py), leaves its heap out of the interpreter's collection at exit (service/exit_gc.py),
   and logs one line saying which platform that process runs and what became of the patch and the kernels.
@@ -24,10 +25,12 @@ import os
 from service.amx_state import request_amx_state
 from service.exit_gc import skip_exit_collection
 from service.kernels import register_kernels
+from service.lora_rows import apply_lora_rows_fix
 from service.parent_watch import watch_parent
 from service.patches import PATCH_ENV, apply_fxgraph_pickle_patch
 from service.policy.amx_state import AMX_STATE_ENV
 from service.policy.backends import by_platform
+from service.policy.lora import LORA_ROWS_ENV
 from service.policy.platform import PLATFORM_ENV
 from service.policy.quant_kernels import KERNELS_ENV
 
@@ -60,10 +63,11 @@ def platform() -> str | None:
 
 
 def every_process() -> None:
-    if not {PATCH_ENV, PLATFORM_ENV, KERNELS_ENV, AMX_STATE_ENV} & os.environ.keys():
+    if not {PATCH_ENV, PLATFORM_ENV, KERNELS_ENV, AMX_STATE_ENV, LORA_ROWS_ENV} & os.environ.keys():
         return
     amx = request_amx_state(os.environ.get(AMX_STATE_ENV) == "1")
     patch = apply_fxgraph_pickle_patch(os.environ.get(PATCH_ENV) == "1")
+    lora_rows = apply_lora_rows_fix(os.environ.get(LORA_ROWS_ENV) == "1")
     kernels = register_kernels(os.environ.get(KERNELS_ENV, ""))
     parent = watch_parent()
     skip_exit_collection()
@@ -80,6 +84,7 @@ def every_process() -> None:
         "fxgraph_patch": patch.status.value,
         "fxgraph_patch_reason": patch.reason,
         "linear_kernels": kernels,
+        "lora_rows_fix": lora_rows,
         "amx_tile_state": amx,
         "watched_parent": parent,
     }

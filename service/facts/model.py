@@ -14,6 +14,7 @@ from service.facts import gguf_cache
 from service.facts.chat_template import ChatTemplateFacts, chat_template_facts, read_chat_template, read_template_file
 from service.facts.gguf import GgufFacts, find_gguf, read_gguf
 from service.facts.json_file import read_json
+from service.facts.lora import AdapterFacts, read_adapters
 from service.facts.quantization import QuantFacts, dense_layers, read_quantization
 
 Config = Mapping[str, Any]
@@ -65,6 +66,7 @@ class ModelFacts:
     # Why the weights on disk cannot load (a truncated shard, shards the index names but the directory lacks): found
     # from the safetensors headers and file sizes, before the engine spends a minute finding it.
     weight_problems: tuple[str, ...] = ()
+    lora_adapters: tuple[AdapterFacts, ...] = ()  # served beside the model (the lora_adapters setting)
 
     @property
     def quantization(self) -> str | None:
@@ -375,20 +377,27 @@ def _decode_reads(tensors: dict[str, dict[str, Any]]) -> DecodeReads | None:
 
 
 def inspect_model(
-    model: str, hf_cache: Path | None = None, cache_dir: Path | None = None, chat_template: Path | None = None
+    model: str,
+    hf_cache: Path | None = None,
+    cache_dir: Path | None = None,
+    chat_template: Path | None = None,
+    lora_adapters: Mapping[str, Path] | None = None,
 ) -> ModelFacts:
     """`cache_dir`: where a GGUF file's facts are kept between starts (service/facts/gguf_cache.py);
-    `chat_template`: a template file served instead of the model's own (the chat_template setting)."""
+    `chat_template`: a template file served instead of the model's own (the chat_template setting);
+    `lora_adapters`: adapter directories served beside it, by name (the lora_adapters setting)."""
+    adapters = read_adapters(lora_adapters or {})
     gguf = find_gguf(Path(model).expanduser())
     if gguf is not None:
         path = gguf.absolute()
-        return _gguf_model(gguf_cache.read_gguf(path, cache_dir) if cache_dir else read_gguf(path), chat_template)
+        facts = _gguf_model(gguf_cache.read_gguf(path, cache_dir) if cache_dir else read_gguf(path), chat_template)
+        return replace(facts, lora_adapters=adapters)
     directory = resolve_model_path(model, hf_cache)
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise ModelNotFound(f"{directory} has no config.json: not a Hugging Face model directory")
     cfg = read_json(config_file)
-    return _facts_from_config(cfg, directory, chat_template)
+    return replace(_facts_from_config(cfg, directory, chat_template), lora_adapters=adapters)
 
 
 def _gguf_model(gguf: GgufFacts, template_file: Path | None = None) -> ModelFacts:

@@ -35,6 +35,7 @@ from service.policy.decision import Decision, PolicyResult, Source, engine, env,
 from service.policy.dense_kernel import plan_dense_kernel
 from service.policy.dtype import BYTES, choose_dtype
 from service.policy.kernels import check_kernels, dtype_limit
+from service.policy.lora import lora_decisions
 from service.policy.memory import plan_memory
 from service.policy.model_source import (
     ModelSourcePlan,
@@ -213,6 +214,7 @@ def build_plan(
         results.append(dense(dtype))
         results += [
             source.result,
+            lora_decisions(model, source.served_name),
             check_kernels(model, entry, dtype, hardware.cpu.isa),
             _citing_reads(quant(calibrated), reads),
             PolicyResult.of(*reads),
@@ -227,7 +229,7 @@ def build_plan(
         PolicyResult.of(record("calibration", v.decision, v.chosen, v.reason, "calibration")) for v in verdicts.values()
     ]
     results += [
-        _general_decisions(settings, user),
+        _general_decisions(settings, user, lora=model is not None and bool(model.lora_adapters)),
         plan_compile_cache(settings.cache_dir, software.vllm, environ),
         fxgraph_patch(software.torch),
         amx_state(hardware.cpu.isa),
@@ -558,9 +560,16 @@ def _kv_decision(
     return PolicyResult.of(engine("kv_cache_memory_bytes", plan.kv_cache_bytes, plan.reason, plan.source))
 
 
-def _general_decisions(settings: Settings, user: frozenset[str]) -> PolicyResult:
+def _general_decisions(settings: Settings, user: frozenset[str], lora: bool) -> PolicyResult:
     def src(name: str) -> Source:
         return "user" if name in user else "default"
+
+    if settings.enforce_eager:
+        compile_reason = "eager: faster start"
+    elif lora:
+        compile_reason = "vLLM's CPU platform runs a model with LoRA adapters eager, without torch.compile"
+    else:
+        compile_reason = "torch.compile: slower start, faster decode"
 
     return PolicyResult.of(
         engine(
@@ -572,7 +581,7 @@ def _general_decisions(settings: Settings, user: frozenset[str]) -> PolicyResult
         engine(
             "enforce_eager",
             settings.enforce_eager,
-            "eager: faster start" if settings.enforce_eager else "torch.compile: slower start, faster decode",
+            compile_reason,
             src("enforce_eager"),
         ),
         engine("max_num_seqs", settings.max_num_seqs, "set by the user", "user") if settings.max_num_seqs else None,

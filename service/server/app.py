@@ -214,6 +214,8 @@ def _service_handlers(
         listing = await request.app.state.openai_serving_models.show_available_models()
         body = listing.model_dump()
         for card in body["data"]:
+            if card.get("parent"):  # a LoRA adapter: its own weights, on the base model's card
+                continue
             if demo:
                 card.update(demo=True, description=_DEMO_DESCRIPTION)
             if source:

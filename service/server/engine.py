@@ -81,6 +81,8 @@ def _flag(name: str, value: Any) -> list[str]:
         return [opt if value else "--no-" + opt[2:]]
     if isinstance(value, dict):  # vLLM parses config flags as JSON
         return [opt, json.dumps(value)]
+    if isinstance(value, list):  # one flag, several values (vLLM's --lora-modules takes each as JSON)
+        return [opt, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)]
     return [opt, str(value)]
 
 

@@ -1,0 +1,64 @@
+"""LoRA adapter directories (the lora_adapters setting) -> what the engine needs to know of each: its rank and the
+layers it changes. Read from the files PEFT saves (adapter_config.json beside adapter_model.safetensors or .bin),
+as vLLM's loader reads them; no weights are loaded."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.facts.json_file import read_json
+
+# The weight files vLLM's LoRA loader looks for (vllm/lora/lora_model.py), in its order.
+WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin", "adapter_model.pt")
+
+
+@dataclass(frozen=True)
+class AdapterFacts:
+    name: str  # the model name requests use for it
+    path: str  # absolute directory
+    rank: int  # r
+    alpha: float  # lora_alpha
+    target_modules: tuple[str, ...]  # the layers it changes, as PEFT names them
+    base_model: str | None  # base_model_name_or_path: what it was trained on (a name or a path, often another copy's)
+    weights: str  # the weight file's name
+
+
+def read_adapter(name: str, directory: Path) -> AdapterFacts:
+    """One adapter; ValueError names what keeps it from being served."""
+    where = f"LoRA adapter {name!r} ({directory})"
+    if not directory.is_dir():
+        raise ValueError(f"{where} is not a directory")
+    config_file = directory / "adapter_config.json"
+    if not config_file.is_file():
+        raise ValueError(f"{where} has no adapter_config.json: not a PEFT adapter directory")
+    try:
+        config = read_json(config_file)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: adapter_config.json holds no JSON object")
+    peft_type = str(config.get("peft_type", "LORA")).upper()
+    if peft_type != "LORA":
+        raise ValueError(f"{where} is a {peft_type} adapter: vLLM serves LoRA adapters only")
+    rank = config.get("r")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise ValueError(f"{where}: adapter_config.json gives no rank r (a positive integer), but {rank!r}")
+    weights = next((f for f in WEIGHT_FILES if (directory / f).is_file()), None)
+    if weights is None:
+        raise ValueError(f"{where} holds none of {', '.join(WEIGHT_FILES)}")
+    targets = config.get("target_modules") or ()
+    return AdapterFacts(
+        name=name,
+        path=str(directory.absolute()),
+        rank=rank,
+        alpha=float(config.get("lora_alpha", rank)),
+        target_modules=(targets,) if isinstance(targets, str) else tuple(sorted(str(t) for t in targets)),
+        base_model=str(config["base_model_name_or_path"]) if config.get("base_model_name_or_path") else None,
+        weights=weights,
+    )
+
+
+def read_adapters(adapters: Mapping[str, Path]) -> tuple[AdapterFacts, ...]:
+    return tuple(read_adapter(name, Path(path).expanduser()) for name, path in adapters.items())

@@ -1,0 +1,64 @@
+"""LoRA adapters served beside the model: vLLM's LoRA engine arguments, sized from the adapters' own configs.
+
+vLLM serves an adapter only when its rank fits `max_lora_rank` (one of a fixed list) and keeps `max_loras` of them in
+one batch; the policy takes the smallest rank that fits them all and room for every adapter at once, so a request
+for one never waits on another's. Each slot holds rank x (in + out) values per changed layer: small next to the model.
+"""
+
+from __future__ import annotations
+
+from service.facts.model import ModelFacts
+from service.policy.decision import PolicyResult, engine, env
+
+# "1": every vLLM process leaves base-model tokens out of the LoRA ops (service/lora_rows.py), as the plugin reads it.
+LORA_ROWS_ENV = "SERVICE_LORA_ROWS_FIX"
+
+# vLLM 0.32's MaxLoRARanks (vllm/config/lora.py); tests/unit/test_lora_policy.py checks them against it.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_decisions(model: ModelFacts, served_name: str) -> PolicyResult:
+    adapters = model.lora_adapters
+    if not adapters:
+        return PolicyResult.of()
+    errors = []
+    if model.is_embedding:
+        errors.append("lora_adapters: the model is a pooling model; vLLM serves LoRA adapters on generation models")
+    if clash := [a.name for a in adapters if a.name == served_name]:
+        errors.append(f"lora_adapters: {clash[0]!r} is the served model's own name; give the adapter another")
+    widest = max(adapters, key=lambda a: a.rank)
+    rank = next((r for r in LORA_RANKS if r >= widest.rank), None)
+    if rank is None:
+        errors.append(
+            f"lora_adapters: {widest.name!r} has rank {widest.rank}; vLLM serves ranks up to {LORA_RANKS[-1]}"
+        )
+    names = ", ".join(f"{a.name} (r={a.rank})" for a in adapters)
+    modules = [{"name": a.name, "path": a.path} for a in adapters]
+    return PolicyResult.of(
+        engine("enable_lora", True, f"LoRA adapters set by the user: {names}", "user"),
+        engine(
+            "lora_modules", modules, "each adapter is served under its own name; a request names it in `model`", "user"
+        ),
+        engine(
+            "max_lora_rank",
+            rank,
+            f"the smallest rank vLLM allows ({', '.join(map(str, LORA_RANKS))}) that holds the widest adapter, "
+            f"{widest.name} (r={widest.rank}): each slot is sized for it",
+            "policy",
+        ),
+        engine(
+            "max_loras",
+            len(adapters),
+            "a slot for every adapter: one batch can hold requests for all of them, none waits for a slot",
+            "policy",
+        ),
+        env(
+            LORA_ROWS_ENV,
+            "1",
+            "vLLM's CPU LoRA ops apply the last adapter slot to base-model tokens batched with an adapter's (vllm#48421, "
+            "open; a base request's greedy text took the adapter's first token on the demo model): every vLLM process "
+            "zeroes their delta (service/lora_rows.py)",
+            "policy",
+        ),
+        errors=errors,
+    )

@@ -1,0 +1,193 @@
+"""LoRA adapters: the setting, the facts read from an adapter directory, the policy's engine arguments, and the fix to
+vLLM's CPU LoRA ops that every vLLM process applies (service/lora_rows.py)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import typing
+
+import pytest
+import torch
+
+from service import lora_rows
+from service.facts.lora import read_adapter
+from service.policy.lora import LORA_RANKS, LORA_ROWS_ENV
+from service.server.engine import engine_flags
+from service.settings import Settings
+from service.startup import build_report, choose_model
+from tests.support.lora import make_adapter
+
+
+def _decisions(report):
+    return {d.setting: d for d in report.decisions}
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        "sql=/a/sql, chat=/b",
+        '{"sql": "/a/sql", "chat": "/b"}',
+        ["sql=/a/sql", "chat=/b"],
+        {"sql": "/a/sql", "chat": "/b"},
+    ],
+)
+def test_the_setting_takes_vllms_name_path_form_json_or_a_mapping(given):
+    adapters = Settings(lora_adapters=given).lora_adapters
+    assert {name: str(path) for name, path in adapters.items()} == {"sql": "/a/sql", "chat": "/b"}
+
+
+def test_the_setting_from_the_environment_and_empty(monkeypatch):
+    monkeypatch.setenv("SERVICE_LORA_ADAPTERS", "sql=/a/sql")
+    assert Settings().lora_adapters == {"sql": __import__("pathlib").Path("/a/sql")}
+    monkeypatch.setenv("SERVICE_LORA_ADAPTERS", "")
+    assert Settings().lora_adapters == {}
+
+
+@pytest.mark.parametrize("given", ["sql", "=/a/sql", ["sql"]])
+def test_an_adapter_without_a_name_is_refused(given):
+    with pytest.raises(ValueError, match="name=path"):
+        Settings(lora_adapters=given)
+
+
+def test_an_adapter_directory_is_read(tmp_path):
+    facts = read_adapter("sql", make_adapter(tmp_path / "sql", seed=0, rank=12))
+    assert (facts.name, facts.rank, facts.alpha, facts.weights) == ("sql", 12, 24.0, "adapter_model.safetensors")
+    assert facts.target_modules == ("q_proj", "v_proj") and facts.path == str(tmp_path / "sql")
+
+
+@pytest.mark.parametrize(
+    ("spoil", "message"),
+    [
+        (lambda d: d.rename(d.with_name("gone")), "is not a directory"),
+        (lambda d: (d / "adapter_config.json").unlink(), "has no adapter_config.json"),
+        (lambda d: (d / "adapter_config.json").write_text("{r: 8"), "adapter_config.json is not valid JSON"),
+        (lambda d: (d / "adapter_config.json").write_text("[8]"), "holds no JSON object"),
+        (lambda d: (d / "adapter_config.json").write_text('{"peft_type": "IA3", "r": 8}'), "IA3 adapter"),
+        (lambda d: (d / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 0}'), "no rank r"),
+        (lambda d: (d / "adapter_model.safetensors").unlink(), "holds none of adapter_model.safetensors"),
+    ],
+)
+def test_an_adapter_that_cannot_serve_is_named_with_the_reason(tmp_path, spoil, message):
+    directory = make_adapter(tmp_path / "sql", seed=0)
+    spoil(directory)
+    with pytest.raises(ValueError, match=message) as refused:
+        read_adapter("sql", directory)
+    assert "LoRA adapter 'sql'" in str(refused.value)
+
+
+def _report(tmp_path, **adapters):
+    settings = Settings(cache_dir=tmp_path / "cache", lora_adapters=adapters)
+    return build_report(settings, model=choose_model(settings, build_demo=False), environ={})
+
+
+def test_the_policy_sizes_vllms_lora_arguments_from_the_adapters(tmp_path):
+    report = _report(
+        tmp_path, sql=make_adapter(tmp_path / "sql", 0, rank=8), chat=make_adapter(tmp_path / "chat", 1, rank=12)
+    )
+    assert report.ok, report.errors
+    args = report.plan.engine_args
+    assert args["enable_lora"] is True and args["max_loras"] == 2
+    assert args["max_lora_rank"] == 16, "the smallest rank vLLM allows that holds r=12"
+    assert args["lora_modules"] == [
+        {"name": "sql", "path": str(tmp_path / "sql")},
+        {"name": "chat", "path": str(tmp_path / "chat")},
+    ]
+    assert report.plan.env[LORA_ROWS_ENV] == "1"
+    decided = _decisions(report)
+    assert "chat (r=12)" in decided["engine.max_lora_rank"].reason
+    assert "without torch.compile" in decided["engine.enforce_eager"].reason
+    # vLLM's flags: one --lora-modules with a JSON value per adapter, as its parser takes them.
+    flags = engine_flags({"lora_modules": args["lora_modules"]})
+    assert flags[0] == "--lora-modules" and [json.loads(f)["name"] for f in flags[1:]] == ["sql", "chat"]
+
+
+def test_without_adapters_there_is_no_lora_decision(tmp_path):
+    report = _report(tmp_path)
+    assert report.ok, report.errors
+    assert not {"enable_lora", "max_loras", "max_lora_rank", "lora_modules"} & report.plan.engine_args.keys()
+    assert LORA_ROWS_ENV not in report.plan.env
+    assert "torch.compile" in _decisions(report)["engine.enforce_eager"].reason
+
+
+def test_adapters_the_engine_cannot_serve_refuse_the_start(tmp_path):
+    wide = make_adapter(tmp_path / "wide", 0)
+    config = json.loads((wide / "adapter_config.json").read_text())
+    (wide / "adapter_config.json").write_text(json.dumps({**config, "r": 1024}))
+    report = _report(tmp_path, wide=wide, **{"SmolLM2-135M-Instruct": make_adapter(tmp_path / "same", 1)})
+    assert any("'wide' has rank 1024; vLLM serves ranks up to 512" in e for e in report.errors), report.errors
+    assert any("'SmolLM2-135M-Instruct' is the served model's own name" in e for e in report.errors), report.errors
+    missing = _report(tmp_path, sql=tmp_path / "nowhere")
+    assert any("LoRA adapter 'sql'" in e and "is not a directory" in e for e in missing.errors), missing.errors
+
+
+def test_the_ranks_are_vllms():
+    from vllm.config.lora import MaxLoRARanks
+
+    assert typing.get_args(MaxLoRARanks) == LORA_RANKS
+
+
+def _stacked(slots: int, rows: int, cols: int, seed: int) -> torch.Tensor:
+    return torch.randn(slots, 1, rows, cols, generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_fixed_ops_keep_vllms_signatures():
+    from vllm.lora.ops.torch_ops import lora_ops
+
+    def parameters(function):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
+
+    for name in lora_rows.FIXED:
+        assert parameters(getattr(lora_rows, name)) == parameters(getattr(lora_ops, name)), name
+
+
+@pytest.mark.parametrize("indices", [[0, -1, 1, -1], [1, 1, 1, 1], [1, -1, -1, -1], [-1, -1, -1, -1]])
+def test_base_model_tokens_get_no_adapters_delta_and_the_others_vllms(indices):
+    """Tokens with no adapter (-1): vLLM's own ops give them the last slot's delta; the fixed ones none. The others get
+    vLLM's values, to float rounding (a matmul per adapter in place of one per token)."""
+    from vllm.lora.ops.torch_ops import lora_ops
+
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
+    indices = torch.tensor(indices)
+    a, b = _stacked(2, 8, 32, 1), _stacked(2, 48, 8, 2)
+    base = torch.randn(4, 48, generator=torch.Generator().manual_seed(3))
+
+    def run(ops):
+        shrunk = torch.zeros(4, 8)
+        ops.bgmv_shrink(x, a, shrunk, indices, 0.5)
+        out = base.clone()
+        ops.bgmv_expand(shrunk, b, out, indices, add_inputs=True)
+        sliced = base.clone()
+        ops.bgmv_expand_slice(shrunk, b[:, :, :16], sliced, indices, 16, 16, add_inputs=True)
+        return shrunk, out, sliced
+
+    theirs, ours = run(lora_ops), run(lora_rows)
+    keep, drop = indices >= 0, indices < 0
+    for t, o in zip(theirs, ours, strict=True):
+        torch.testing.assert_close(o[keep], t[keep], rtol=1e-5, atol=1e-5)
+    if drop.any():
+        assert torch.count_nonzero(ours[0][drop]) == 0 and torch.count_nonzero(theirs[0][drop]) > 0
+        assert torch.equal(ours[1][drop], base[drop]) and not torch.equal(theirs[1][drop], base[drop])
+        assert torch.equal(ours[2][drop], base[drop])
+    # The prefill op calls the module's bgmv: patched, a -1 sequence gets nothing either.
+    expanded = torch.zeros(4, 48)
+    lora_rows.bgmv_expand(torch.ones(4, 8), b, expanded, indices, add_inputs=False)
+    assert torch.count_nonzero(expanded[drop]) == 0
+
+
+def test_the_fix_reaches_vllms_module_and_the_cpu_wrapper_once(monkeypatch):
+    from vllm.lora.ops import torch_ops
+    from vllm.lora.ops.torch_ops import lora_ops
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    for module in (lora_ops, torch_ops, punica_cpu):
+        for name in lora_rows.FIXED:
+            monkeypatch.setattr(module, name, getattr(module, name))
+    monkeypatch.delattr(lora_ops, "_cpu_llm_service_no_lora_rows", raising=False)
+    assert lora_rows.apply_lora_rows_fix(False) == "not needed"
+    assert punica_cpu.bgmv_shrink is not lora_rows.bgmv_shrink
+    assert lora_rows.apply_lora_rows_fix(True) == "applied"
+    assert lora_rows.apply_lora_rows_fix(True) == "already applied"
+    for module in (lora_ops, torch_ops, punica_cpu):
+        assert all(getattr(module, name) is getattr(lora_rows, name) for name in lora_rows.FIXED)
+    monkeypatch.setattr(lora_ops, "_cpu_llm_service_no_lora_rows", False)
