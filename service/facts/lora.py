@@ -4,6 +4,8 @@ as vLLM's loader reads them; no weights are loaded."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,30 @@ class AdapterFacts:
     target_modules: tuple[str, ...]  # the layers it changes, as PEFT names them
     base_model: str | None  # base_model_name_or_path: what it was trained on (a name or a path, often another copy's)
     weights: str  # the weight file's name
+    # (module, inputs) of each changed layer kind, from its lora_A tensors' shapes in the safetensors header, e.g.
+    # ("q_proj", 2048); empty for a .bin / .pt file (read only by loading it)
+    inputs: tuple[tuple[str, int], ...] = ()
+    layers: int | None = None  # 1 + the highest decoder layer index its tensors name
+
+
+_LORA_A = re.compile(r"(?:^|\.)(?P<module>[^.]+)\.lora_A(?:\.[^.]+)?\.weight$")
+_LAYER = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
+
+
+def _header_shapes(path: Path) -> dict[str, list[int]]:
+    """Each tensor's shape from a safetensors file's header (8 bytes of length, then JSON); ValueError if unreadable."""
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        if length > path.stat().st_size - 8:
+            raise ValueError(f"{path.name} is truncated: shorter than its own header")
+        header = json.loads(f.read(length))
+    return {name: list(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
+
+
+def _layer_inputs(shapes: Mapping[str, list[int]]) -> tuple[tuple[tuple[str, int], ...], int | None]:
+    inputs = {(m["module"], shape[-1]) for name, shape in shapes.items() if (m := _LORA_A.search(name)) and shape}
+    layers = [int(m[1]) for name in shapes if (m := _LAYER.search(name))]
+    return tuple(sorted(inputs)), (max(layers) + 1 if layers else None)
 
 
 def read_adapter(name: str, directory: Path) -> AdapterFacts:
@@ -49,6 +75,13 @@ def read_adapter(name: str, directory: Path) -> AdapterFacts:
     if weights is None:
         raise ValueError(f"{where} holds none of {', '.join(WEIGHT_FILES)}")
     targets = config.get("target_modules") or ()
+    inputs: tuple[tuple[str, int], ...] = ()
+    layers = None
+    if weights.endswith(".safetensors"):
+        try:
+            inputs, layers = _layer_inputs(_header_shapes(directory / weights))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # not the format's shape
+            raise ValueError(f"{where}: {weights} has no readable safetensors header ({exc})") from exc
     return AdapterFacts(
         name=name,
         path=str(directory.absolute()),
@@ -57,6 +90,8 @@ def read_adapter(name: str, directory: Path) -> AdapterFacts:
         target_modules=(targets,) if isinstance(targets, str) else tuple(sorted(str(t) for t in targets)),
         base_model=str(config["base_model_name_or_path"]) if config.get("base_model_name_or_path") else None,
         weights=weights,
+        inputs=inputs,
+        layers=layers,
     )
 
 

@@ -7,6 +7,7 @@ for one never waits on another's. Each slot holds rank x (in + out) values per c
 
 from __future__ import annotations
 
+from service.facts.lora import AdapterFacts
 from service.facts.model import ModelFacts
 from service.policy.decision import PolicyResult, engine, env
 
@@ -15,6 +16,25 @@ LORA_ROWS_ENV = "SERVICE_LORA_ROWS_FIX"
 
 # vLLM 0.32's MaxLoRARanks (vllm/config/lora.py); tests/unit/test_lora_policy.py checks them against it.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+# Layers whose inputs are the vocabulary, not a width of the decoder's linear layers.
+_VOCABULARY_LAYERS = frozenset({"embed_tokens", "lm_head", "wte", "word_embeddings", "tok_embeddings"})
+
+
+def _misfit(adapter: AdapterFacts, model: ModelFacts) -> str | None:
+    """An adapter made for another base model: a layer whose input width none of the model's linear layers takes, or
+    more layers than the model has. vLLM finds it only once the engine is up, naming neither adapter nor layer
+    ("The size of tensor a (256) must match the size of tensor b (2048)")."""
+    widths = {k for k, _ in model.linear_shapes}
+    where = f"lora_adapters: {adapter.name!r} does not fit the model (made for another base model?)"
+    for module, inputs in adapter.inputs:
+        if widths and module not in _VOCABULARY_LAYERS and inputs not in widths:
+            takes = " or ".join(map(str, sorted(widths)))
+            return f"{where}: its {module} takes {inputs} inputs; the model's linear layers take {takes}"
+    if adapter.layers and model.num_layers and adapter.layers > model.num_layers:
+        return f"{where}: it changes {adapter.layers} layers; the model has {model.num_layers}"
+    return None
 
 
 def lora_decisions(model: ModelFacts, served_name: str) -> PolicyResult:
@@ -26,6 +46,7 @@ def lora_decisions(model: ModelFacts, served_name: str) -> PolicyResult:
         errors.append("lora_adapters: the model is a pooling model; vLLM serves LoRA adapters on generation models")
     if clash := [a.name for a in adapters if a.name == served_name]:
         errors.append(f"lora_adapters: {clash[0]!r} is the served model's own name; give the adapter another")
+    errors += [problem for adapter in adapters if (problem := _misfit(adapter, model)) is not None]
     widest = max(adapters, key=lambda a: a.rank)
     rank = next((r for r in LORA_RANKS if r >= widest.rank), None)
     if rank is None:

@@ -76,15 +76,18 @@ def test_an_adapter_that_cannot_serve_is_named_with_the_reason(tmp_path, spoil, 
     assert "LoRA adapter 'sql'" in str(refused.value)
 
 
+def _smollm2_adapter(directory, rank=8):
+    """Made for the default model, SmolLM2-135M: 30 layers, 576 wide."""
+    return make_adapter(directory, 0, rank=rank, layers=30, width=576)
+
+
 def _report(tmp_path, **adapters):
     settings = Settings(cache_dir=tmp_path / "cache", lora_adapters=adapters)
     return build_report(settings, model=choose_model(settings, build_demo=False), environ={})
 
 
 def test_the_policy_sizes_vllms_lora_arguments_from_the_adapters(tmp_path):
-    report = _report(
-        tmp_path, sql=make_adapter(tmp_path / "sql", 0, rank=8), chat=make_adapter(tmp_path / "chat", 1, rank=12)
-    )
+    report = _report(tmp_path, sql=_smollm2_adapter(tmp_path / "sql", 8), chat=_smollm2_adapter(tmp_path / "chat", 12))
     assert report.ok, report.errors
     args = report.plan.engine_args
     assert args["enable_lora"] is True and args["max_loras"] == 2
@@ -111,10 +114,10 @@ def test_without_adapters_there_is_no_lora_decision(tmp_path):
 
 
 def test_adapters_the_engine_cannot_serve_refuse_the_start(tmp_path):
-    wide = make_adapter(tmp_path / "wide", 0)
+    wide = _smollm2_adapter(tmp_path / "wide")
     config = json.loads((wide / "adapter_config.json").read_text())
     (wide / "adapter_config.json").write_text(json.dumps({**config, "r": 1024}))
-    report = _report(tmp_path, wide=wide, **{"SmolLM2-135M-Instruct": make_adapter(tmp_path / "same", 1)})
+    report = _report(tmp_path, wide=wide, **{"SmolLM2-135M-Instruct": _smollm2_adapter(tmp_path / "same")})
     assert any("'wide' has rank 1024; vLLM serves ranks up to 512" in e for e in report.errors), report.errors
     assert any("'SmolLM2-135M-Instruct' is the served model's own name" in e for e in report.errors), report.errors
     missing = _report(tmp_path, sql=tmp_path / "nowhere")
@@ -191,3 +194,26 @@ def test_the_fix_reaches_vllms_module_and_the_cpu_wrapper_once(monkeypatch):
     for module in (lora_ops, torch_ops, punica_cpu):
         assert all(getattr(module, name) is getattr(lora_rows, name) for name in lora_rows.FIXED)
     monkeypatch.setattr(lora_ops, "_cpu_llm_service_no_lora_rows", False)
+
+
+def test_an_adapter_records_the_widths_and_layers_its_header_names(tmp_path):
+    facts = read_adapter("wide", make_adapter(tmp_path / "wide", seed=0, layers=3, width=64))
+    assert facts.inputs == (("q_proj", 64), ("v_proj", 64)) and facts.layers == 3
+
+
+@pytest.mark.parametrize(
+    ("layers", "width", "message"),
+    [
+        (4, 2048, "its q_proj takes 2048 inputs; the model's linear layers take 576 or 1536"),
+        (40, 576, "it changes 40 layers; the model has 30"),
+    ],
+)
+def test_an_adapter_made_for_another_base_model_refuses_the_start_before_the_engine(tmp_path, layers, width, message):
+    """SmolLM2-135M: 30 layers, 576 wide, MLP 1536. vLLM would find the misfit after the engine's start, naming no
+    adapter: "The size of tensor a (256) must match the size of tensor b (2048)"."""
+    report = _report(tmp_path, other=make_adapter(tmp_path / "other", 0, layers=layers, width=width))
+    assert any(e.startswith("lora_adapters: 'other' does not fit the model") and message in e for e in report.errors), (
+        report.errors
+    )
+    fits = _report(tmp_path, same=_smollm2_adapter(tmp_path / "same"))
+    assert fits.ok, fits.errors
