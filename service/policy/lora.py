@@ -2,7 +2,8 @@
 
 vLLM serves an adapter only when its rank fits `max_lora_rank` (one of a fixed list) and keeps `max_loras` of them in
 one batch; the policy takes the smallest rank that fits them all and room for every adapter at once, so a request
-for one never waits on another's. Each slot holds rank x (in + out) values per changed layer: small next to the model.
+for one never waits on another's. A slot holds max_lora_rank x (inputs + outputs) values per linear layer: small next
+to the model.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from service.policy.decision import PolicyResult, engine, env
 # "1": every vLLM process leaves base-model tokens out of the LoRA ops (service/lora_rows.py), as the plugin reads it.
 LORA_ROWS_ENV = "SERVICE_LORA_ROWS_FIX"
 
-# vLLM 0.32's MaxLoRARanks (vllm/config/lora.py); tests/unit/test_lora_policy.py checks them against it.
+# vLLM 0.32's MaxLoRARanks (vllm/config/lora.py); tests/unit/test_lora.py checks them against it.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
