@@ -35,7 +35,7 @@ from service.policy.decision import Decision, PolicyResult, Source, engine, env,
 from service.policy.dense_kernel import plan_dense_kernel
 from service.policy.dtype import BYTES, choose_dtype
 from service.policy.kernels import check_kernels, dtype_limit
-from service.policy.lora import lora_decisions
+from service.policy.lora import lora_decisions, lora_slot_bytes
 from service.policy.memory import plan_memory
 from service.policy.model_source import (
     ModelSourcePlan,
@@ -554,6 +554,7 @@ def _kv_decision(
         max_num_seqs=settings.max_num_seqs,
         kv_cache_gib=settings.kv_cache_gib,
         headroom_gib=settings.memory_headroom_gib,
+        lora_bytes=lora_slot_bytes(model, BYTES[dtype]),
     )
     if plan.error:
         return PolicyResult(errors=(plan.error,))

@@ -48,7 +48,10 @@ def plan_memory(
     max_num_seqs: int | None,
     kv_cache_gib: float | None,
     headroom_gib: float | None,
+    lora_bytes: int = 0,
 ) -> MemoryPlan:
+    """`lora_bytes`: what vLLM allocates for LoRA adapter slots at start (service/policy/lora.py), held beside the
+    weights."""
     limit = limits.memory_bytes
     headroom = int(headroom_gib * GiB) if headroom_gib is not None else default_headroom(limit or 0)
     per_token = model.kv_bytes_per_token(dtype_bytes)
@@ -65,17 +68,18 @@ def plan_memory(
         # allocates, so the budget is what is free now.
         where += f", {gib(free)} of it free at start (MemAvailable / the cgroup's memory.current)"
         limit = free
-    fixed = model.weight_bytes + headroom
+    fixed = model.weight_bytes + lora_bytes + headroom
+    weights = f"weights {gib(model.weight_bytes)}" + (f" + LoRA slots {gib(lora_bytes)}" if lora_bytes else "")
     if fixed > limit:
         error = (
-            f"the model does not fit: weights {gib(model.weight_bytes)} + headroom {gib(headroom)} "
+            f"the model does not fit: {weights} + headroom {gib(headroom)} "
             f"= {gib(fixed)}, {where}; even a context of 0 tokens does not fit"
         )
         return MemoryPlan(None, error, "policy", headroom, error=error)
     if fixed + one_request > limit:
         fits = max(0, (limit - fixed) // per_token - KV_SPARE_TOKENS) if per_token else 0
         error = (
-            f"needs {gib(fixed + one_request)} (weights {gib(model.weight_bytes)} + KV cache for one "
+            f"needs {gib(fixed + one_request)} ({weights} + KV cache for one "
             f"{max_model_len}-token request {gib(one_request)} + headroom {gib(headroom)}), {where}; "
             f"a max context of {fits} tokens fits (set max_model_len)"
         )
@@ -99,7 +103,7 @@ def plan_memory(
     useful = per_token * (max_model_len * seqs + KV_SPARE_TOKENS)
     kv = min(budget, useful) if useful else budget
     reason = (
-        f"{where} - weights {gib(model.weight_bytes)} - headroom {gib(headroom)} = {gib(budget)} available"
+        f"{where} - {weights.replace(' + ', ' - ')} - headroom {gib(headroom)} = {gib(budget)} available"
         + (f"; capped at {seqs} max-length sequences ({gib(useful)})" if useful and useful < budget else "")
         + (f"; split over {tp_size} ranks" if tp_size > 1 else "")
         + f"; holds {kv // per_token if per_token else 'any number of'} tokens"

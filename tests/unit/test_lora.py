@@ -217,3 +217,32 @@ def test_an_adapter_made_for_another_base_model_refuses_the_start_before_the_eng
     )
     fits = _report(tmp_path, same=_smollm2_adapter(tmp_path / "same"))
     assert fits.ok, fits.errors
+
+
+def test_the_adapters_slots_are_held_beside_the_weights_in_the_memory_budget(tmp_path):
+    """vLLM allocates max_loras slots of max_lora_rank at start, and a CPU engine's KV cache is given in bytes: the
+    KV budget shrinks by the slots, and a limit that holds the model alone but not its slots refuses the start."""
+    from dataclasses import replace
+
+    from service.facts.limits import Limits
+    from service.facts.model import inspect_model, packaged_default_model_path
+    from service.policy.lora import lora_slot_bytes
+    from service.policy.memory import KV_SPARE_TOKENS, GiB, plan_memory
+
+    adapters = {f"a{i}": _smollm2_adapter(tmp_path / f"a{i}", 64) for i in range(3)}
+    model = inspect_model(str(packaged_default_model_path()), cache_dir=tmp_path / "cache", lora_adapters=adapters)
+    slots = lora_slot_bytes(model, 4)
+    one_slot = lora_slot_bytes(replace(model, lora_adapters=model.lora_adapters[:1]), 4)
+    assert slots == 3 * one_slot > 0 and lora_slot_bytes(replace(model, lora_adapters=()), 4) == 0
+    limits = Limits(frozenset({0}), "test", None, 8 * GiB, 8 * GiB, "test")
+    common = {"dtype_bytes": 4, "max_model_len": 2048, "tp_size": 1, "max_num_seqs": 100_000, "kv_cache_gib": None}
+    without = plan_memory(limits, model, headroom_gib=1.0, **common)
+    held = plan_memory(limits, model, headroom_gib=1.0, lora_bytes=slots, **common)
+    assert without.kv_cache_bytes - held.kv_cache_bytes == slots, "the whole budget goes to the cache, less the slots"
+    assert "LoRA slots" in held.reason and "LoRA" not in without.reason
+    # Headroom such that one max-length request fits beside the weights, and not beside the weights and the slots.
+    one_request = model.kv_bytes_per_token(4) * (2048 + KV_SPARE_TOKENS)
+    tight = (8 * GiB - model.weight_bytes - one_request - slots // 2) / GiB
+    assert plan_memory(limits, model, headroom_gib=tight, **common).error is None
+    refused = plan_memory(limits, model, headroom_gib=tight, lora_bytes=slots, **common)
+    assert refused.error and "+ LoRA slots" in refused.error, refused
