@@ -12,7 +12,13 @@ export VLLM_TARGET_DEVICE := cpu
 setup: $(STAMP)
 
 # Re-install only when the dependency list changes.
+# What a fresh clone's set-up and test run took on disk (venv 3.4 GiB, triton before its uninstall, test models).
+SETUP_DISK_GIB := 6
+
 $(STAMP): pyproject.toml Makefile
+	@# pip's "No space left on device" comes halfway through the install: say the need before it starts.
+	@free=$$(df -Pk . | awk 'NR == 2 {print int($$4 / 1048576)}'); [ "$$free" -ge $(SETUP_DISK_GIB) ] || \
+	  echo "warning: $$free GiB free on $$(pwd); the set-up needs about $(SETUP_DISK_GIB) GiB" >&2
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip setuptools wheel
 	$(PY) -m pip install -e '.[zen,dev,bench]'
