@@ -4,13 +4,14 @@ as vLLM's loader reads them; no weights are loaded."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from service.facts.json_file import read_json
+from service.facts.safetensors_header import read_header
 
 # The weight files vLLM's LoRA loader looks for (vllm/lora/lora_model.py), in its order.
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin", "adapter_model.pt")
@@ -35,19 +36,13 @@ _LORA_A = re.compile(r"(?:^|\.)(?P<module>[^.]+)\.lora_A(?:\.[^.]+)?\.weight$")
 _LAYER = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
 
 
-def _header_shapes(path: Path) -> dict[str, list[int]]:
-    """Each tensor's shape from a safetensors file's header (8 bytes of length, then JSON); ValueError if unreadable."""
-    with open(path, "rb") as f:
-        length = int.from_bytes(f.read(8), "little")
-        if length > path.stat().st_size - 8:
-            raise ValueError(f"{path.name} is truncated: shorter than its own header")
-        header = json.loads(f.read(length))
-    return {name: list(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
-
-
-def _layer_inputs(shapes: Mapping[str, list[int]]) -> tuple[tuple[tuple[str, int], ...], int | None]:
-    inputs = {(m["module"], shape[-1]) for name, shape in shapes.items() if (m := _LORA_A.search(name)) and shape}
-    layers = [int(m[1]) for name in shapes if (m := _LAYER.search(name))]
+def _layer_inputs(tensors: Mapping[str, Mapping[str, Any]]) -> tuple[tuple[tuple[str, int], ...], int | None]:
+    inputs = {
+        (m["module"], int(entry["shape"][-1]))
+        for name, entry in tensors.items()
+        if (m := _LORA_A.search(name)) and entry["shape"]
+    }
+    layers = [int(m[1]) for name in tensors if (m := _LAYER.search(name))]
     return tuple(sorted(inputs)), (max(layers) + 1 if layers else None)
 
 
@@ -79,9 +74,13 @@ def read_adapter(name: str, directory: Path) -> AdapterFacts:
     layers = None
     if weights.endswith(".safetensors"):
         try:
-            inputs, layers = _layer_inputs(_header_shapes(directory / weights))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # not the format's shape
-            raise ValueError(f"{where}: {weights} has no readable safetensors header ({exc})") from exc
+            inputs, layers = _layer_inputs(read_header(directory / weights))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from exc
+        except (KeyError, TypeError, IndexError) as exc:  # a header entry without a shape list
+            raise ValueError(
+                f"{where}: {weights} gives no shape for its tensors ({type(exc).__name__}: {exc})"
+            ) from exc
     return AdapterFacts(
         name=name,
         path=str(directory.absolute()),

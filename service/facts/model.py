@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -16,6 +15,7 @@ from service.facts.gguf import GgufFacts, find_gguf, read_gguf
 from service.facts.json_file import read_json
 from service.facts.lora import AdapterFacts, read_adapters
 from service.facts.quantization import QuantFacts, dense_layers, read_quantization
+from service.facts.safetensors_header import read_header
 
 Config = Mapping[str, Any]
 
@@ -305,10 +305,6 @@ _FLOAT_TYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2"
 _EMBEDDING = re.compile(r"(embed_tokens|wte|word_embeddings|tok_embeddings)\.weight$")
 
 
-# How a file Git LFS stands in for starts (its pointer format, "version https://git-lfs.github.com/spec/v1").
-_LFS_POINTER = b"version https://git-lfs"
-
-
 def _safetensors_headers(directory: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Every tensor's header entry across the shards, and what is wrong with the shards: a header or data that
     runs past the file's end (an interrupted copy), a Git LFS pointer in a shard's place, a header that is not
@@ -321,30 +317,10 @@ def _safetensors_headers(directory: Path) -> tuple[dict[str, dict[str, Any]], li
     problems += [f"{p.name} links to {p.resolve()}, which is not there" for p in found if not p.exists()]
     shards = [p for p in found if p.is_file()]
     for shard in shards:
-        size = shard.stat().st_size
         try:
-            with open(shard, "rb") as f:
-                first = f.read(8)
-                if first + f.read(len(_LFS_POINTER) - 8) == _LFS_POINTER:
-                    problems.append(
-                        f"{shard.name} is a Git LFS pointer, not the weights: the repository was cloned without "
-                        f"git-lfs (run `git lfs pull` in {directory})"
-                    )
-                    continue
-                f.seek(8)
-                length = int.from_bytes(first, "little")
-                if length > size - 8:
-                    problems.append(f"{shard.name} is truncated: {size:,} bytes, shorter than its own header")
-                    continue
-                header = json.loads(f.read(length))
-            entries = {k: v for k, v in header.items() if k != "__metadata__"}
-            end = 8 + length + max((int(v["data_offsets"][1]) for v in entries.values()), default=0)
-        except (OSError, ValueError, AttributeError, KeyError, IndexError, TypeError) as exc:  # not the format's shape
-            problems.append(f"{shard.name} has no readable safetensors header ({type(exc).__name__}: {exc})")
-            continue
-        if end > size:
-            problems.append(f"{shard.name} is truncated: {size:,} bytes, its tensors end at byte {end:,}")
-        tensors |= entries
+            tensors |= read_header(shard)
+        except ValueError as exc:
+            problems.append(str(exc))
     index = directory / "model.safetensors.index.json"
     if shards and index.is_file():
         named = set((read_json(index).get("weight_map") or {}).values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import typing
 
 import pytest
@@ -66,6 +67,15 @@ def test_an_adapter_directory_is_read(tmp_path):
         (lambda d: (d / "adapter_config.json").write_text('{"peft_type": "IA3", "r": 8}'), "IA3 adapter"),
         (lambda d: (d / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 0}'), "no rank r"),
         (lambda d: (d / "adapter_model.safetensors").unlink(), "holds none of adapter_model.safetensors"),
+        (lambda d: os.truncate(d / "adapter_model.safetensors", 40), "adapter_model.safetensors is truncated"),
+        (
+            lambda d: (d / "adapter_model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\n"),
+            "adapter_model.safetensors is a Git LFS pointer",
+        ),
+        (
+            lambda d: (d / "adapter_model.safetensors").write_bytes((2).to_bytes(8, "little") + b"[]"),
+            "adapter_model.safetensors has no readable safetensors header",
+        ),
     ],
 )
 def test_an_adapter_that_cannot_serve_is_named_with_the_reason(tmp_path, spoil, message):
