@@ -13,6 +13,8 @@ vLLM ends a stream that fails. Without this, uvicorn cancelled them: a plain-tex
 A request the engine's death ends answers as one the shutdown ends (503 + Retry-After, or an error event and
 `[DONE]`), saying how the engine died (engine_death.py) instead of vLLM's 500 "See stack trace (above)".
 
+A 404 for an unknown model names the LoRA adapters among the valid names, as vLLM's names only the base model.
+
 A 400 that vLLM sent without `param` gets the field its message or the request's body names (error_fields.unnamed_field:
 an output constraint that does not compile is in the one field that holds the request's constraint).
 
@@ -44,6 +46,8 @@ log = logging.getLogger("service.http")
 # the str and bytes a stream's chunks come as.
 ERROR_EVENT = ('data: {"error"', b'data: {"error"')
 ERROR_EVENT_LEN = len(ERROR_EVENT[0])
+# How vLLM's 404 for an unknown model lists the names it serves (serve/engine/serving.py, _check_model).
+_VALID_NAMES = "Valid aliases: "
 
 
 def sse_error(chunk: bytes) -> dict[str, Any] | None:
@@ -142,6 +146,22 @@ def _with_param(response: JSONResponse, body: Any) -> Response:
     return JSONResponse({"error": named}, status_code=response.status_code)
 
 
+def _with_adapters(response: JSONResponse, request: Request | None) -> Response:
+    """vLLM's 404 for an unknown model with the LoRA adapters among the valid names: vLLM's lists the base model's
+    only, though requests may name any adapter loaded at start."""
+    models = getattr(request.app.state, "openai_serving_models", None) if request is not None else None
+    adapters = list(getattr(models, "lora_requests", None) or ())
+    try:
+        error = json.loads(bytes(response.body))["error"]
+        head, sep, _ = str(error["message"]).partition(_VALID_NAMES)
+    except (ValueError, KeyError, TypeError):
+        return response
+    if not (adapters and sep):
+        return response
+    names = ", ".join([base.name for base in models.base_model_paths] + adapters)
+    return JSONResponse({"error": error | {"message": f"{head}{sep}{names}."}}, status_code=response.status_code)
+
+
 def _request_of(kwargs: dict[str, Any]) -> Request | None:
     return next((value for value in kwargs.values() if isinstance(value, Request)), None)
 
@@ -200,6 +220,8 @@ def engine_endpoint(endpoint: Callable[..., Any], lifecycle: Lifecycle) -> Calla
             return FirstEventCheckedStream.of(response, lifecycle, _request_of(kwargs))
         if isinstance(response, JSONResponse) and response.status_code == HTTPStatus.BAD_REQUEST:
             return _with_param(response, parsed_body(_request_of(kwargs)))
+        if isinstance(response, JSONResponse) and response.status_code == HTTPStatus.NOT_FOUND:
+            return _with_adapters(response, _request_of(kwargs))
         return response
 
     return checked

@@ -58,8 +58,9 @@ def test_each_adapter_is_a_model_clients_can_name(lora_server):
         model=ADAPTERS[0], messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
     )
     assert chat.model == ADAPTERS[0] and chat.usage.completion_tokens == 4
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as unknown:
         client.completions.create(model="no-such-adapter", prompt="hi", max_tokens=2)
+    assert unknown.value.body["message"].endswith(f"Valid aliases: {', '.join([BASE, *ADAPTERS])}.")
 
 
 def test_a_batch_mixing_adapters_and_the_base_model_answers_each_as_alone(lora_server):
