@@ -22,6 +22,7 @@ DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="auto | bfloat16 |
 MaxLenOpt = Annotated[int | None, typer.Option("--max-model-len")]
 TpOpt = Annotated[int | None, typer.Option("--tensor-parallel-size")]
 ReservedOpt = Annotated[int | None, typer.Option("--reserved-cpus")]
+KvDtypeOpt = Annotated[str | None, typer.Option("--kv-cache-dtype", help="auto | fp8 | fp8_e4m3 | fp8_e5m2")]
 
 
 def _settings(config: Path | None, **flags: Any):
@@ -49,6 +50,7 @@ def detect(
     max_model_len: MaxLenOpt = None,
     tensor_parallel_size: TpOpt = None,
     reserved_cpus: ReservedOpt = None,
+    kv_cache_dtype: KvDtypeOpt = None,
 ) -> None:
     """Print what the service would decide on this machine (or a recorded dump); exit 1 when it cannot run."""
     from service.startup import build_report, calibrated_report, choose_model
@@ -61,6 +63,7 @@ def detect(
         max_model_len=max_model_len,
         tensor_parallel_size=tensor_parallel_size,
         reserved_cpus=reserved_cpus,
+        kv_cache_dtype=kv_cache_dtype,
     )
     choice = choose_model(settings, build_demo=False)
     try:
@@ -105,6 +108,7 @@ def serve(
     max_model_len: MaxLenOpt = None,
     tensor_parallel_size: TpOpt = None,
     reserved_cpus: ReservedOpt = None,
+    kv_cache_dtype: KvDtypeOpt = None,
     enforce_eager: Annotated[bool | None, typer.Option("--enforce-eager/--no-enforce-eager")] = None,
     lora_adapter: Annotated[
         list[str] | None, typer.Option("--lora-adapter", help="name=path of a LoRA adapter to serve (repeatable)")
@@ -125,6 +129,7 @@ def serve(
         max_model_len=max_model_len,
         tensor_parallel_size=tensor_parallel_size,
         reserved_cpus=reserved_cpus,
+        kv_cache_dtype=kv_cache_dtype,
         enforce_eager=enforce_eager,
         lora_adapters=lora_adapter or None,
     )

@@ -35,6 +35,7 @@ from service.policy.decision import Decision, PolicyResult, Source, engine, env,
 from service.policy.dense_kernel import plan_dense_kernel
 from service.policy.dtype import BYTES, choose_dtype
 from service.policy.kernels import check_kernels, dtype_limit
+from service.policy.kv_cache_dtype import plan_kv_cache_dtype
 from service.policy.lora import lora_decisions, lora_slot_bytes
 from service.policy.memory import plan_memory
 from service.policy.model_source import (
@@ -351,7 +352,9 @@ def _model_decisions(
             dtype_result,
             PolicyResult.of(engine("max_model_len", max_len, len_reason, len_source), warnings=warnings),
             _cache_decisions(model, backend, settings, user, environ),
-            _kv_decision(hardware, _in_dtype(model, dtype, kept_blocks), dtype, max_len, tp_size, settings, environ),
+            _kv_decision(
+                hardware, _in_dtype(model, dtype, kept_blocks), dtype, max_len, tp_size, settings, user, environ
+            ),
             chat_decisions(model, settings),
         ]
     )
@@ -538,17 +541,22 @@ def _kv_decision(
     max_len: int,
     tp_size: int,
     settings: Settings,
+    user: frozenset[str],
     environ: Mapping[str, str],
 ) -> PolicyResult:
+    source: Source = "user" if "kv_cache_dtype" in user else "default"
+    stored, value_bytes = plan_kv_cache_dtype(hardware.cpu.isa, model, settings.kv_cache_dtype, dtype, source)
+    if not stored.ok:
+        return stored
     legacy = environ.get("VLLM_CPU_KVCACHE_SPACE")
     if legacy:
-        return PolicyResult.of(
+        return stored + PolicyResult.of(
             record("env", "VLLM_CPU_KVCACHE_SPACE", legacy, "set in the environment; vLLM lets it override", "user")
         )
     plan = plan_memory(
         hardware.limits,
         model,
-        dtype_bytes=BYTES[dtype],
+        dtype_bytes=value_bytes,
         max_model_len=max_len,
         tp_size=tp_size,
         max_num_seqs=settings.max_num_seqs,
@@ -557,8 +565,8 @@ def _kv_decision(
         lora_bytes=lora_slot_bytes(model, BYTES[dtype]),
     )
     if plan.error:
-        return PolicyResult(errors=(plan.error,))
-    return PolicyResult.of(engine("kv_cache_memory_bytes", plan.kv_cache_bytes, plan.reason, plan.source))
+        return stored + PolicyResult(errors=(plan.error,))
+    return stored + PolicyResult.of(engine("kv_cache_memory_bytes", plan.kv_cache_bytes, plan.reason, plan.source))
 
 
 def _general_decisions(settings: Settings, user: frozenset[str], lora: bool) -> PolicyResult:

@@ -2,7 +2,8 @@
 
 Paths: each backend the live CPU runs (vLLM's own checks: zen where vLLM would pick ZenCpuPlatform, and then the
 generic avx512 platform too, in fp32; else amx / avx512 / avx2), in fp32 and, where the CPU computes it natively,
-bf16; and W8A8 and W4A16 copies made from the model by round-to-nearest (harness/quantized_models.py), on the
+bf16; the fp8 KV cache on the policy's backend and dtype (refused where vLLM's CPU attention cannot store
+fp8); and W8A8 and W4A16 copies made from the model by round-to-nearest (harness/quantized_models.py), on the
 policy's backend and dtype (refused where this CPU's vLLM build lacks the kernel), each copy also on every other
 kernel this CPU runs for it (int4: the service's ggml and auto-round-lib ones, vLLM's; int8: the service's ggml one,
 vLLM's). One service per path, in turn; the path the policy picks for the default model (its backend and dtype) is
@@ -37,6 +38,7 @@ below what a broken kernel does):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +92,11 @@ QUANTIZATION_LOSS = {"w8a8": 1.10, "w4a16-g64": 1.60}  # perplexity / the fp32 m
 # Q8_0), and from 32 rows (Q4_1) and 64 (Q8_0) on, as in the text's prefill, it computes in fp32. Measured:
 # perplexity x1.0000, logprob max 0.46 / mean 0.074, 2 near-ties in 48 greedy tokens.
 GGUF_BLOCKS = Bound(0.01, 1.5, 0.15, 1.0)
+# The fp8 KV cache (kv_cache_dtype=fp8: e4m3, scales 1.0) on the policy's dtype for the default model: 3 mantissa bits
+# for every cached key and value, through 30 layers. Measured on an Intel Xeon AMX guest (docs/quality.md): the fp32
+# vec kernel perplexity x1.033, logprob max 2.90 / mean 0.30; the AMX bf16 kernel x1.130, 3.55 / 0.32; 2 near-ties in
+# 48 greedy tokens on each.
+FP8_KV = Bound(0.25, 5.0, 0.6, 2.0)
 
 
 @dataclass(frozen=True)
@@ -104,7 +111,18 @@ class Path_:
             return SCHEME_BOUNDS[self.scheme]
         if self.blocks:
             return GGUF_BLOCKS
+        if self.fp8_kv:
+            return FP8_KV
         return FP32 if self.settings["dtype"] == "float32" else BF16
+
+    @property
+    def fp8_kv(self) -> bool:
+        return "kv_cache_dtype" in self.settings
+
+    @property
+    def plain(self) -> bool:
+        """A backend and dtype, the model's own weights and nothing else."""
+        return set(self.settings) == {"backend", "dtype"}
 
     @property
     def blocks(self) -> bool:
@@ -133,6 +151,8 @@ def live_paths() -> list[Path_]:
     quantized = [Path_(scheme, {}, scheme) for scheme in ("w8a8", "w4a16-g64")]
     if read_software().ggml_kernel:
         paths.append(Path_("gguf-blocks", {"gguf_blocks": "on", "dtype": "float32"}))
+    # On the policy's backend and dtype; refused where vLLM's CPU attention cannot store fp8.
+    paths.append(Path_("fp8-kv-cache", {"kv_cache_dtype": "fp8"}))
     # The other int4 kernels this CPU runs, besides the policy's (the first of the backend's order installed here).
     software = read_software()
     installed = {"ggml": software.ggml_kernel, "auto-round": software.auto_round_lib, "vllm": backend != "avx2"}
@@ -191,6 +211,7 @@ class Measured:
         None  # the quantized linear kernel the service reported (quant.linear_kernel; model.gguf_blocks)
     )
     head: str | None = None  # the blocks the LM head kept, as reported (model.gguf_head_blocks), if any
+    cache_dtype: str | None = None  # what the running engine stores its KV cache as (vllm:cache_config_info)
 
     @property
     def perplexity(self) -> float:
@@ -205,8 +226,7 @@ def _serves(report: dict, path: Path_) -> bool:
     """Whether a running default model's server (its /v1/hardware report) is the unquantized `path`."""
     engine = report["engine_args"]
     return (
-        not path.scheme
-        and not path.blocks
+        path.plain
         and report["backend"]["name"] == path.settings["backend"]
         and engine["dtype"] == path.settings["dtype"]
     )
@@ -255,8 +275,16 @@ def _measure(path: Path_, model: Path, server, chat_ids, text) -> Measured:
     kernel_setting = "model.gguf_blocks" if path.blocks else "quant.linear_kernel"
     found = {d["setting"]: d["value"] for d in report["decisions"]}
     head = found.get("model.gguf_head_blocks")
+    metrics = httpx.get(f"{server.url}/metrics", headers=server.headers(), timeout=30).text
+    cache_dtype = re.search(r'^vllm:cache_config_info\{(?:[^}]*,)?cache_dtype="([^"]*)"', metrics, re.M)
     return Measured(
-        path, model, served, logprobs, kernel=found.get(kernel_setting), head=head if head != "dequantized" else None
+        path,
+        model,
+        served,
+        logprobs,
+        kernel=found.get(kernel_setting),
+        head=head if head != "dequantized" else None,
+        cache_dtype=cache_dtype and cache_dtype.group(1),
     )
 
 
@@ -318,7 +346,16 @@ PATHS = live_paths()
 @pytest.mark.engine
 @pytest.mark.parametrize("path", PATHS, ids=[p.name for p in PATHS])
 def test_each_path_computes_what_its_weights_say(path, measure, fp32_model, text, fp32_perplexity):
+    import torch
+
     result = measure(path)
+    if path.fp8_kv:  # read back from the running engine, or refused where this CPU cannot store it
+        stores_fp8 = torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()
+        assert (result.refused is None) == stores_fp8, result.refused
+        if result.refused:
+            assert "kv_cache_dtype=fp8: vLLM's CPU attention stores an fp8 KV cache only" in result.refused
+            return
+        assert result.cache_dtype == "fp8_e4m3", result.cache_dtype
     if result.refused:
         # Only a quantized scheme may be refused, and only where the kernel build lacks its op
         # (test_quantized.py checks which); the refusal names it.
@@ -355,7 +392,7 @@ CORRUPTIONS = {  # per dtype of the unquantized paths
 @pytest.mark.engine
 def test_a_corrupted_scale_fails_the_same_bounds(measure, fp32_model, text):
     """A kernel bug as a reference computed with broken weights: the measured, correct paths must fail against it."""
-    for path in [p for p in PATHS if not p.scheme][:2]:  # the best backend's fp32 (and bf16) path
+    for path in [p for p in PATHS if p.plain][:2]:  # the best backend's fp32 (and bf16) path
         result = measure(path)
         comparison, ratio = _check(result, fp32_model, text, corrupt=CORRUPTIONS[path.settings["dtype"]])
         print(f"\n{path.name} vs a corrupted reference: x{ratio:.4f}; {comparison}")
