@@ -173,7 +173,7 @@ START_STALL_S = 8.0
 
 
 def test_a_start_that_hangs_fails_health_and_exits_non_zero(reliability_logs):
-    """An engine core stopped while it loads (SIGSTOP stands for a deadlock or a lock never released): vLLM waits
+    """An engine stopped while it loads (SIGSTOP stands for a deadlock or a lock never released): vLLM waits
     for its handshake with no limit, and the service said "starting" for ever. A normal start under the same short
     limit is not mistaken for one: the demo model's start makes progress every second."""
     log_path = reliability_logs / "start-hang.log"
@@ -187,11 +187,15 @@ def test_a_start_that_hangs_fails_health_and_exits_non_zero(reliability_logs):
         assert httpx.get(f"{process.url}/health").status_code == 200, process.log_tail()
         stopped_at = time.monotonic()
         core.send_signal(signal.SIGSTOP)
+        # And its worker, once it has spawned one: a deadlock stops the whole engine. A worker left running went on
+        # loading for 10-14 s here, and for over 30 s on a busy host, before the window without progress began.
+        for worker in core.children(recursive=True):
+            worker.send_signal(signal.SIGSTOP)
         exit_ = watch_until_exit(process, stopped_at, START_STALL_S + 30)
         log = log_path.read_text()
         print(f"start hang: /health 503 after {exit_.health_503_after}s, exit {exit_.code} after {exit_.after:.1f}s")
         assert exit_.code == EXIT_ENGINE_DIED, log[-3000:]
-        # Not before a whole window without progress; the worker the engine core spawned may load for a while first.
+        # Not before a whole window without progress, and within a few ticks after it.
         assert exit_.health_503_after is not None and START_STALL_S <= exit_.health_503_after <= START_STALL_S + 15
         assert f"engine is dead (engine start hung: in {START_STALL_S:.0f} s" in log, log[-3000:]
         assert f"VLLM::EngineCore (pid {core.pid}) stopped" in log, log[-3000:]
