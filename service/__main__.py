@@ -113,6 +113,9 @@ def serve(
     lora_adapter: Annotated[
         list[str] | None, typer.Option("--lora-adapter", help="name=path of a LoRA adapter to serve (repeatable)")
     ] = None,
+    lora_dir: Annotated[
+        Path | None, typer.Option("--lora-dir", help="directory of LoRA adapters that may be loaded while serving")
+    ] = None,
 ) -> None:
     """Run the OpenAI-compatible server (API key: SERVICE_API_KEY or --api-key-file, never a flag)."""
     from service.server.run import run
@@ -132,6 +135,7 @@ def serve(
         kv_cache_dtype=kv_cache_dtype,
         enforce_eager=enforce_eager,
         lora_adapters=lora_adapter or None,
+        lora_dir=lora_dir,
     )
     raise typer.Exit(run(settings))
 

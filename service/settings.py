@@ -182,11 +182,25 @@ class Settings(BaseSettings):
         "`name=/path,name2=/path2` (or a JSON object); a request names one in `model`",
         json_schema_extra={"shown": "none"},
     )
+    lora_dir: Path | None = Field(
+        None,
+        description="Directory of LoRA adapters that may be loaded and unloaded while serving: POST "
+        "/v1/load_lora_adapter `{lora_name, lora_path}` (lora_path inside this directory), POST "
+        "/v1/unload_lora_adapter `{lora_name}`; unset: the adapters are those set at start",
+        json_schema_extra={"shown": "unset (off)"},
+    )
+    lora_max_rank: int | None = Field(
+        None,
+        ge=1,
+        description="The widest rank an adapter loaded while serving may have (with lora_dir): every adapter slot is "
+        "sized for it",
+        json_schema_extra={"shown": "`16`, or the widest adapter set at start if wider"},
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="debug, info, warning, error")
 
     _field_sources: dict[str, FieldSource] = PrivateAttr(default_factory=dict)
 
-    @field_validator("model", "served_model_name", "api_key_file", "chat_template", mode="before")
+    @field_validator("model", "served_model_name", "api_key_file", "chat_template", "lora_dir", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         # Compose passes unset variables as empty strings.

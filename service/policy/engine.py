@@ -36,7 +36,7 @@ from service.policy.dense_kernel import plan_dense_kernel
 from service.policy.dtype import BYTES, choose_dtype
 from service.policy.kernels import check_kernels, dtype_limit
 from service.policy.kv_cache_dtype import plan_kv_cache_dtype
-from service.policy.lora import lora_decisions, lora_slot_bytes
+from service.policy.lora import LoraRuntime, lora_decisions, lora_runtime, lora_slot_bytes
 from service.policy.memory import plan_memory
 from service.policy.model_source import (
     ModelSourcePlan,
@@ -215,7 +215,7 @@ def build_plan(
         results.append(dense(dtype))
         results += [
             source.result,
-            lora_decisions(model, source.served_name),
+            lora_decisions(model, source.served_name, _lora_runtime(model, settings), settings.lora_max_rank),
             check_kernels(model, entry, dtype, hardware.cpu.isa),
             _citing_reads(quant(calibrated), reads),
             PolicyResult.of(*reads),
@@ -230,7 +230,9 @@ def build_plan(
         PolicyResult.of(record("calibration", v.decision, v.chosen, v.reason, "calibration")) for v in verdicts.values()
     ]
     results += [
-        _general_decisions(settings, user, lora=model is not None and bool(model.lora_adapters)),
+        _general_decisions(
+            settings, user, lora=model is not None and (bool(model.lora_adapters) or settings.lora_dir is not None)
+        ),
         plan_compile_cache(settings.cache_dir, software.vllm, environ),
         fxgraph_patch(software.torch),
         amx_state(hardware.cpu.isa),
@@ -562,11 +564,15 @@ def _kv_decision(
         max_num_seqs=settings.max_num_seqs,
         kv_cache_gib=settings.kv_cache_gib,
         headroom_gib=settings.memory_headroom_gib,
-        lora_bytes=lora_slot_bytes(model, BYTES[dtype]),
+        lora_bytes=lora_slot_bytes(model, BYTES[dtype], _lora_runtime(model, settings)),
     )
     if plan.error:
         return stored + PolicyResult(errors=(plan.error,))
     return stored + PolicyResult.of(engine("kv_cache_memory_bytes", plan.kv_cache_bytes, plan.reason, plan.source))
+
+
+def _lora_runtime(model: ModelFacts, settings: Settings) -> LoraRuntime | None:
+    return lora_runtime(settings.lora_dir, settings.lora_max_rank, model.lora_adapters)
 
 
 def _general_decisions(settings: Settings, user: frozenset[str], lora: bool) -> PolicyResult:

@@ -26,9 +26,10 @@ from service.server.body_limit import BodyLimitMiddleware
 from service.server.engine_responses import engine_endpoint
 from service.server.errors import ServiceError, install_error_handlers
 from service.server.lifecycle import Lifecycle, Phase
+from service.server.lora_routes import OFF, lora_handlers
 from service.server.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from service.server.request_id import RequestIdMiddleware
-from service.server.routes import ENGINE_ROUTES, SERVICE_ROUTES, UNCOUNTED, Access, served_engine_route
+from service.server.routes import ENGINE_ROUTES, LORA_ROUTES, SERVICE_ROUTES, UNCOUNTED, Access, served_engine_route
 from service.settings import Settings
 
 _ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -96,6 +97,10 @@ def create_app(
             dependencies=dependencies[access],
             include_in_schema=path != "/openapi.json",
         )
+    rank = report.plan.engine_args.get("max_lora_rank")
+    if settings.lora_dir is not None and report.model is not None and rank:
+        for path, handler in lora_handlers(settings.lora_dir, report.model, rank).items():
+            app.add_api_route(path, handler, methods=["POST"], dependencies=dependencies[Access.ENGINE])
     # Last: the gate (key, then engine state) applies before routing, like llama.cpp's pre-routing check, so an
     # unknown path answers 401 without the key and 503 while starting, and 404/405 only once vLLM's routes exist.
     catch_all = APIRoute(
@@ -144,6 +149,8 @@ def _not_served(served: str) -> Callable[[Request], Any]:
     async def not_served(request: Request) -> None:
         if any(route.matches(request.scope)[0] is Match.PARTIAL for route in request.app.router.routes):
             raise HTTPException(405)
+        if request.url.path in LORA_ROUTES:
+            raise HTTPException(404, OFF)
         if request.url.path in ENGINE_ROUTES:  # vLLM registers it only for models of its task
             raise HTTPException(404, f"{request.url.path} is not served: the model {served!r} does not do its task")
         raise HTTPException(404)

@@ -61,6 +61,11 @@ ENGINE_ROUTES: frozenset[str] = frozenset(
     }
 )
 
+# Loading and unloading LoRA adapters while serving: the service's own (lora_routes.py), POST, Access.ENGINE, and
+# only with the lora_dir setting.
+LOAD_LORA, UNLOAD_LORA = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
+LORA_ROUTES: frozenset[str] = frozenset({LOAD_LORA, UNLOAD_LORA})
+
 # Not counted in the HTTP request metrics: probes every few seconds and the scrape itself would drown the rest.
 UNCOUNTED = tuple(path for path, access in SERVICE_ROUTES.items() if access in (Access.PROBE, Access.METRICS))
 

@@ -1,11 +1,13 @@
 """LoRA adapters on the real engine: the demo model (fp32, so a batch's make-up cannot flip a near-tie) served with two
 random adapters. Each is a model of its own to clients, and a batch that mixes them with the base model gives every
 request what it gets alone: vLLM 0.32's CPU LoRA ops gave base-model requests batched with an adapter's that
-adapter's delta (service/lora_rows.py: before the fix, 11 of 12 such base requests changed)."""
+adapter's delta (service/lora_rows.py: before the fix, 11 of 12 such base requests changed). The same server has a
+lora_dir: adapters are loaded from it and unloaded while it serves, each checked before vLLM sees it."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import shutil
 
 import httpx
 import openai
@@ -28,7 +30,8 @@ def lora_server(server_logs, tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
     adapters = {name: make_adapter(root / name, seed=i) for i, name in enumerate(ADAPTERS)}
     listed = ",".join(f"{name}={path}" for name, path in adapters.items())
-    server = _start("lora", server_logs, BASE, dtype="float32", lora_adapters=listed)
+    (root / "library").mkdir()
+    server = _start("lora", server_logs, BASE, dtype="float32", lora_adapters=listed, lora_dir=str(root / "library"))
     yield server, adapters
     release(server.process)
 
@@ -81,12 +84,97 @@ def test_the_decisions_and_every_vllm_process_show_the_lora_set_up(lora_server):
     server, adapters = lora_server
     decided = {d["setting"]: d for d in httpx.get(f"{server.url}/v1/hardware").json()["decisions"]}
     assert decided["engine.enable_lora"]["value"] is True
-    assert decided["engine.max_loras"]["value"] == len(ADAPTERS)
-    assert decided["engine.max_lora_rank"]["value"] == 8
+    # A slot for each adapter set at start and one that those loaded while serving share, sized for lora_max_rank.
+    assert decided["engine.max_loras"]["value"] == len(ADAPTERS) + 1
+    assert decided["engine.max_lora_rank"]["value"] == 16
     assert [m["name"] for m in decided["engine.lora_modules"]["value"]] == list(ADAPTERS)
     # Every vLLM process carried the fix out, read back from the running engine's log.
     states = process_states(server.process.log_path.read_text(errors="replace"))
     assert len(states) >= 3 and {s["lora_rows_fix"] for s in states} == {"applied"}, states
     metrics = httpx.get(f"{server.url}/metrics").text
-    assert 'vllm:lora_requests_info{max_lora="2"' in metrics
-    assert 'service_decision_info{setting="engine.max_loras",source="policy",value="2"}' in metrics
+    assert 'vllm:lora_requests_info{max_lora="3"' in metrics
+    assert 'service_decision_info{setting="engine.max_loras",source="policy",value="3"}' in metrics
+
+
+def _post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, headers=server.headers(), timeout=120)
+
+
+def _refused(response: httpx.Response, status: int, param: str | None, says: str) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == status and error["param"] == param and says in error["message"], error
+
+
+def test_an_adapter_loaded_while_serving_answers_as_one_set_at_start_and_unloads(lora_server):
+    server, adapters = lora_server
+    library = adapters[ADAPTERS[0]].parent / "library"
+    # The first adapter's files under another name: it must answer as the same adapter set at start does.
+    shutil.copytree(adapters[ADAPTERS[0]], library / "team" / "sql-copy")
+    client = _client(server)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(lambda: client.completions.create(model=BASE, prompt="x", max_tokens=64, temperature=0))
+        loaded = _post(server, "/v1/load_lora_adapter", {"lora_name": "sql-copy", "lora_path": "team/sql-copy"})
+        assert running.result().usage.completion_tokens == 64, "a request in flight is not disturbed by the load"
+    assert loaded.status_code == 200, loaded.text
+    card = loaded.json()
+    assert (card["id"], card["parent"], card["root"], card["rank"]) == (
+        "sql-copy",
+        BASE,
+        str(library / "team" / "sql-copy"),
+        8,
+    )
+    listed = [m["id"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]]
+    assert listed == [BASE, *ADAPTERS, "sql-copy"], listed
+    alone = {(m, p): _tokens(client, m, p) for p in PROMPTS for m in (BASE, "sql-copy")}
+    assert all(alone["sql-copy", p] == _tokens(client, ADAPTERS[0], p) for p in PROMPTS)
+    assert alone["sql-copy", PROMPTS[0]] != alone[BASE, PROMPTS[0]]
+    # Batched with the base model from the shared slot, each answers as alone (the last slot's fix, lora_rows.py).
+    with concurrent.futures.ThreadPoolExecutor(len(alone)) as pool:
+        batched = dict(zip(alone, pool.map(lambda job: _tokens(client, *job), alone), strict=True))
+    assert batched == alone
+    _refused(
+        _post(server, "/v1/load_lora_adapter", {"lora_name": "sql-copy", "lora_path": "team/sql-copy"}),
+        400,
+        None,
+        "has already been loaded",
+    )
+    unloaded = _post(server, "/v1/unload_lora_adapter", {"lora_name": "sql-copy"})
+    assert unloaded.status_code == 200 and unloaded.json()["deleted"] is True, unloaded.text
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="sql-copy", prompt="hi", max_tokens=2)
+    _refused(_post(server, "/v1/unload_lora_adapter", {"lora_name": "sql-copy"}), 404, None, "cannot be found")
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_adapters_that_cannot_be_loaded_while_serving_are_refused_by_name(lora_server):
+    server, adapters = lora_server
+    library = adapters[ADAPTERS[0]].parent / "library"
+    make_adapter(library / "wide", seed=5, rank=32)
+    make_adapter(library / "other-model", seed=6, width=576, layers=30)
+    (library / "empty").mkdir()
+    load = "/v1/load_lora_adapter"
+    _refused(_post(server, load, {"lora_name": "x", "lora_path": "../sql"}), 400, "lora_path", "is not inside lora_dir")
+    _refused(_post(server, load, {"lora_name": "x", "lora_path": str(adapters["sql"])}), 400, "lora_path", "not inside")
+    _refused(_post(server, load, {"lora_name": "x", "lora_path": "nowhere"}), 400, "lora_path", "is not a directory")
+    _refused(_post(server, load, {"lora_name": "x", "lora_path": "empty"}), 400, "lora_path", "has no adapter_config")
+    _refused(
+        _post(server, load, {"lora_name": "x", "lora_path": "wide"}),
+        400,
+        "lora_path",
+        "has rank 32; this engine's adapter slots hold rank 16 (set lora_max_rank",
+    )
+    _refused(_post(server, load, {"lora_name": "x", "lora_path": "other-model"}), 400, "lora_path", "does not fit")
+    _refused(_post(server, load, {"lora_name": "sql", "lora_path": "wide"}), 400, "lora_name", "was set at start")
+    _refused(_post(server, load, {"lora_name": " ", "lora_path": "wide"}), 400, "lora_name", "lora_name is empty")
+    _refused(_post(server, load, {"lora_path": "wide"}), 400, "lora_name", "")
+    _refused(_post(server, "/v1/unload_lora_adapter", {"lora_name": "sql"}), 400, "lora_name", "was set at start")
+    # None of it reached the engine: it serves on, and the listing is what it was.
+    listed = [m["id"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]]
+    assert listed == [BASE, *ADAPTERS], listed
+    assert _tokens(_client(server), ADAPTERS[1], PROMPTS[0])
+
+
+def test_without_a_lora_dir_loading_while_serving_is_off_and_says_how_to_turn_it_on(chat_server):
+    response = _post(chat_server, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "y"})
+    _refused(response, 404, None, "set lora_dir (SERVICE_LORA_DIR)")

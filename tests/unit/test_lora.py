@@ -91,8 +91,8 @@ def _smollm2_adapter(directory, rank=8):
     return make_adapter(directory, 0, rank=rank, layers=30, width=576)
 
 
-def _report(tmp_path, **adapters):
-    settings = Settings(cache_dir=tmp_path / "cache", lora_adapters=adapters)
+def _report(tmp_path, lora: dict | None = None, **adapters):
+    settings = Settings(cache_dir=tmp_path / "cache", lora_adapters=adapters, **(lora or {}))
     return build_report(settings, model=choose_model(settings, build_demo=False), environ={})
 
 
@@ -123,12 +123,91 @@ def test_without_adapters_there_is_no_lora_decision(tmp_path):
     assert "torch.compile" in _decisions(report)["engine.enforce_eager"].reason
 
 
+@pytest.mark.parametrize(
+    ("at_start", "max_rank", "rank", "why"),
+    [
+        ((), None, 16, "adapters loaded while serving (lora_max_rank, r=16)"),
+        ((8,), None, 16, "adapters loaded while serving (lora_max_rank, r=16)"),
+        ((8, 64), None, 64, "the widest adapter, a1 (r=64)"),
+        ((8,), 40, 64, "adapters loaded while serving (lora_max_rank, r=40)"),
+        ((), 4, 8, "adapters loaded while serving (lora_max_rank, r=4)"),
+    ],
+)
+def test_a_lora_dir_adds_one_shared_slot_sized_for_the_adapters_loaded_while_serving(
+    tmp_path, at_start, max_rank, rank, why
+):
+    adapters = {f"a{i}": _smollm2_adapter(tmp_path / f"a{i}", r) for i, r in enumerate(at_start)}
+    library = tmp_path / "library"
+    library.mkdir()
+    lora = {"lora_dir": library, "lora_max_rank": max_rank}
+    report = _report(tmp_path, lora, **adapters)
+    assert report.ok, report.errors
+    args, decided = report.plan.engine_args, _decisions(report)
+    assert args["enable_lora"] is True and args["max_loras"] == len(at_start) + 1
+    assert args["max_lora_rank"] == rank and why in decided["engine.max_lora_rank"].reason
+    assert f"more may be loaded from {library} while serving" in decided["engine.enable_lora"].reason
+    assert "share" in decided["engine.max_loras"].reason
+    assert ("lora_modules" in args) == bool(at_start)
+    assert report.plan.env[LORA_ROWS_ENV] == "1"
+    # The memory plan holds the shared slot too: the KV cache gets less than without the directory.
+    without = _report(tmp_path, None, **adapters)
+    assert without.plan.engine_args["kv_cache_memory_bytes"] > args["kv_cache_memory_bytes"]
+
+
+def test_lora_settings_the_engine_cannot_use_refuse_the_start(tmp_path):
+    no_dir = _report(tmp_path, {"lora_max_rank": 32})
+    assert any("lora_max_rank" in e and "set lora_dir too" in e for e in no_dir.errors), no_dir.errors
+    gone = _report(tmp_path, {"lora_dir": tmp_path / "nowhere"})
+    assert any(f"lora_dir: {tmp_path / 'nowhere'} is not a directory" in e for e in gone.errors), gone.errors
+    too_wide = _report(tmp_path, {"lora_dir": tmp_path, "lora_max_rank": 600})
+    assert any("(lora_max_rank, r=600) is wider than vLLM serves" in e for e in too_wide.errors), too_wide.errors
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("sql", "lib/sql"),
+        ("team/sql", "lib/team/sql"),
+        ("./sql/../chat", "lib/chat"),
+        ("{lib}/sql", "lib/sql"),
+        ("..", None),
+        ("../lib2/sql", None),
+        ("sql/../../etc", None),
+        ("/etc", None),
+        (".", None),
+        ("{lib}", None),
+    ],
+)
+def test_an_adapter_loaded_while_serving_comes_from_inside_lora_dir(tmp_path, given, expected):
+    from service.server.lora_routes import inside
+
+    lib = tmp_path / "lib"
+    found = inside(lib, given.format(lib=lib))
+    assert found == (tmp_path / expected if expected else None)
+
+
+def test_an_adapter_loaded_while_serving_must_fit_the_slots_and_the_model(tmp_path):
+    from service.facts.model import inspect_model
+    from service.policy.lora import adapter_misfit
+
+    model = inspect_model(choose_model(Settings(cache_dir=tmp_path / "c"), build_demo=False).location)
+    fits = read_adapter("fits", _smollm2_adapter(tmp_path / "fits", 16))
+    assert adapter_misfit(fits, model, 16) is None
+    wide = adapter_misfit(read_adapter("wide", _smollm2_adapter(tmp_path / "wide", 32)), model, 16)
+    assert (
+        wide == "LoRA adapter 'wide' has rank 32; this engine's adapter slots hold rank 16 (set lora_max_rank to "
+        "load wider ones)"
+    )
+    other = adapter_misfit(read_adapter("demo", make_adapter(tmp_path / "demo", 0)), model, 16)
+    assert other is not None and "its q_proj takes 256 inputs" in other, other
+
+
 def test_adapters_the_engine_cannot_serve_refuse_the_start(tmp_path):
     wide = _smollm2_adapter(tmp_path / "wide")
     config = json.loads((wide / "adapter_config.json").read_text())
     (wide / "adapter_config.json").write_text(json.dumps({**config, "r": 1024}))
     report = _report(tmp_path, wide=wide, **{"SmolLM2-135M-Instruct": _smollm2_adapter(tmp_path / "same")})
-    assert any("'wide' has rank 1024; vLLM serves ranks up to 512" in e for e in report.errors), report.errors
+    assert any("wide (r=1024) is wider than vLLM serves (ranks up to 512)" in e for e in report.errors), report.errors
     assert any("'SmolLM2-135M-Instruct' is the served model's own name" in e for e in report.errors), report.errors
     missing = _report(tmp_path, sql=tmp_path / "nowhere")
     assert any("LoRA adapter 'sql'" in e and "is not a directory" in e for e in missing.errors), missing.errors

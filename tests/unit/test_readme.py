@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from service.server.routes import ENGINE_ROUTES, SERVICE_ROUTES
+from service.server.routes import ENGINE_ROUTES, LORA_ROUTES, SERVICE_ROUTES
 from service.settings import Settings, settings_table
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -24,7 +24,8 @@ def test_the_settings_table_is_the_one_the_fields_make():
 def test_the_endpoint_table_lists_exactly_the_served_routes():
     table = README[README.index("## Endpoints") : README.index("With an API key configured")]
     listed = set(re.findall(r"`(?:GET |POST )?(/[\w/{}.:-]*)`", table))
-    assert listed == set(SERVICE_ROUTES) | ENGINE_ROUTES, listed ^ (set(SERVICE_ROUTES) | ENGINE_ROUTES)
+    served = set(SERVICE_ROUTES) | ENGINE_ROUTES | LORA_ROUTES
+    assert listed == served, listed ^ served
 
 
 def test_readme_gives_the_two_commands():
