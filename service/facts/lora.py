@@ -27,7 +27,7 @@ class AdapterFacts:
     base_model: str | None  # base_model_name_or_path: what it was trained on (a name or a path, often another copy's)
     weights: str  # the weight file's name
     # (module, inputs) of each changed layer kind, from its lora_A tensors' shapes in the safetensors header, e.g.
-    # ("q_proj", 2048); empty for a .bin / .pt file (read only by loading it)
+    # ("q_proj", 2048)
     inputs: tuple[tuple[str, int], ...] = ()
     layers: int | None = None  # 1 + the highest decoder layer index its tensors name
 
@@ -44,6 +44,25 @@ def _layer_inputs(tensors: Mapping[str, Mapping[str, Any]]) -> tuple[tuple[tuple
     }
     layers = [int(m[1]) for name in tensors if (m := _LAYER.search(name))]
     return tuple(sorted(inputs)), (max(layers) + 1 if layers else None)
+
+
+def _shapes(file: Path) -> Mapping[str, Mapping[str, Any]]:
+    """Each tensor's {"shape": [...]}: a safetensors header, or a torch pickle (.bin / .pt) opened on the meta device,
+    which reads the pickle's metadata and no tensor data (adapters are small either way)."""
+    if file.suffix == ".safetensors":
+        return read_header(file)
+    import pickle
+
+    import torch
+
+    try:
+        state = torch.load(file, map_location="meta", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ValueError(f"{file.name} is no readable torch file ({type(exc).__name__}: {first})") from exc
+    if not isinstance(state, dict):
+        raise ValueError(f"{file.name} holds a {type(state).__name__}, not a dict of tensors")
+    return {str(k): {"shape": list(v.shape)} for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
 def read_adapter(name: str, directory: Path) -> AdapterFacts:
@@ -72,15 +91,12 @@ def read_adapter(name: str, directory: Path) -> AdapterFacts:
     targets = config.get("target_modules") or ()
     inputs: tuple[tuple[str, int], ...] = ()
     layers = None
-    if weights.endswith(".safetensors"):
-        try:
-            inputs, layers = _layer_inputs(read_header(directory / weights))
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from exc
-        except (KeyError, TypeError, IndexError) as exc:  # a header entry without a shape list
-            raise ValueError(
-                f"{where}: {weights} gives no shape for its tensors ({type(exc).__name__}: {exc})"
-            ) from exc
+    try:
+        inputs, layers = _layer_inputs(_shapes(directory / weights))
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    except (KeyError, TypeError, IndexError) as exc:  # a header entry without a shape list
+        raise ValueError(f"{where}: {weights} gives no shape for its tensors ({type(exc).__name__}: {exc})") from exc
     return AdapterFacts(
         name=name,
         path=str(directory.absolute()),

@@ -45,9 +45,13 @@ def lora_handlers(
 ) -> dict[str, Callable[..., Coroutine[Any, Any, Response]]]:
     fixed = {a.name for a in model.lora_adapters}
 
-    def _vllm_answer(answer: Any) -> JSONResponse | None:
+    def _vllm_answer(answer: Any, models: Any, name: str) -> JSONResponse | None:
         if isinstance(answer, str):  # vLLM's success is a sentence
             return None
+        if answer.error.code == HTTPStatus.INTERNAL_SERVER_ERROR and not models.engine_client.errored:
+            # The engine refused the adapter and serves on (e.g. a layer width these checks cannot see): the
+            # adapter's fault, not the server's, as vLLM's 500 would say.
+            raise _invalid(f"LoRA adapter {name!r} could not be loaded: {answer.error.message}", "lora_path")
         return JSONResponse(answer.model_dump(), status_code=answer.error.code)
 
     async def load(body: LoadLoRAAdapterRequest, request: Request) -> Response:
@@ -70,7 +74,7 @@ def lora_handlers(
             raise _invalid(misfit, "lora_path")
         models = request.app.state.openai_serving_models
         checked = body.model_copy(update={"lora_name": name, "lora_path": str(path)})
-        if (refused := _vllm_answer(await models.load_lora_adapter(checked))) is not None:
+        if (refused := _vllm_answer(await models.load_lora_adapter(checked), models, name)) is not None:
             return refused
         card = next(c for c in (await models.show_available_models()).data if c.id == name)
         return JSONResponse(card.model_dump() | {"rank": adapter.rank})
@@ -82,7 +86,7 @@ def lora_handlers(
                 f"LoRA adapter {body.lora_name!r} was set at start (lora_adapters); it stays while serving", "lora_name"
             )
         models = request.app.state.openai_serving_models
-        if (refused := _vllm_answer(await models.unload_lora_adapter(body))) is not None:
+        if (refused := _vllm_answer(await models.unload_lora_adapter(body), models, body.lora_name)) is not None:
             return refused
         return JSONResponse({"id": body.lora_name, "object": "model", "deleted": True})
 

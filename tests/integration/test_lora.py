@@ -12,6 +12,8 @@ import shutil
 import httpx
 import openai
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from tests.integration.conftest import _start
 from tests.support.lora import make_adapter
@@ -153,6 +155,13 @@ def test_adapters_that_cannot_be_loaded_while_serving_are_refused_by_name(lora_s
     make_adapter(library / "wide", seed=5, rank=32)
     make_adapter(library / "other-model", seed=6, width=576, layers=30)
     (library / "empty").mkdir()
+    # Outputs the model's layers do not have: only the engine finds that out, when it loads the weights.
+    wrong_outputs = make_adapter(library / "wrong-outputs", seed=7)
+    tensors = load_file(str(wrong_outputs / "adapter_model.safetensors"))
+    save_file(
+        {k: torch.zeros(300, v.shape[1]) if ".lora_B." in k else v for k, v in tensors.items()},
+        str(wrong_outputs / "adapter_model.safetensors"),
+    )
     load = "/v1/load_lora_adapter"
     _refused(_post(server, load, {"lora_name": "x", "lora_path": "../sql"}), 400, "lora_path", "is not inside lora_dir")
     _refused(_post(server, load, {"lora_name": "x", "lora_path": str(adapters["sql"])}), 400, "lora_path", "not inside")
@@ -165,6 +174,12 @@ def test_adapters_that_cannot_be_loaded_while_serving_are_refused_by_name(lora_s
         "has rank 32; this engine's adapter slots hold rank 16 (set lora_max_rank",
     )
     _refused(_post(server, load, {"lora_name": "x", "lora_path": "other-model"}), 400, "lora_path", "does not fit")
+    _refused(
+        _post(server, load, {"lora_name": "x", "lora_path": "wrong-outputs"}),
+        400,
+        "lora_path",
+        "LoRA adapter 'x' could not be loaded: Call to add_lora method failed",
+    )
     _refused(_post(server, load, {"lora_name": "sql", "lora_path": "wide"}), 400, "lora_name", "was set at start")
     _refused(_post(server, load, {"lora_name": " ", "lora_path": "wide"}), 400, "lora_name", "lora_name is empty")
     _refused(_post(server, load, {"lora_path": "wide"}), 400, "lora_name", "")

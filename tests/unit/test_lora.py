@@ -86,6 +86,48 @@ def test_an_adapter_that_cannot_serve_is_named_with_the_reason(tmp_path, spoil, 
     assert "LoRA adapter 'sql'" in str(refused.value)
 
 
+def _as_bin(directory, name="adapter_model.bin"):
+    """The adapter's weights as a torch pickle, as older PEFT versions saved them."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(directory / "adapter_model.safetensors"))
+    (directory / "adapter_model.safetensors").unlink()
+    torch.save(tensors, directory / name)
+    return directory
+
+
+@pytest.mark.parametrize("name", ["adapter_model.bin", "adapter_model.pt"])
+def test_a_torch_pickle_adapters_widths_are_read_without_its_weights(tmp_path, name):
+    facts = read_adapter("big", _as_bin(make_adapter(tmp_path / "big", seed=0, width=576, layers=30), name))
+    assert (facts.weights, facts.inputs, facts.layers) == (name, (("q_proj", 576), ("v_proj", 576)), 30)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"version https://git-lfs.github.com/spec/v1\n", "adapter_model.bin is no readable torch file"),
+        (b"", "adapter_model.bin is no readable torch file"),
+    ],
+)
+def test_an_unreadable_torch_pickle_adapter_is_named(tmp_path, content, message):
+    directory = _as_bin(make_adapter(tmp_path / "sql", seed=0))
+    (directory / "adapter_model.bin").write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        read_adapter("sql", directory)
+
+
+def test_a_torch_pickle_adapter_for_another_model_refuses_the_start(tmp_path):
+    report = _report(tmp_path, demo=_as_bin(make_adapter(tmp_path / "demo", seed=0)))
+    assert any("'demo' does not fit the model" in e and "takes 256 inputs" in e for e in report.errors), report.errors
+
+
+def test_a_torch_pickle_of_no_tensors_is_named(tmp_path):
+    directory = _as_bin(make_adapter(tmp_path / "sql", seed=0))
+    torch.save([1, 2], directory / "adapter_model.bin")
+    with pytest.raises(ValueError, match="holds a list, not a dict of tensors"):
+        read_adapter("sql", directory)
+
+
 def _smollm2_adapter(directory, rank=8):
     """Made for the default model, SmolLM2-135M: 30 layers, 576 wide."""
     return make_adapter(directory, 0, rank=rank, layers=30, width=576)
