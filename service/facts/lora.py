@@ -68,7 +68,11 @@ def _shapes(file: Path) -> Mapping[str, Mapping[str, Any]]:
 def read_adapter(name: str, directory: Path) -> AdapterFacts:
     """One adapter; ValueError names what keeps it from being served."""
     where = f"LoRA adapter {name!r} ({directory})"
-    if not directory.is_dir():
+    try:
+        is_dir = directory.is_dir()
+    except OSError as exc:  # a name too long for the filesystem, a directory without permission
+        raise ValueError(f"{where} cannot be read: {exc.strerror or exc}") from exc
+    if not is_dir:
         raise ValueError(f"{where} is not a directory")
     config_file = directory / "adapter_config.json"
     if not config_file.is_file():

@@ -18,6 +18,7 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Match
+from vllm.entrypoints.serve.utils.api_utils import validate_json_request
 
 from service.report import StartupReport
 from service.server.admission import engine_admission
@@ -100,7 +101,8 @@ def create_app(
     rank = report.plan.engine_args.get("max_lora_rank")
     if settings.lora_dir is not None and report.model is not None and rank:
         for path, handler in lora_handlers(settings.lora_dir, report.model, rank).items():
-            app.add_api_route(path, handler, methods=["POST"], dependencies=dependencies[Access.ENGINE])
+            json_body = Depends(validate_json_request)  # as vLLM's POST routes: a body sent as JSON, or 400 saying so
+            app.add_api_route(path, handler, methods=["POST"], dependencies=[*dependencies[Access.ENGINE], json_body])
     # Last: the gate (key, then engine state) applies before routing, like llama.cpp's pre-routing check, so an
     # unknown path answers 401 without the key and 503 while starting, and 404/405 only once vLLM's routes exist.
     catch_all = APIRoute(

@@ -59,6 +59,9 @@ def lora_handlers(
         name = body.lora_name.strip()
         if not name:
             raise _invalid("lora_name is empty: give the name requests will use for the adapter", "lora_name")
+        models = request.app.state.openai_serving_models
+        if models.is_base_model(name):
+            raise _invalid(f"{name!r} is the served model's own name; give the adapter another", "lora_name")
         if name in fixed:
             raise _invalid(
                 f"LoRA adapter {name!r} was set at start (lora_adapters); it stays while serving", "lora_name"
@@ -72,7 +75,6 @@ def lora_handlers(
             raise _invalid(str(exc), "lora_path") from exc
         if (misfit := adapter_misfit(adapter, model, max_lora_rank)) is not None:
             raise _invalid(misfit, "lora_path")
-        models = request.app.state.openai_serving_models
         checked = body.model_copy(update={"lora_name": name, "lora_path": str(path)})
         if (refused := _vllm_answer(await models.load_lora_adapter(checked), models, name)) is not None:
             return refused

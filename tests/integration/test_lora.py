@@ -183,6 +183,10 @@ def test_adapters_that_cannot_be_loaded_while_serving_are_refused_by_name(lora_s
     _refused(_post(server, load, {"lora_name": "sql", "lora_path": "wide"}), 400, "lora_name", "was set at start")
     _refused(_post(server, load, {"lora_name": " ", "lora_path": "wide"}), 400, "lora_name", "lora_name is empty")
     _refused(_post(server, load, {"lora_path": "wide"}), 400, "lora_name", "")
+    _refused(_post(server, load, {"lora_name": BASE, "lora_path": "wide"}), 400, "lora_name", "served model's own name")
+    _refused(_post(server, load, {"lora_name": "x", "lora_path": "a" * 5000}), 400, "lora_path", "cannot be read")
+    form = httpx.post(f"{server.url}{load}", data={"lora_name": "x", "lora_path": "wide"}, headers=server.headers())
+    _refused(form, 400, None, "Only 'application/json' is allowed")
     _refused(_post(server, "/v1/unload_lora_adapter", {"lora_name": "sql"}), 400, "lora_name", "was set at start")
     # None of it reached the engine: it serves on, and the listing is what it was.
     listed = [m["id"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]]

@@ -86,6 +86,11 @@ def test_an_adapter_that_cannot_serve_is_named_with_the_reason(tmp_path, spoil, 
     assert "LoRA adapter 'sql'" in str(refused.value)
 
 
+def test_an_adapter_path_the_filesystem_cannot_take_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"LoRA adapter 'sql' \(.*\) cannot be read: File name too long"):
+        read_adapter("sql", tmp_path / ("x" * 300))
+
+
 def _as_bin(directory, name="adapter_model.bin"):
     """The adapter's weights as a torch pickle, as older PEFT versions saved them."""
     from safetensors.torch import load_file
