@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, PrivateAttr, SecretStr, field_validator
+from pydantic import DirectoryPath, Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -182,7 +182,7 @@ class Settings(BaseSettings):
         "`name=/path,name2=/path2` (or a JSON object); a request names one in `model`",
         json_schema_extra={"shown": "none"},
     )
-    lora_dir: Path | None = Field(
+    lora_dir: DirectoryPath | None = Field(
         None,
         description="Directory of LoRA adapters that may be loaded and unloaded while serving: POST "
         "/v1/load_lora_adapter `{lora_name, lora_path}` (lora_path inside this directory), POST "
