@@ -215,6 +215,8 @@ def _service_handlers(
 
     async def prometheus_metrics() -> Response:
         metrics.in_flight.set(lifecycle.in_flight)
+        if (models := getattr(app.state, "openai_serving_models", None)) is not None:  # once the engine is up
+            metrics.lora_adapters.set(len(models.lora_requests))
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     source = _model_source(report)

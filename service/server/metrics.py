@@ -34,6 +34,11 @@ class ServiceMetrics:
         self.in_flight = Gauge(
             "service_in_flight_requests", "Requests being served by the front end", registry=registry
         )
+        self.lora_adapters = Gauge(
+            "service_lora_adapters",
+            "LoRA adapters requests may name: those set at start and those loaded while serving",
+            registry=registry,
+        )
 
     def describe_startup(self, report: StartupReport, served_model: str) -> None:
         sw, hw = report.software, report.hardware

@@ -128,6 +128,7 @@ def test_an_adapter_loaded_while_serving_answers_as_one_set_at_start_and_unloads
     )
     listed = [m["id"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]]
     assert listed == [BASE, *ADAPTERS, "sql-copy"], listed
+    assert f"service_lora_adapters {len(ADAPTERS) + 1}.0" in httpx.get(f"{server.url}/metrics").text
     alone = {(m, p): _tokens(client, m, p) for p in PROMPTS for m in (BASE, "sql-copy")}
     assert all(alone["sql-copy", p] == _tokens(client, ADAPTERS[0], p) for p in PROMPTS)
     assert alone["sql-copy", PROMPTS[0]] != alone[BASE, PROMPTS[0]]
@@ -146,6 +147,7 @@ def test_an_adapter_loaded_while_serving_answers_as_one_set_at_start_and_unloads
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="sql-copy", prompt="hi", max_tokens=2)
     _refused(_post(server, "/v1/unload_lora_adapter", {"lora_name": "sql-copy"}), 404, None, "cannot be found")
+    assert f"service_lora_adapters {len(ADAPTERS)}.0" in httpx.get(f"{server.url}/metrics").text
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
