@@ -165,28 +165,23 @@ def test_adapters_that_cannot_be_loaded_while_serving_are_refused_by_name(lora_s
         str(wrong_outputs / "adapter_model.safetensors"),
     )
     load = "/v1/load_lora_adapter"
-    _refused(_post(server, load, {"lora_name": "x", "lora_path": "../sql"}), 400, "lora_path", "is not inside lora_dir")
-    _refused(_post(server, load, {"lora_name": "x", "lora_path": str(adapters["sql"])}), 400, "lora_path", "not inside")
-    _refused(_post(server, load, {"lora_name": "x", "lora_path": "nowhere"}), 400, "lora_path", "is not a directory")
-    _refused(_post(server, load, {"lora_name": "x", "lora_path": "empty"}), 400, "lora_path", "has no adapter_config")
-    _refused(
-        _post(server, load, {"lora_name": "x", "lora_path": "wide"}),
-        400,
-        "lora_path",
-        "has rank 32; this engine's adapter slots hold rank 16 (set lora_max_rank",
-    )
-    _refused(_post(server, load, {"lora_name": "x", "lora_path": "other-model"}), 400, "lora_path", "does not fit")
-    _refused(
-        _post(server, load, {"lora_name": "x", "lora_path": "wrong-outputs"}),
-        400,
-        "lora_path",
-        "LoRA adapter 'x' could not be loaded: Call to add_lora method failed",
-    )
-    _refused(_post(server, load, {"lora_name": "sql", "lora_path": "wide"}), 400, "lora_name", "was set at start")
-    _refused(_post(server, load, {"lora_name": " ", "lora_path": "wide"}), 400, "lora_name", "lora_name is empty")
-    _refused(_post(server, load, {"lora_path": "wide"}), 400, "lora_name", "")
-    _refused(_post(server, load, {"lora_name": BASE, "lora_path": "wide"}), 400, "lora_name", "served model's own name")
-    _refused(_post(server, load, {"lora_name": "x", "lora_path": "a" * 5000}), 400, "lora_path", "cannot be read")
+    refusals = [  # (lora_name, lora_path, the param named, what the message says)
+        ("x", "../sql", "lora_path", "is not inside lora_dir"),
+        ("x", str(adapters["sql"]), "lora_path", "not inside"),
+        ("x", "nowhere", "lora_path", "is not a directory"),
+        ("x", "empty", "lora_path", "has no adapter_config"),
+        ("x", "wide", "lora_path", "has rank 32; this engine's adapter slots hold rank 16 (set lora_max_rank"),
+        ("x", "other-model", "lora_path", "does not fit"),
+        ("x", "wrong-outputs", "lora_path", "LoRA adapter 'x' could not be loaded: Call to add_lora method failed"),
+        ("sql", "wide", "lora_name", "was set at start"),
+        (" ", "wide", "lora_name", "lora_name is empty"),
+        (None, "wide", "lora_name", ""),
+        (BASE, "wide", "lora_name", "served model's own name"),
+        ("x", "a" * 5000, "lora_path", "cannot be read"),
+    ]
+    for name, path, param, says in refusals:
+        body = {"lora_path": path} | ({"lora_name": name} if name is not None else {})
+        _refused(_post(server, load, body), 400, param, says)
     form = httpx.post(f"{server.url}{load}", data={"lora_name": "x", "lora_path": "wide"}, headers=server.headers())
     _refused(form, 400, None, "Only 'application/json' is allowed")
     _refused(_post(server, "/v1/unload_lora_adapter", {"lora_name": "sql"}), 400, "lora_name", "was set at start")
