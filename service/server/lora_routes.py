@@ -9,6 +9,7 @@ The adapters set at start stay: /v1/hardware's decisions describe them.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable, Coroutine
 from http import HTTPStatus
@@ -70,7 +71,7 @@ def lora_handlers(
         if path is None:
             raise _invalid(f"lora_path {body.lora_path!r} is not inside lora_dir ({lora_dir})", "lora_path")
         try:
-            adapter = read_adapter(name, path)
+            adapter = await asyncio.to_thread(read_adapter, name, path)  # file reads, off the event loop
         except ValueError as exc:
             raise _invalid(str(exc), "lora_path") from exc
         if (misfit := adapter_misfit(adapter, model, max_lora_rank)) is not None:
