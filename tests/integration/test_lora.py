@@ -142,8 +142,21 @@ def test_an_adapter_loaded_while_serving_answers_as_one_set_at_start_and_unloads
         None,
         "has already been loaded",
     )
+    # A request already streaming from the adapter finishes with it, token for token, when it is unloaded.
+    long = {
+        "model": "sql-copy",
+        "prompt": PROMPTS[1],
+        "max_tokens": 128,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = client.completions.create(**long).choices[0].text
+    stream = client.completions.create(**long, stream=True)
+    streamed = [next(iter(stream)).choices[0].text]
     unloaded = _post(server, "/v1/unload_lora_adapter", {"lora_name": "sql-copy"})
+    streamed += [chunk.choices[0].text for chunk in stream if chunk.choices]
     assert unloaded.status_code == 200 and unloaded.json()["deleted"] is True, unloaded.text
+    assert "".join(streamed) == whole
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="sql-copy", prompt="hi", max_tokens=2)
     _refused(_post(server, "/v1/unload_lora_adapter", {"lora_name": "sql-copy"}), 404, None, "cannot be found")
