@@ -164,6 +164,32 @@ def test_an_adapter_loaded_while_serving_answers_as_one_set_at_start_and_unloads
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
+def test_adapters_loaded_while_serving_share_their_slot_and_each_request_answers_as_alone(lora_server):
+    server, adapters = lora_server
+    library = adapters[ADAPTERS[0]].parent / "library"
+    loaded = ("swap-a", "swap-b")
+    for seed, name in enumerate(loaded, start=20):
+        make_adapter(library / name, seed=seed)
+        assert _post(server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": name}).status_code == 200
+    client = _client(server)
+    models = (BASE, *ADAPTERS, *loaded)
+    jobs = [(model, prompt) for prompt in PROMPTS[:2] for model in models]
+    alone = {job: _tokens(client, *job) for job in jobs}
+    assert len({tuple(alone[m, PROMPTS[0]]) for m in models}) == len(models), "each adapter changes the text"
+    # Four adapters and three slots: the two loaded while serving take turns in the shared one, inside one burst.
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        changed = [
+            job
+            for _ in range(2)
+            for job, tokens in zip(jobs, pool.map(lambda job: _tokens(client, *job), jobs), strict=True)
+            if tokens != alone[job]
+        ]
+    assert not changed, changed
+    for name in loaded:
+        assert _post(server, "/v1/unload_lora_adapter", {"lora_name": name}).status_code == 200
+    assert [m["id"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]] == [BASE, *ADAPTERS]
+
+
 def test_adapters_that_cannot_be_loaded_while_serving_are_refused_by_name(lora_server):
     server, adapters = lora_server
     library = adapters[ADAPTERS[0]].parent / "library"
