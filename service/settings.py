@@ -184,9 +184,10 @@ class Settings(BaseSettings):
     )
     lora_dir: DirectoryPath | None = Field(
         None,
-        description="Directory of LoRA adapters that may be loaded and unloaded while serving: POST "
-        "/v1/load_lora_adapter `{lora_name, lora_path}` (lora_path inside this directory), POST "
-        "/v1/unload_lora_adapter `{lora_name}`; unset: the adapters are those set at start",
+        description="Directory of LoRA adapters that may be loaded and unloaded while serving: a request whose "
+        "`model` names a sub-directory holding an adapter loads it on first use; POST /v1/load_lora_adapter "
+        "`{lora_name, lora_path}` (lora_path inside this directory), POST /v1/unload_lora_adapter `{lora_name}`; "
+        "unset: the adapters are those set at start",
         json_schema_extra={"shown": "unset (off)"},
     )
     lora_max_rank: int | None = Field(

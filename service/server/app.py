@@ -27,7 +27,7 @@ from service.server.body_limit import BodyLimitMiddleware
 from service.server.engine_responses import engine_endpoint
 from service.server.errors import ServiceError, install_error_handlers
 from service.server.lifecycle import Lifecycle, Phase
-from service.server.lora_routes import OFF, lora_handlers
+from service.server.lora_routes import OFF, AdapterLoader, lora_handlers
 from service.server.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from service.server.request_id import RequestIdMiddleware
 from service.server.routes import ENGINE_ROUTES, LORA_ROUTES, SERVICE_ROUTES, UNCOUNTED, Access, served_engine_route
@@ -69,12 +69,17 @@ def create_app(
     install_error_handlers(app, on_engine_dead=lifecycle.engine_died)
     key = settings.resolved_api_key()
     needs_key = Depends(require_api_key(key))
+    rank = report.plan.engine_args.get("max_lora_rank")
+    loader = None
+    if settings.lora_dir is not None and report.model is not None and rank:
+        loader = AdapterLoader(settings.lora_dir, report.model, rank)
+    admitted = [needs_key, Depends(engine_admission(lifecycle, settings.max_queued_requests, report.model))]
     dependencies = {
         Access.PROBE: [],
         Access.PUBLIC: [],
         Access.METRICS: [needs_key] if settings.metrics_require_auth else [],
         Access.SERVICE: [needs_key],
-        Access.ENGINE: [needs_key, Depends(engine_admission(lifecycle, settings.max_queued_requests, report.model))],
+        Access.ENGINE: admitted + ([Depends(loader.load_on_first_use)] if loader else []),
     }
     handlers = _service_handlers(app, report, lifecycle, metrics, demo)
 
@@ -98,9 +103,8 @@ def create_app(
             dependencies=dependencies[access],
             include_in_schema=path != "/openapi.json",
         )
-    rank = report.plan.engine_args.get("max_lora_rank")
-    if settings.lora_dir is not None and report.model is not None and rank:
-        for path, handler in lora_handlers(settings.lora_dir, report.model, rank).items():
+    if loader is not None:
+        for path, handler in lora_handlers(loader).items():
             json_body = Depends(validate_json_request)  # as vLLM's POST routes: a body sent as JSON, or 400 saying so
             app.add_api_route(path, handler, methods=["POST"], dependencies=[*dependencies[Access.ENGINE], json_body])
     # Last: the gate (key, then engine state) applies before routing, like llama.cpp's pre-routing check, so an

@@ -10,7 +10,9 @@ The adapters set at start stay: /v1/hardware's decisions describe them.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+from collections import defaultdict
 from collections.abc import Callable, Coroutine
 from http import HTTPStatus
 from pathlib import Path
@@ -20,11 +22,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 
-from service.facts.lora import read_adapter
+from service.facts.lora import AdapterFacts, read_adapter
 from service.facts.model import ModelFacts
 from service.policy.lora import adapter_misfit
 from service.server.errors import ServiceError
 from service.server.routes import LOAD_LORA, UNLOAD_LORA
+
+log = logging.getLogger("service.lora")
 
 OFF = "loading LoRA adapters while serving is off: set lora_dir (SERVICE_LORA_DIR) to the directory that holds them"
 
@@ -41,19 +45,78 @@ def inside(directory: Path, given: str) -> Path | None:
     return path if path != root and path.is_relative_to(root) else None
 
 
-def lora_handlers(
-    lora_dir: Path, model: ModelFacts, max_lora_rank: int
-) -> dict[str, Callable[..., Coroutine[Any, Any, Response]]]:
-    fixed = {a.name for a in model.lora_adapters}
+class AdapterLoader:
+    """Checks an adapter inside lora_dir and hands it to vLLM: for the load route, and for a request whose `model`
+    names an adapter of lora_dir not loaded yet. Loads hold the name's lock, so concurrent first requests load it
+    once."""
 
-    def _vllm_answer(answer: Any, models: Any, name: str) -> JSONResponse | None:
-        if isinstance(answer, str):  # vLLM's success is a sentence
-            return None
-        if answer.error.code == HTTPStatus.INTERNAL_SERVER_ERROR and not models.engine_client.errored:
-            # The engine refused the adapter and serves on (e.g. a layer width these checks cannot see): the
-            # adapter's fault, not the server's, as vLLM's 500 would say.
-            raise _invalid(f"LoRA adapter {name!r} could not be loaded: {answer.error.message}", "lora_path")
-        return JSONResponse(answer.model_dump(), status_code=answer.error.code)
+    def __init__(self, lora_dir: Path, model: ModelFacts, max_lora_rank: int) -> None:
+        self.lora_dir, self.model, self.max_lora_rank = lora_dir, model, max_lora_rank
+        self.fixed = {a.name for a in model.lora_adapters}
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    async def load(self, models: Any, body: LoadLoRAAdapterRequest, path_param: str) -> AdapterFacts:
+        """Raises a ServiceError in the OpenAI shape (400 naming `path_param` for an adapter that cannot be served)."""
+        name = body.lora_name
+        path = inside(self.lora_dir, body.lora_path)
+        if path is None:
+            raise _invalid(f"lora_path {body.lora_path!r} is not inside lora_dir ({self.lora_dir})", path_param)
+        try:
+            adapter = await asyncio.to_thread(read_adapter, name, path)  # file reads, off the event loop
+        except ValueError as exc:
+            raise _invalid(str(exc), path_param) from exc
+        if (misfit := adapter_misfit(adapter, self.model, self.max_lora_rank)) is not None:
+            raise _invalid(misfit, path_param)
+        answer = await models.load_lora_adapter(body.model_copy(update={"lora_path": str(path)}))
+        _raise_refusal(answer, models, name, path_param)
+        return adapter
+
+    def lock(self, name: str) -> asyncio.Lock:
+        return self._locks[name]
+
+    async def load_on_first_use(self, request: Request) -> None:
+        """A dependency of the engine routes, after admission has parsed the body. Loading on first use (as vLLM's
+        filesystem resolver and Ollama do) lets every replica serve the adapters of a shared lora_dir without a
+        load call to each."""
+        body = getattr(request.state, "json_body", None)
+        name = body.get("model") if isinstance(body, dict) else None
+        models = getattr(request.app.state, "openai_serving_models", None)
+        if not isinstance(name, str) or models is None or models.is_base_model(name) or name in models.lora_requests:
+            return
+        path = inside(self.lora_dir, name)
+        if path is None or not await asyncio.to_thread(_holds_adapter, path):
+            return  # not an adapter of lora_dir: vLLM answers 404, listing the models
+        async with self.lock(name):
+            if name in models.lora_requests:  # a concurrent request loaded it
+                return
+            await self.load(models, LoadLoRAAdapterRequest(lora_name=name, lora_path=name), "model")
+        log.info("loaded LoRA adapter %r from %s on its first request", name, path)
+
+
+def _holds_adapter(path: Path) -> bool:
+    try:
+        return (path / "adapter_config.json").is_file()
+    except (OSError, ValueError):  # a name the filesystem cannot take (too long, a NUL)
+        return False
+
+
+def _raise_refusal(answer: Any, models: Any, name: str, param: str) -> None:
+    if isinstance(answer, str):  # vLLM's success is a sentence
+        return
+    status = HTTPStatus(answer.error.code)
+    if status == HTTPStatus.INTERNAL_SERVER_ERROR and not models.engine_client.errored:
+        # The engine refused the adapter and serves on (e.g. a layer width these checks cannot see): the
+        # adapter's fault, not the server's, as vLLM's 500 would say.
+        raise _invalid(f"LoRA adapter {name!r} could not be loaded: {answer.error.message}", param)
+    raise ServiceError(status, answer.error.message, answer.error.type, param=answer.error.param)
+
+
+def lora_handlers(loader: AdapterLoader) -> dict[str, Callable[..., Coroutine[Any, Any, Response]]]:
+    def _kept(name: str) -> None:
+        if name in loader.fixed:
+            raise _invalid(
+                f"LoRA adapter {name!r} was set at start (lora_adapters); it stays while serving", "lora_name"
+            )
 
     async def load(body: LoadLoRAAdapterRequest, request: Request) -> Response:
         """Load a LoRA adapter from a directory inside lora_dir; clients then name it in `model`."""
@@ -63,34 +126,17 @@ def lora_handlers(
         models = request.app.state.openai_serving_models
         if models.is_base_model(name):
             raise _invalid(f"{name!r} is the served model's own name; give the adapter another", "lora_name")
-        if name in fixed:
-            raise _invalid(
-                f"LoRA adapter {name!r} was set at start (lora_adapters); it stays while serving", "lora_name"
-            )
-        path = inside(lora_dir, body.lora_path)
-        if path is None:
-            raise _invalid(f"lora_path {body.lora_path!r} is not inside lora_dir ({lora_dir})", "lora_path")
-        try:
-            adapter = await asyncio.to_thread(read_adapter, name, path)  # file reads, off the event loop
-        except ValueError as exc:
-            raise _invalid(str(exc), "lora_path") from exc
-        if (misfit := adapter_misfit(adapter, model, max_lora_rank)) is not None:
-            raise _invalid(misfit, "lora_path")
-        checked = body.model_copy(update={"lora_name": name, "lora_path": str(path)})
-        if (refused := _vllm_answer(await models.load_lora_adapter(checked), models, name)) is not None:
-            return refused
+        _kept(name)
+        async with loader.lock(name):
+            adapter = await loader.load(models, body.model_copy(update={"lora_name": name}), "lora_path")
         card = next(c for c in (await models.show_available_models()).data if c.id == name)
         return JSONResponse(card.model_dump() | {"rank": adapter.rank})
 
     async def unload(body: UnloadLoRAAdapterRequest, request: Request) -> Response:
         """Unload an adapter loaded while serving; requests already running with it finish with it."""
-        if body.lora_name in fixed:
-            raise _invalid(
-                f"LoRA adapter {body.lora_name!r} was set at start (lora_adapters); it stays while serving", "lora_name"
-            )
+        _kept(body.lora_name)
         models = request.app.state.openai_serving_models
-        if (refused := _vllm_answer(await models.unload_lora_adapter(body), models, body.lora_name)) is not None:
-            return refused
+        _raise_refusal(await models.unload_lora_adapter(body), models, body.lora_name, "lora_name")
         return JSONResponse({"id": body.lora_name, "object": "model", "deleted": True})
 
     return {LOAD_LORA: load, UNLOAD_LORA: unload}

@@ -190,6 +190,41 @@ def test_adapters_loaded_while_serving_share_their_slot_and_each_request_answers
     assert [m["id"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]] == [BASE, *ADAPTERS]
 
 
+def test_a_request_naming_an_adapter_of_lora_dir_loads_it_on_first_use(lora_server):
+    server, adapters = lora_server
+    library = adapters[ADAPTERS[1]].parent / "library"
+    name = "team/poet-copy"  # a sub-directory: Hugging Face-style names with a slash
+    shutil.copytree(adapters[ADAPTERS[1]], library / name)
+    make_adapter(library / "wide-unloaded", seed=8, rank=32)
+    client = _client(server)
+    assert name not in [m["id"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]]
+    expected = _tokens(client, ADAPTERS[1], PROMPTS[0])
+
+    def chat(_: int) -> int:
+        out = client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
+        )
+        return out.usage.completion_tokens
+
+    # Six first requests at once, over two routes: each is served, and the adapter is loaded once.
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        completions = [pool.submit(_tokens, client, name, PROMPTS[0]) for _ in range(3)]
+        chats = list(pool.map(chat, range(3)))
+    assert [c.result() for c in completions] == [expected] * 3 and chats == [4] * 3
+    log = server.process.log_path.read_text(errors="replace")
+    assert log.count(f"loaded LoRA adapter {name!r}") == 1, "loaded once, by the first request"
+    assert name in [m["id"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]]
+    # An adapter of lora_dir that cannot be served is refused naming `model`; names outside lora_dir are unknown.
+    with pytest.raises(openai.BadRequestError) as wide:
+        client.completions.create(model="wide-unloaded", prompt="hi", max_tokens=2)
+    assert wide.value.body["param"] == "model" and "has rank 32" in wide.value.body["message"]
+    for unknown in ("../sql", "nowhere", "team", str(adapters[ADAPTERS[0]])):
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model=unknown, prompt="hi", max_tokens=2)
+    assert _post(server, "/v1/unload_lora_adapter", {"lora_name": name}).status_code == 200
+    assert [m["id"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]] == [BASE, *ADAPTERS]
+
+
 def test_adapters_that_cannot_be_loaded_while_serving_are_refused_by_name(lora_server):
     server, adapters = lora_server
     library = adapters[ADAPTERS[0]].parent / "library"
