@@ -45,6 +45,14 @@ def inside(directory: Path, given: str) -> Path | None:
     return path if path != root and path.is_relative_to(root) else None
 
 
+def named_dir(directory: Path, name: str) -> Path | None:
+    """The directory inside `directory` that a request's `model` names: a relative path as written (`sql`,
+    `team/sql`), so one adapter has one name (not also `./sql` or `sql/`)."""
+    path = inside(directory, name)
+    root = Path(os.path.normpath(directory.absolute()))
+    return path if path is not None and path.relative_to(root).as_posix() == name else None
+
+
 class AdapterLoader:
     """Checks an adapter inside lora_dir and hands it to vLLM: for the load route, and for a request whose `model`
     names an adapter of lora_dir not loaded yet. Loads hold the name's lock, so concurrent first requests load it
@@ -83,7 +91,7 @@ class AdapterLoader:
         models = getattr(request.app.state, "openai_serving_models", None)
         if not isinstance(name, str) or models is None or models.is_base_model(name) or name in models.lora_requests:
             return
-        path = inside(self.lora_dir, name)
+        path = named_dir(self.lora_dir, name)
         if path is None or not await asyncio.to_thread(_holds_adapter, path):
             return  # not an adapter of lora_dir: vLLM answers 404, listing the models
         async with self.lock(name):

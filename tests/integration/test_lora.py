@@ -218,7 +218,7 @@ def test_a_request_naming_an_adapter_of_lora_dir_loads_it_on_first_use(lora_serv
     with pytest.raises(openai.BadRequestError) as wide:
         client.completions.create(model="wide-unloaded", prompt="hi", max_tokens=2)
     assert wide.value.body["param"] == "model" and "has rank 32" in wide.value.body["message"]
-    for unknown in ("../sql", "nowhere", "team", str(adapters[ADAPTERS[0]])):
+    for unknown in ("../sql", "nowhere", "team", f"./{name}", f"{name}/", str(adapters[ADAPTERS[0]])):
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model=unknown, prompt="hi", max_tokens=2)
     assert _post(server, "/v1/unload_lora_adapter", {"lora_name": name}).status_code == 200

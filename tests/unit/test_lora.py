@@ -233,6 +233,32 @@ def test_an_adapter_loaded_while_serving_comes_from_inside_lora_dir(tmp_path, gi
     assert found == (tmp_path / expected if expected else None)
 
 
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("sql", "lib/sql"),
+        ("team/sql", "lib/team/sql"),
+        ("./sql", None),
+        ("sql/", None),
+        ("team//sql", None),
+        ("team/../sql", None),
+        ("../sql", None),
+        ("..", None),
+        (".", None),
+        ("", None),
+        ("{lib}/sql", None),
+        ("sql\x00", "lib/sql\x00"),  # the name as written; no file is found by it, so the request gets vLLM's 404
+    ],
+)
+def test_a_request_names_an_adapter_of_lora_dir_by_its_relative_path_as_written(tmp_path, name, expected):
+    from service.server.lora_routes import named_dir
+
+    lib = tmp_path / "lib"
+    found = named_dir(lib, name.format(lib=lib))
+    assert found == (tmp_path / expected if expected else None)
+    assert named_dir(tmp_path / "other" / ".." / "lib", name.format(lib=lib)) == found  # lora_dir as given
+
+
 def test_an_adapter_loaded_while_serving_must_fit_the_slots_and_the_model(tmp_path):
     from service.facts.model import inspect_model
     from service.policy.lora import adapter_misfit
