@@ -1,5 +1,6 @@
-"""Loading and unloading LoRA adapters while serving (the lora_dir setting), as `vllm serve` does with
-VLLM_ALLOW_RUNTIME_LORA_UPDATING: POST /v1/load_lora_adapter and /v1/unload_lora_adapter, vLLM's request bodies.
+"""LoRA adapters of a directory served while the service runs (the lora_dir setting): loaded on the first request
+that names one, as vLLM's filesystem resolver and Ollama do, or by hand with `vllm serve`'s routes (its
+VLLM_ALLOW_RUNTIME_LORA_UPDATING): POST /v1/load_lora_adapter and /v1/unload_lora_adapter, vLLM's request bodies.
 
 Each adapter is checked before vLLM loads it, as the ones set at start are: its directory must be inside lora_dir
 (an API key must not open any path of the server), a PEFT LoRA adapter, no wider than the engine's adapter slots and
