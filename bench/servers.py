@@ -62,6 +62,8 @@ class Reported:
         found = {d["setting"]: d for d in self.raw["decisions"]}
         if kernel := found.get("quant.linear_kernel"):
             return f"{kernel['value']} ({kernel['source']})"
+        if (blocks := found.get("model.gguf_blocks")) and blocks["value"] != "dequantized":
+            return f"the GGUF file's own {blocks['value']} blocks on the service's ggml kernel ({blocks['source']})"
         return f"the {self.raw['backend']['name']} backend's {found['engine.dtype']['value']} GEMM"
 
     @property

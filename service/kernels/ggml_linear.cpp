@@ -2,10 +2,13 @@
 // token embedding kept in ggml blocks (service_ggml::embedding), for a head whose weight is that embedding.
 //
 // A weight goes into ggml once, at load, as ggml blocks (Q4_0, Q4_1, Q8_0). Q4_0 goes through ggml's CPU_REPACK
-// buffer, which interleaves it for the 8x8 GEMV/GEMM that llama.cpp runs on AVX2 and AVX-512. The weight is split by
-// output rows into one slice per torch thread. Each call runs the slices in torch's own thread pool
-// (at::parallel_for), and each slice is a one-thread ggml graph: ggml starts no threads of its own, and the engine
-// keeps its thread binding.
+// buffer, which interleaves it for the 8x8 GEMV/GEMM that llama.cpp runs on AVX2 and AVX-512. Q4_1, which ggml does
+// not repack, goes there too, split without loss: a Q4_1 value n * d + m is the Q4_0 value (n - 8) * d of the same
+// nibble plus the block's offset m + 8 * d, so a row is a repacked Q4_0 row plus the offsets times the activations'
+// sums per 32-block (kept in fp32; on a Zen 4 this ran SmolLM2's layers in x0.70-0.77 of ggml's Q4_1 GEMV time,
+// docs/quantization.md). The weight is split by output rows into one slice per torch thread. Each call runs the
+// slices in torch's own thread pool (at::parallel_for), and each slice is a one-thread ggml graph: ggml starts no
+// threads of its own, and the engine keeps its thread binding.
 // From `dense_from` rows on (prefill), the slices are dequantized instead and multiplied by torch's GEMM.
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
@@ -33,6 +36,9 @@ struct Weight {
   std::vector<int64_t> first_row;
   int64_t k = 0, n = 0;
   bool repacked = false;
+  // A Q4_1 weight held as Q4_0: per slice, its blocks' offsets m + 8 * d, block-major ([k / 32][slice rows]) so
+  // that adding them is a run of contiguous multiply-adds over a slice's outputs.
+  std::vector<std::vector<float>> offsets;
 };
 
 std::mutex registry_lock;
@@ -75,6 +81,28 @@ bool repackable(ggml_type type, const std::vector<int64_t>& rows) {
   return true;
 }
 
+// Q4_1 rows [rows, k / 32 blocks of (fp16 d, fp16 m, 16 nibble bytes)] -> Q4_0 rows of the same nibbles and d
+// (written to `q4_0`), and the blocks' offsets m + 8 * d, block-major. Empty when an offset is not exact in fp32 (an
+// m and d of exponents more than 12 apart): then (n - 8) * d + offset would not be n * d + m, and the rows stay Q4_1.
+std::vector<float> split_q4_1(const uint8_t* q4_1, int64_t rows, int64_t k, uint8_t* q4_0) {
+  const int64_t blocks = k / 32;
+  std::vector<float> offsets(static_cast<size_t>(blocks * rows));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* in = q4_1 + (r * blocks + b) * 20;
+      uint8_t* out = q4_0 + (r * blocks + b) * 18;
+      uint16_t d_bits, m_bits;
+      std::memcpy(&d_bits, in, 2);
+      std::memcpy(&m_bits, in + 2, 2);
+      std::memcpy(out, in, 2);
+      std::memcpy(out + 2, in + 4, 16);
+      const float d = c10::Half(d_bits, c10::Half::from_bits()), m = c10::Half(m_bits, c10::Half::from_bits());
+      offsets[b * rows + r] = m + 8.0f * d;
+      if (static_cast<double>(offsets[b * rows + r]) != static_cast<double>(m) + 8.0 * d) return {};
+    }
+  return offsets;
+}
+
 }  // namespace
 
 // blocks: uint8 [n, row bytes] in ggml's layout of `type`; returns a handle for `linear`.
@@ -91,6 +119,25 @@ int64_t load(const at::Tensor& blocks, int64_t type, int64_t k, int64_t n, int64
   auto w = std::make_unique<Weight>();
   w->k = k;
   w->n = n;
+  const auto* src = static_cast<const uint8_t*>(blocks.data_ptr());
+  std::vector<uint8_t> as_q4_0;
+  if (t == GGML_TYPE_Q4_1 && repackable(GGML_TYPE_Q4_0, rows)) {
+    const size_t q4_0_row = ggml_row_size(GGML_TYPE_Q4_0, k);
+    as_q4_0.resize(static_cast<size_t>(n) * q4_0_row);
+    int64_t first = 0;
+    for (int64_t r : rows) {
+      w->offsets.push_back(split_q4_1(src + first * row, r, k, as_q4_0.data() + first * q4_0_row));
+      first += r;
+    }
+    const bool exact = std::none_of(w->offsets.begin(), w->offsets.end(), [](const auto& o) { return o.empty(); });
+    if (exact) {
+      t = GGML_TYPE_Q4_0;
+      src = as_q4_0.data();
+    } else {
+      w->offsets.clear();
+    }
+  }
+  const size_t stored_row = ggml_row_size(t, k);
   w->repacked = repackable(t, rows);
   w->ctx = ggml_init({ggml_tensor_overhead() * rows.size() + 256, nullptr, true});
   int64_t first = 0;
@@ -102,9 +149,8 @@ int64_t load(const at::Tensor& blocks, int64_t type, int64_t k, int64_t n, int64
   w->buffer = ggml_backend_alloc_ctx_tensors_from_buft(
       w->ctx, w->repacked ? repack_buffer_type() : ggml_backend_cpu_buffer_type());
   TORCH_CHECK(w->buffer != nullptr, "ggml could not allocate ", blocks.numel(), " bytes");
-  const auto* src = static_cast<const uint8_t*>(blocks.data_ptr());
   for (size_t s = 0; s < rows.size(); ++s)
-    ggml_backend_tensor_set(w->slices[s], src + w->first_row[s] * row, 0, ggml_nbytes(w->slices[s]));
+    ggml_backend_tensor_set(w->slices[s], src + w->first_row[s] * stored_row, 0, ggml_nbytes(w->slices[s]));
   std::lock_guard<std::mutex> guard(registry_lock);
   registry.push_back(std::move(w));
   return static_cast<int64_t>(registry.size()) - 1;
@@ -132,16 +178,17 @@ void dequantize_rows(const Weight* w, int64_t s, int64_t first, int64_t rows, fl
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* block = static_cast<const uint8_t*>(t->data) + (group * blocks + b) * group_bytes;
       const float d = c10::Half(reinterpret_cast<const uint16_t*>(block)[lane], c10::Half::from_bits());  // inline
+      const float offset = w->offsets.empty() ? 0.0f : w->offsets[s][b * t->ne[1] + r];
       // Copies: bytes may alias the floats written, which would keep the compiler from vectorizing the loop.
       uint8_t low[8], high[8];  // bytes 0-7 and 8-15 of the row's 16
       std::memcpy(low, block + 8 * sizeof(ggml_fp16_t) + lane * 8, 8);
       std::memcpy(high, block + 8 * sizeof(ggml_fp16_t) + 64 + lane * 8, 8);
       float* o = out + b * 32;
       for (int j = 0; j < 8; ++j) {
-        o[j] = static_cast<float>(((low[j] & 15) ^ 8) - 8) * d;
-        o[8 + j] = static_cast<float>(((high[j] & 15) ^ 8) - 8) * d;
-        o[16 + j] = static_cast<float>(((low[j] >> 4) ^ 8) - 8) * d;
-        o[24 + j] = static_cast<float>(((high[j] >> 4) ^ 8) - 8) * d;
+        o[j] = static_cast<float>(((low[j] & 15) ^ 8) - 8) * d + offset;
+        o[8 + j] = static_cast<float>(((high[j] & 15) ^ 8) - 8) * d + offset;
+        o[16 + j] = static_cast<float>(((low[j] >> 4) ^ 8) - 8) * d + offset;
+        o[24 + j] = static_cast<float>(((high[j] >> 4) ^ 8) - 8) * d + offset;
       }
     }
   }
@@ -196,6 +243,18 @@ at::Tensor linear(const at::Tensor& x, int64_t handle, int64_t n, const c10::opt
   }
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   at::Tensor y = at::empty({m, w->n}, xf.options());
+  // A split Q4_1 weight: the activations' sums per 32-block, [m][k / 32], for its offsets.
+  const int64_t blocks = w->k / 32;
+  std::vector<float> sums;
+  if (!w->offsets.empty()) {
+    sums.resize(static_cast<size_t>(m * blocks));
+    const float* xp = xf.data_ptr<float>();
+    for (int64_t i = 0; i < m * blocks; ++i) {
+      float sum = 0.0f;
+      for (int j = 0; j < 32; ++j) sum += xp[i * 32 + j];
+      sums[i] = sum;
+    }
+  }
   at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<uint8_t> meta(ggml_tensor_overhead() * 4 + ggml_graph_overhead_custom(4, false) + 1024);
     thread_local std::vector<uint8_t> work;
@@ -217,6 +276,17 @@ at::Tensor linear(const at::Tensor& x, int64_t handle, int64_t n, const c10::opt
       const ggml_status status = ggml_graph_compute(graph, &plan);
       ggml_free(ctx);
       TORCH_CHECK(status == GGML_STATUS_SUCCESS, "ggml_graph_compute failed: ", ggml_status_to_string(status));
+      if (!w->offsets.empty()) {
+        const float* offset = w->offsets[s].data();
+        for (int64_t i = 0; i < m; ++i) {
+          float* o = out.data() + i * rows;
+          for (int64_t b = 0; b < blocks; ++b) {
+            const float sum = sums[i * blocks + b];
+            const float* column = offset + b * rows;
+            for (int64_t r = 0; r < rows; ++r) o[r] += sum * column[r];
+          }
+        }
+      }
       float* dst = y.data_ptr<float>() + w->first_row[s];
       for (int64_t i = 0; i < m; ++i) std::memcpy(dst + i * w->n, out.data() + i * rows, rows * sizeof(float));
     }

@@ -34,9 +34,10 @@ log = logging.getLogger("service.vllm_plugin.gguf_blocks")
 # From this many rows on the op dequantizes chunks and runs torch's GEMM (0: never): per type, the first row count of
 # 1, 8, 16, ..., 512 where dequantize + bf16 GEMM beat ggml on a Zen 4, one thread, the bench model's shapes
 # (`python -m bench.ggml_prefill --type T --reps 10`, docs/quantization.md). ggml's time grows with every row on
-# Q4_1 and Q5_1 (x1.39 / x1.23 of the GEMM's at 32 rows), more slowly on Q4_0, Q5_0 and Q8_0; its K-quant matmul
-# stayed ahead up to 512 rows (Q4_K x0.78, Q6_K x0.87, Q3_K x1.03 there).
-DENSE_FROM_ROWS = {"Q4_0": 128, "Q4_1": 32, "Q5_0": 128, "Q5_1": 32, "Q8_0": 64}
+# Q5_1 (x1.23 of the GEMM's at 32 rows), more slowly on Q4_0, Q5_0, Q8_0 and Q4_1 (run as repacked Q4_0 plus
+# offsets: x0.83 at 64 rows, x1.13 at 128); its K-quant matmul stayed ahead up to 512 rows (Q4_K x0.78, Q6_K x0.87,
+# Q3_K x1.03 there).
+DENSE_FROM_ROWS = {"Q4_0": 128, "Q4_1": 128, "Q5_0": 128, "Q5_1": 32, "Q8_0": 64}
 DENSE_FROM_DEFAULT = 0  # the K-quants
 
 

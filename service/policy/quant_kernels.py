@@ -98,8 +98,8 @@ KERNELS: dict[str, Kernel] = {
     ),
     "ggml-q4_1": Kernel(
         "GgmlLinearKernel",
-        "ggml's Q4_1 matmul (llama.cpp's CPU kernels, not repacked): int4 weights with zero points x activations "
-        "quantized per 32-block to int8",
+        "ggml's repacked Q4_0 matmul (llama.cpp's CPU kernels, 8x8 for AVX2 / AVX-512) plus each 32-block's fp32 "
+        "offset: int4 weights with zero points, held as Q4_0 without loss, x activations quantized per 32-block to int8",
         ("Using GgmlLinearKernel",),
         provider="service.kernels.ggml_linear",
     ),

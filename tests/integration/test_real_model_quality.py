@@ -88,9 +88,10 @@ QUANTIZATION_LOSS = {"w8a8": 1.10, "w4a16-g64": 1.60}  # perplexity / the fp32 m
 
 
 # The default model's own Q4_1 blocks, and its tied Q8_0 embedding as the LM head, on ggml's kernel (gguf_blocks=on):
-# the weights are the fp32 copy's exactly; for a few rows ggml quantizes activations per 32-block to 8 bits (Q8_1,
-# Q8_0), and from 32 rows (Q4_1) and 64 (Q8_0) on, as in the text's prefill, it computes in fp32. Measured:
-# perplexity x1.0000, logprob max 0.46 / mean 0.074, 2 near-ties in 48 greedy tokens.
+# the weights are the fp32 copy's exactly; for fewer rows than 128 (Q4_1, run as repacked Q4_0 plus offsets) and 64
+# (Q8_0) ggml quantizes activations per 32-block to 8 bits (Q8_0), and from there on, as in the text's prefill, it
+# computes in fp32. Measured on a Zen 4 (2026-12-01): perplexity x1.0000, logprob max 0.63 / mean 0.10, 1 near-tie in
+# 48 greedy tokens (0.46 / 0.074 and 2 near-ties when Q4_1 prompts of 32-127 rows were computed in fp32).
 GGUF_BLOCKS = Bound(0.01, 1.5, 0.15, 1.0)
 # The fp8 KV cache (kv_cache_dtype=fp8: e4m3, scales 1.0) on the policy's dtype for the default model: 3 mantissa bits
 # for every cached key and value, through 30 layers. Measured on an Intel Xeon AMX guest (docs/quality.md): the fp32

@@ -51,6 +51,14 @@ def test_the_peer_section_says_which_kernel_ours_ran_and_what_chose_it():
     backend = {"name": "amx"}
     assert Reported({"decisions": [calibrated, bf16], "backend": backend}).linear_kernel == "amx-w4a8 (calibration)"
     assert Reported({"decisions": [bf16], "backend": backend}).linear_kernel == "the amx backend's bfloat16 GEMM"
+    blocks = {"setting": "model.gguf_blocks", "value": "Q4_1", "source": "policy", "reason": ""}
+    assert Reported({"decisions": [blocks, bf16], "backend": backend}).linear_kernel == (
+        "the GGUF file's own Q4_1 blocks on the service's ggml kernel (policy)"
+    )
+    dequantized = {**blocks, "value": "dequantized"}
+    assert Reported({"decisions": [dequantized, bf16], "backend": backend}).linear_kernel == (
+        "the amx backend's bfloat16 GEMM"
+    )
     results = {
         "peer": {"runs": [], "formats": {"q4_0": {"kernel": "amx-w4a8 (calibration)"}, "old": {}}},
         "options": {},

@@ -1,6 +1,6 @@
 """The service's ggml op (built by `make kernels`, part of setup) on small weights, against the exact dequantization:
-ggml's int8-activation path (repacked Q4_0, plain Q4_1 and Q8_0) and the prefill path that dequantizes the (repacked) blocks
-and runs torch's GEMM."""
+ggml's int8-activation path (repacked Q4_0, Q4_1 as repacked Q4_0 plus its blocks' offsets, and Q8_0) and the prefill
+path that dequantizes the (repacked) blocks and runs torch's GEMM."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _weight(kind: int):
 def test_both_paths_match_the_exact_dequantization(ops, kind, rows, dense_from):
     blocks, dequant = _weight(kind)
     handle = ops.load(blocks, kind, K, N, 2)
-    assert ops.repacked(handle) == (kind == Q4_0)
+    assert ops.repacked(handle) == (kind in (Q4_0, Q4_1))
     x = torch.randn(rows, K, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     bias = torch.randn(N).to(torch.bfloat16)
     got = ops.linear(x, handle, N, bias, dense_from)
@@ -51,3 +51,38 @@ def test_both_paths_match_the_exact_dequantization(ops, kind, rows, dense_from):
     # int8 activations (ggml) or bf16 weights (dense) round; a wrong nibble order or scale is far off
     err = ((got.float() - expected).abs().max() / expected.abs().max()).item()
     assert err < 0.02, err
+
+
+def test_a_q4_1_weight_whose_offsets_fp32_cannot_hold_stays_q4_1(ops):
+    """One block whose minimum m and scale d lie 2^20 apart: m + 8 * d is not an fp32, so the split into Q4_0 plus
+    offsets would change that block's values. The weight stays plain Q4_1, and its lookup is still exact."""
+    blocks, _ = _weight(Q4_1)
+    first = blocks[0].clone()
+    first[0:2] = torch.tensor([1.2345e-4], dtype=torch.float16).view(torch.uint8)
+    first[2:4] = torch.tensor([1235.0], dtype=torch.float16).view(torch.uint8)
+    blocks[0] = first
+    handle = ops.load(blocks, Q4_1, K, N, 2)
+    assert not ops.repacked(handle)
+    d, m = first[0:4].view(torch.float16).float()
+    nibbles = torch.cat([first[4:20] & 15, first[4:20] >> 4]).float()
+    got = ops.embedding(torch.tensor([0]), handle, K)[0, :32]
+    assert torch.equal(got, nibbles * d + m)
+    x = torch.ones(1, K)
+    y = ops.linear(x, handle, N, None, 0)
+    row = ops.embedding(torch.tensor([0]), handle, K).sum().item()
+    assert abs(y[0, 0].item() / row - 1) < 0.01  # ggml rounds the ones to int8 with an fp16 scale
+
+
+def test_the_split_q4_1_lookup_is_the_blocks_exactly(ops):
+    """n * d + m of every block, as stored: the repacked nibbles times d plus the fp32 offset m + 8 * d."""
+    blocks, _ = _weight(Q4_1)
+    handle = ops.load(blocks, Q4_1, K, N, 2)
+    assert ops.repacked(handle)
+    got = ops.embedding(torch.arange(N), handle, K)
+    raw = blocks.view(N, K // 32, 20)
+    d, m = (
+        raw[..., 0:2].contiguous().view(torch.float16).float(),
+        raw[..., 2:4].contiguous().view(torch.float16).float(),
+    )
+    nibbles = torch.cat([raw[..., 4:] & 15, raw[..., 4:] >> 4], dim=-1).float()
+    assert torch.equal(got, (nibbles * d + m).reshape(N, K))
