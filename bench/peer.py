@@ -10,7 +10,7 @@ import random
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ FORMATS: dict[str, tuple[str | None, str]] = {
     "q4_0": ("w4a16", "Q4_0"),
     "q8_0-gguf": (GGUF, "Q8_0"),
     "q4_0-gguf": (GGUF, "Q4_0"),
+    "q4_1-gguf": (GGUF, "Q4_1"),  # int4 blocks of 32 with a minimum: AWQ-like zero points; ggml does not repack it
     "q4_k_m-gguf": (GGUF, "Q4_K_M"),  # the common download: Q4_K, some layers' attn_v and ffn_down in Q6_K
     "smollm2-q4_1": (DEFAULT_GGUF, "Q4_1"),
 }
@@ -432,13 +433,20 @@ def run(ctx: Context, options: PeerOptions) -> Output:
     return Output(peer, tuple(comparisons), summary=tuple(summary_line(c) for c in comparisons) + tuple(lines))
 
 
+def profiled_workload(w: Workload) -> Workload:
+    """The c=1 workload made decode-bound for the profile: the measured one's prefill (128 prompt tokens, a second on
+    the 0.5 B model's int4 weights) took more of its samples than its 31 decode steps, and the profile's shares are
+    read as shares of a decode step."""
+    return replace(w, num_prompts=2, input_len=16, output_len=256)
+
+
 def _profile_ours(ours: ServerProcess, w: Workload, ctx: Context, tokenizer: str, fmt: str) -> dict[str, Any]:
     """Where our batch-1 decode step goes on this format (py-spy on the engine process): the gap to llama.cpp, named."""
     from bench import profile
 
     summary = profile.profile_decode(
         profile.compute_process(ours.pid),
-        lambda: ctx.load(w, ours, tokenizer, SERVED),
+        lambda: ctx.load(profiled_workload(w), ours, tokenizer, SERVED),
         ctx.logdir / f"py-spy-peer-{fmt}.folded",
     )
     if summary.get("samples"):

@@ -72,6 +72,7 @@ def test_each_format_pairs_a_service_model_with_a_gguf_type():
     # The -gguf formats serve llama.cpp's own file on both sides.
     assert peer.FORMATS["q4_0-gguf"] == (peer.GGUF, "Q4_0") and peer.FORMATS["q8_0-gguf"] == (peer.GGUF, "Q8_0")
     assert peer.FORMATS["q4_k_m-gguf"] == (peer.GGUF, "Q4_K_M")  # llama-quantize's mix, not --pure
+    assert peer.FORMATS["q4_1-gguf"] == (peer.GGUF, "Q4_1")
     base, gguf = Path("/m/bench"), Path("/m/bench.q4_0.gguf")
     assert peer.sides("q4_0-gguf", base, {"q4_0-gguf": gguf}) == peer.Sides(gguf, gguf, base, {})
     assert peer.sides("bf16", base, {"bf16": gguf}) == peer.Sides(base, gguf, base, {})
@@ -148,3 +149,13 @@ def test_a_llama_server_that_dies_of_sigill_while_loading_runs_with_repacking_of
     monkeypatch.setenv("LLAMA_ARG_REPACK", "1")
     with pytest.raises(RuntimeError, match="exited with -4"):
         peer.start_llama(ctx, {}, tmp_path / "m.gguf", [0], 1, tmp_path / "user.log")
+
+
+def test_the_decode_profile_runs_a_decode_bound_load():
+    """Its shares are read as shares of a decode step: the prefill of one short prompt must be a small part of it."""
+    from bench.load import Workload
+
+    measured = Workload(1, 2, 128, 32, seed=1)
+    profiled = peer.profiled_workload(measured)
+    assert profiled.concurrency == 1 and profiled.seed == measured.seed
+    assert profiled.output_len >= 8 * measured.output_len and profiled.input_len * 8 <= measured.input_len
