@@ -19,15 +19,14 @@ import pytest
 from harness.quant_quality import QUALITY_TOKENS, greedy_with, prompt_ids, score
 from harness.quantized_models import dequantized_state, quantized_demo
 from service.demo_model import ensure_demo_model
-from service.facts.hardware import read_hardware
 from service.facts.model import inspect_model
 from service.facts.software import read_software
-from service.policy.backend import choose_backend
 from service.policy.backends import BACKENDS
 from service.policy.quant import plan_quant
-from service.policy.quant_kernels import HANDOVERS, KERNELS
+from service.policy.quant_kernels import KERNELS
 from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
+from service.startup import build_report, choose_model
 from service.vllm_plugin import STATE_PREFIX
 from tests.integration.conftest import _start
 from tests.support.release import release
@@ -117,12 +116,12 @@ def quantized_server(request, started):
 @pytest.mark.engine
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_each_scheme_starts_where_a_kernel_runs_it(variant, started, live_kernel_ops):
-    """Served where vLLM's kernel build for this CPU has the scheme's op, or (int4) where the service's own kernel
-    is installed; elsewhere refused before the engine loads, naming the missing op, instead of an engine that dies
+    """Served where vLLM's kernel build for this CPU has the scheme's op, or where the policy hands the model to the
+    service's own kernel (installed, and running every layer); elsewhere refused before the engine loads, naming the missing op, instead of an engine that dies
     at its first forward pass."""
     server = started(variant)
     scheme, settings = VARIANTS[variant]
-    ours = _services_kernel(scheme, settings)
+    ours = _services_kernel(quantized_demo(MODELS, scheme), settings)
     if ours:
         assert not isinstance(server, Refusal), server.log
         assert ours in server.process.log_tail(10**7)
@@ -134,20 +133,16 @@ def test_each_scheme_starts_where_a_kernel_runs_it(variant, started, live_kernel
         assert "Starting to load model" not in server.log
 
 
-def _services_kernel(scheme: str, settings: dict) -> str | None:
-    """The service's kernel the policy hands to vLLM for this variant on the live CPU, with what is installed here
-    (the live backend's default order, or the user's int4_kernel / int8_kernel), as the line vLLM logs when it runs
-    it; None for vLLM's own."""
-    handover = next((h for h in HANDOVERS if scheme in h.families), None)
-    if handover is None:
+def _services_kernel(model: Path, settings: dict) -> str | None:
+    """The service's kernel the policy hands to vLLM for this model on the live CPU, with what is installed here, as
+    the line vLLM logs when it runs it; None for vLLM's own (or a refusal). The policy's own answer: whether a kernel
+    takes the model hangs on its layer shapes too (ggml's need 32-wide blocks; the demo model's down_proj is 688 wide)."""
+    chosen = Settings(model=str(model), cache_dir=MODELS, **settings)
+    decided = build_report(chosen, model=choose_model(chosen, build_demo=False)).plan.find("quant.linear_kernel")
+    if decided is None:
         return None
-    sw = read_software()
-    installed = {"ggml": sw.ggml_kernel, "auto-round": sw.auto_round_lib}
-    wanted = settings.get(handover.setting)
-    backend = choose_backend(read_hardware().cpu, sw).entry
-    order = (wanted,) if wanted else getattr(backend, handover.setting).kernels
-    kernel = next((k for k in order if k == "vllm" or installed.get(k)), None)
-    return KERNELS[handover.ours[kernel][0].kernel].log_markers[0] if kernel in handover.ours else None
+    ours = [KERNELS[k] for k in str(decided.value).split("+") if k in KERNELS and KERNELS[k].provider]
+    return ours[0].log_markers[0] if ours else None
 
 
 def _decisions(server) -> tuple[dict, dict]:
