@@ -15,3 +15,13 @@ setup: kernels
 
 $(GGML_STAMP): service/kernels/ggml_linear.cpp service/kernels/bf16_linear.cpp service/kernels/ggml_build.py mk/kernels.mk $(LLAMA_CPP_SOURCE) | $(STAMP)
 	$(PY) -m service.kernels.ggml_build $(LLAMA_CPP_TREE)/vendor/llama.cpp "ggml from llama-cpp-python $(LLAMA_CPP_VERSION)"
+
+# The AVX2-only code paths on a CPU with AVX-512 (tests/support/avx2_emulation: vLLM's _C_AVX2 build, torch and
+# oneDNN at AVX2, the service's kernels built for haswell and the CPU read as AVX2-only), for the integration tests
+# whose paths differ there. Not part of `make test`: on an AVX2-only CPU that is these paths already.
+#   make test-avx2-emulated [AVX2_TESTS="tests/integration/test_x.py ..."]
+.PHONY: test-avx2-emulated
+AVX2_TESTS ?= tests/integration/test_quantized.py tests/integration/test_platform.py tests/integration/test_real_model.py
+
+test-avx2-emulated: setup test-tools $(LLAMA_CPP_SOURCE)
+	AVX2_EMULATION_LLAMA_CPP=$(LLAMA_CPP_TREE)/vendor/llama.cpp $(PY) -m tests.support.avx2_emulation -q $(AVX2_TESTS)

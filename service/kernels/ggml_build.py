@@ -2,7 +2,8 @@
 source tree, without OpenMP since torch's thread pool calls it, then the torch op library over it (ggml_linear.cpp
 against ggml, and bf16_linear.cpp). `make kernels` runs it on a checkout, the service at start where its image
 carries the source (service/kernels/build_at_start.py):
-`python -m service.kernels.ggml_build <llama.cpp tree> <built from>`.
+`python -m service.kernels.ggml_build <llama.cpp tree> <built from> [avx2]`; `avx2` builds for AVX2 alone (haswell)
+instead of this CPU, for the AVX2 emulation of the tests (tests/support/avx2_emulation).
 torch's extension builder compiles the op library with torch's own headers and ABI; the stamp it writes last is what
 the service's software facts read (service/facts/software.py ggml_kernel_built)."""
 
@@ -21,7 +22,6 @@ SOURCES = [str(Path(__file__).with_name(name)) for name in ("ggml_linear.cpp", "
 # ggml alone: the rest of llama.cpp (its library, tools, tests) is neither configured nor built.
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
-    "-DGGML_NATIVE=ON",
     "-DGGML_OPENMP=OFF",
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF",
@@ -33,6 +33,15 @@ CMAKE_OPTIONS = (
     "-DLLAMA_BUILD_APP=OFF",
 )
 
+# Per target: ggml's ISA options and the op library's -march. ggml without GGML_NATIVE builds none of AVX-512's paths.
+TARGETS = {
+    "native": (("-DGGML_NATIVE=ON",), "-march=native"),
+    "avx2": (
+        ("-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON"),
+        "-march=haswell",
+    ),
+}
+
 
 def _beside_python(tool: str) -> str:
     """`tool` beside this Python (cmake's and ninja's wheels: dependencies of the service and of vLLM), else PATH's."""
@@ -40,14 +49,14 @@ def _beside_python(tool: str) -> str:
     return str(beside) if beside.is_file() else (shutil.which(tool) or tool)
 
 
-def build_ggml(tree: Path, out: Path) -> Path:
-    """ggml's shared libraries for this CPU, built afresh from `tree` under `out`; the directory that holds them."""
+def build_ggml(tree: Path, out: Path, target: str = "native") -> Path:
+    """ggml's shared libraries for `target`, built afresh from `tree` under `out`; the directory that holds them."""
     build_dir = out / "build"
     shutil.rmtree(build_dir, ignore_errors=True)  # a tree configured by another generator or source is refused
     cmake = _beside_python("cmake")
     # Ninja: the images have no make.
     generator = ("-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_beside_python('ninja')}")
-    configure = [cmake, "-S", str(tree), "-B", str(build_dir), *generator, *CMAKE_OPTIONS]
+    configure = [cmake, "-S", str(tree), "-B", str(build_dir), *generator, *CMAKE_OPTIONS, *TARGETS[target][0]]
     subprocess.run(configure, check=True, stdout=subprocess.DEVNULL)
     jobs = str(len(os.sched_getaffinity(0)))
     subprocess.run(
@@ -56,10 +65,10 @@ def build_ggml(tree: Path, out: Path) -> Path:
     return (build_dir / "bin").resolve()
 
 
-def build(tree: Path, built_from: str) -> None:
+def build(tree: Path, built_from: str, target: str = "native") -> None:
     from torch.utils.cpp_extension import load
 
-    libraries = build_ggml(tree, GGML_KERNEL_DIR)
+    libraries = build_ggml(tree, GGML_KERNEL_DIR, target)
     GGML_KERNEL_LIBRARY.parent.mkdir(parents=True, exist_ok=True)
     load(
         name=GGML_KERNEL_LIBRARY.stem,
@@ -67,7 +76,7 @@ def build(tree: Path, built_from: str) -> None:
         extra_include_paths=[str((tree / "ggml" / "include").resolve())],
         # -fopenmp: at::parallel_for is OpenMP in torch's headers; without it the slices run one after the other.
         # The library then shares torch's libgomp (same soname, already loaded), so its threads are the engine's.
-        extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        extra_cflags=["-O3", TARGETS[target][1], "-fopenmp"],
         # rpath: the library finds ggml where it was built, in every vLLM process, without LD_LIBRARY_PATH
         extra_ldflags=[f"-L{libraries}", "-lggml", "-lggml-cpu", "-lggml-base", f"-Wl,-rpath,{libraries}", "-fopenmp"],
         build_directory=str(GGML_KERNEL_LIBRARY.parent),
@@ -77,4 +86,4 @@ def build(tree: Path, built_from: str) -> None:
 
 
 if __name__ == "__main__":
-    build(Path(sys.argv[1]), sys.argv[2])
+    build(Path(sys.argv[1]), sys.argv[2], *sys.argv[3:4])
