@@ -19,6 +19,13 @@ from bench.options import BenchOptions
 from bench.output import log
 from harness import ServerProcess
 
+# llama.cpp's tools (`make bench-tools`); BENCH_LLAMA_CPP_BUILD: a build with other flags (e.g. AVX2 alone, for the
+# AVX2 emulation: docs/development.md).
+LLAMA_CPP_BIN = (
+    Path(os.environ.get("BENCH_LLAMA_CPP_BUILD") or Path(__file__).resolve().parents[1] / ".cache/llama.cpp-build")
+    / "bin"
+)
+
 
 @dataclass
 class Context:

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from bench import servers as srv
+from bench.context import LLAMA_CPP_BIN as BIN
 from bench.context import Context, cache_dir, log, ours_ready, start
 from bench.load import Workload
 from bench.output import Output
@@ -29,7 +30,6 @@ from harness.quantized_models import quantized_bench
 
 LLAMA_CPP_VERSION = "0.3.36"  # mk/bench.mk's LLAMA_CPP_VERSION
 TREE = REPO / ".cache" / "bench-src" / f"llama_cpp_python-{LLAMA_CPP_VERSION}" / "vendor" / "llama.cpp"
-BIN = REPO / ".cache" / "llama.cpp-build" / "bin"
 SERVED = "bench-llama"
 CTX_PER_SLOT = 512  # prompt + answer of every workload here, with room
 REPACK_OFF = {"LLAMA_ARG_REPACK": "0"}  # llama-server's --no-repack

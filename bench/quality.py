@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.context import LLAMA_CPP_BIN as BIN
 from bench.context import Context, log
 from bench.output import Output
 from harness import ServerProcess
 from harness.perplexity import license_text
 
-BIN = Path(__file__).resolve().parents[1] / ".cache" / "llama.cpp-build" / "bin"
 CTX = 1024
 
 
