@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
             "-m",
             "service.kernels.ggml_build",
             str(LLAMA_CPP),
-            "ggml for AVX2 (emulation)",
+            BUILT_FROM,
             "avx2",
         ]
         subprocess.run(build, env=env, cwd=REPO, check=True)
