@@ -12,6 +12,7 @@ import httpx
 
 from harness import ServerProcess, offline_env, python_module
 from service.cpulist import parse_cpulist
+from service.policy.dense_kernel import FP32_ENGINE_BF16, OURS_BF16
 from service.server.engine import engine_flags
 
 VLLM_SERVER = "vllm.entrypoints.openai.api_server"
@@ -64,7 +65,10 @@ class Reported:
             return f"{kernel['value']} ({kernel['source']})"
         if (blocks := found.get("model.gguf_blocks")) and blocks["value"] != "dequantized":
             return f"the GGUF file's own {blocks['value']} blocks on the service's ggml kernel ({blocks['source']})"
-        return f"the {self.raw['backend']['name']} backend's {found['engine.dtype']['value']} GEMM"
+        dtype = found["engine.dtype"]["value"]
+        if (held := found.get("engine.linear_weights")) and held["value"] in (FP32_ENGINE_BF16, OURS_BF16):
+            return f"bf16 weights on the service's kernel in a {dtype} engine ({held['source']})"
+        return f"the {self.raw['backend']['name']} backend's {dtype} GEMM"
 
     @property
     def reserved_cpus(self) -> list[int]:

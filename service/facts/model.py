@@ -27,9 +27,14 @@ class DecodeReads:
 
     float_elements: int  # float tensors (layers kept in 16/32 bits, scales): the engine holds them in its dtype
     packed_bytes: int  # integer tensors (quantized values, zero points): read as stored
+    # Of float_elements, the decoder's dense projection weights (`layers.N.*_proj.weight`, no MoE experts): what the
+    # service's bf16-weight kernel can hold in bf16 in an fp32 engine.
+    projection_elements: int = 0
 
-    def bytes_in(self, dtype_bytes: int) -> int:
-        return self.packed_bytes + self.float_elements * dtype_bytes
+    def bytes_in(self, dtype_bytes: int, projection_bytes: int | None = None) -> int:
+        """Bytes read with floats in `dtype_bytes`, the projections in `projection_bytes` where they differ."""
+        kept = self.projection_elements * ((projection_bytes or dtype_bytes) - dtype_bytes)
+        return self.packed_bytes + self.float_elements * dtype_bytes + kept
 
 
 @dataclass(frozen=True)
@@ -303,6 +308,7 @@ def _weight_bytes(directory: Path) -> int:
 
 _FLOAT_TYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 _EMBEDDING = re.compile(r"(embed_tokens|wte|word_embeddings|tok_embeddings)\.weight$")
+_PROJECTION = re.compile(r"\.layers\.\d+\..*_proj\.weight$")
 
 
 def _safetensors_headers(directory: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -335,16 +341,18 @@ def _decode_reads(tensors: dict[str, dict[str, Any]]) -> DecodeReads | None:
     if not tensors:
         return None
     tied = not any(name.endswith("lm_head.weight") for name in tensors)
-    floats = packed = 0
+    floats = packed = projections = 0
     for name, meta in tensors.items():
         if _EMBEDDING.search(name) and not tied:
             continue
         size = meta["data_offsets"][1] - meta["data_offsets"][0]
         if meta["dtype"] in _FLOAT_TYPES:
             floats += size // _FLOAT_TYPES[meta["dtype"]]
+            if _PROJECTION.search(name) and ".experts." not in name and len(meta.get("shape") or ()) == 2:
+                projections += size // _FLOAT_TYPES[meta["dtype"]]
         else:
             packed += size
-    return DecodeReads(floats, packed)
+    return DecodeReads(floats, packed, projections)
 
 
 # ---------------------------------------------------------------------------------------------------------

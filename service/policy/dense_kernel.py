@@ -23,6 +23,8 @@ MEASURED = (
 
 # The bf16 engine's two choices on a CPU without native bf16: the weights are bf16 either way, the kernel differs.
 VLLM_BF16, OURS_BF16 = "bf16, vLLM's GEMM", "bf16, the service's kernel"
+# An fp32 engine's linear weights that are bf16 values, kept bf16 by the service's kernel.
+FP32_ENGINE_BF16 = "bf16"
 
 
 def plan_dense_kernel(
@@ -61,7 +63,11 @@ def plan_dense_kernel(
         return PolicyResult.of(record("engine", "linear_weights", "fp32", why, "policy"))
     why = "set by the user (bf16_weights=on)" if asked == "on" else backend.bf16_weights
     return _service_kernel(
-        ("bf16", "fp32"), why, asked, kernels_built, "; layers whose values are not bf16 keep vLLM's fp32 GEMM"
+        (FP32_ENGINE_BF16, "fp32"),
+        why,
+        asked,
+        kernels_built,
+        "; layers whose values are not bf16 keep vLLM's fp32 GEMM",
     )
 
 

@@ -32,7 +32,7 @@ from service.policy.calibration import (
 from service.policy.chat import chat_decisions
 from service.policy.compile_cache import compile_key, plan_compile_cache
 from service.policy.decision import Decision, PolicyResult, Source, engine, env, record
-from service.policy.dense_kernel import plan_dense_kernel
+from service.policy.dense_kernel import FP32_ENGINE_BF16, plan_dense_kernel
 from service.policy.dtype import BYTES, choose_dtype
 from service.policy.kernels import check_kernels, dtype_limit
 from service.policy.kv_cache_dtype import plan_kv_cache_dtype
@@ -211,8 +211,11 @@ def build_plan(
                 software.ggml_kernel,
             )
 
-        reads = _read_per_token(model, dtype, kept_blocks)  # a GGUF file's blocks are read as stored
-        results.append(dense(dtype))
+        dense_decided = dense(dtype)
+        held = dense_decided.find("engine.linear_weights")
+        # A GGUF file's blocks are read as stored; projections an fp32 engine keeps bf16, in bf16.
+        reads = _read_per_token(model, dtype, kept_blocks, held is not None and held.value == FP32_ENGINE_BF16)
+        results.append(dense_decided)
         results += [
             source.result,
             lora_decisions(model, source.served_name, _lora_runtime(model, settings), settings.lora_max_rank),
@@ -380,9 +383,12 @@ def _prepack_question(model: ModelFacts, backend_decided: PolicyResult, dtype: s
     return (dense_question("zentorch_weight_prepack", default, candidates, model.linear_shapes, dtype),)
 
 
-def _read_per_token(model: ModelFacts, dtype: str, gguf_blocks: str | None = None) -> tuple[Decision, ...]:
+def _read_per_token(
+    model: ModelFacts, dtype: str, gguf_blocks: str | None = None, bf16_projections: bool = False
+) -> tuple[Decision, ...]:
     """The weight bytes one decode step reads, as the engine holds them: what bounds batch-1 decode on a CPU.
-    `gguf_blocks`: the type a GGUF file's linear layers keep, read as the file stores them."""
+    `gguf_blocks`: the type a GGUF file's linear layers keep, read as the file stores them. `bf16_projections`: the
+    service's bf16-weight kernel holds the decoder's projections in bf16 (engine.linear_weights)."""
     reads = model.decode_reads
     stored = "quantized values and zero points"
     if reads is not None and gguf_blocks and model.gguf is not None:
@@ -392,8 +398,16 @@ def _read_per_token(model: ModelFacts, dtype: str, gguf_blocks: str | None = Non
         stored = f"the file's {gguf_blocks} blocks" + (f" and its {head[0]} LM head" if head else "")
     if reads is None:
         return ()
-    total = reads.bytes_in(BYTES[dtype])
-    parts = [f"{reads.float_elements / 1e6:.1f} M float values (layers, scales) in {dtype}"]
+    kept = bf16_projections and reads.projection_elements > 0 and BYTES[dtype] != BYTES["bfloat16"]
+    total = reads.bytes_in(BYTES[dtype], BYTES["bfloat16"] if kept else None)
+    if kept:
+        others = reads.float_elements - reads.projection_elements
+        parts = [
+            f"{reads.projection_elements / 1e6:.1f} M projection weights kept in bfloat16 by the service's kernel "
+            f"(if their values are bf16, as it checks at load), {others / 1e6:.1f} M other float values in {dtype}"
+        ]
+    else:
+        parts = [f"{reads.float_elements / 1e6:.1f} M float values (layers, scales) in {dtype}"]
     if reads.packed_bytes:
         parts.insert(0, f"{reads.packed_bytes / 1e6:.1f} MB of {stored} as stored")
     why = (

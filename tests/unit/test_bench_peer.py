@@ -55,6 +55,11 @@ def test_the_peer_section_says_which_kernel_ours_ran_and_what_chose_it():
     assert Reported({"decisions": [blocks, bf16], "backend": backend}).linear_kernel == (
         "the GGUF file's own Q4_1 blocks on the service's ggml kernel (policy)"
     )
+    kept = {"setting": "engine.linear_weights", "value": "bf16", "source": "policy", "reason": ""}
+    fp32 = {**bf16, "value": "float32"}
+    assert Reported({"decisions": [kept, fp32], "backend": {"name": "avx2"}}).linear_kernel == (
+        "bf16 weights on the service's kernel in a float32 engine (policy)"
+    )
     dequantized = {**blocks, "value": "dequantized"}
     assert Reported({"decisions": [dequantized, bf16], "backend": backend}).linear_kernel == (
         "the amx backend's bfloat16 GEMM"

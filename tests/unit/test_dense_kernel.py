@@ -136,3 +136,22 @@ def test_the_kv_cache_gets_what_kept_blocks_leave_unused():
         }
         stored_bytes, stored_elements = kept_bytes(gguf, per_token=False)  # the linear layers' and the head's
         assert kv["on"] - kv["off"] == stored_elements * size - stored_bytes > 0, (dtype, kv)
+
+
+@pytest.mark.parametrize("kernels,per_token", [(BUILT, 3_000 * 2 + 1_000 * 4), (None, 4_000 * 4)])
+def test_projections_kept_bf16_are_read_per_token_in_bf16(tmp_path, kernels, per_token):
+    """model.read_per_token (the bench's ceiling) counts the projections the fp32 engine keeps in bf16 at 2 bytes,
+    the other floats in fp32; without the kernel, all of them in fp32."""
+    from dataclasses import replace
+
+    from service.facts.model import DecodeReads
+
+    quant_plan(FP32_LLAMA, AVX2, tmp_path)  # writes the model's config
+    facts = replace(
+        inspect_model(str(tmp_path / "m")),
+        decode_reads=DecodeReads(float_elements=4_000, packed_bytes=0, projection_elements=3_000),
+    )
+    p = build_plan(hw(AVX2), facts, software(True, "0.16.0", kernels), load_settings(dtype="float32"), {})
+    reads = decision(p, "model.read_per_token")
+    assert reads.value == per_token
+    assert ("projection weights kept in bfloat16" in reads.reason) == (kernels is not None)

@@ -294,6 +294,29 @@ def test_decode_reads_leave_out_the_embedding_table_unless_it_is_the_lm_head(tmp
     assert inspect_model(str(untied)).decode_reads.bytes_in(4) == (32 * 16 + 16 + 1600) * 4
 
 
+def test_decode_reads_count_the_decoders_projection_weights_apart(tmp_path):
+    """What the bf16-weight kernel can hold in bf16: 2-D `layers.N.*_proj.weight` tensors, not norms, heads or
+    MoE experts."""
+    reads = inspect_model(
+        str(
+            _checkpoint(
+                tmp_path,
+                {
+                    "model.layers.0.self_attn.q_proj.weight": ((16, 16), "bfloat16"),
+                    "model.layers.0.mlp.down_proj.weight": ((16, 32), "bfloat16"),
+                    "model.layers.0.mlp.experts.0.up_proj.weight": ((32, 16), "bfloat16"),
+                    "model.layers.0.input_layernorm.weight": ((16,), "bfloat16"),
+                    "lm_head.weight": ((100, 16), "bfloat16"),
+                    "model.embed_tokens.weight": ((100, 16), "bfloat16"),
+                },
+            )
+        )
+    ).decode_reads
+    assert reads.projection_elements == 16 * 16 + 16 * 32
+    assert reads.float_elements == 16 * 16 + 16 * 32 + 32 * 16 + 16 + 100 * 16
+    assert reads.bytes_in(4, 2) == reads.float_elements * 4 - reads.projection_elements * 2
+
+
 def test_decode_reads_count_quantized_values_as_stored(tmp_path):
     reads = inspect_model(
         str(
