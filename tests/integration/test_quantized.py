@@ -117,8 +117,8 @@ def quantized_server(request, started):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_each_scheme_starts_where_a_kernel_runs_it(variant, started, live_kernel_ops):
     """Served where vLLM's kernel build for this CPU has the scheme's op, or where the policy hands the model to the
-    service's own kernel (installed, and running every layer); elsewhere refused before the engine loads, naming the missing op, instead of an engine that dies
-    at its first forward pass."""
+    service's own kernel (installed, and running every layer); elsewhere refused before the engine loads, naming
+    the missing op, instead of an engine that dies at its first forward pass."""
     server = started(variant)
     scheme, settings = VARIANTS[variant]
     ours = _services_kernel(quantized_demo(MODELS, scheme), settings)
