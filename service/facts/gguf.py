@@ -83,6 +83,7 @@ class GgufFacts:
     linear_types: tuple[tuple[str, int], ...] = ()
     linear_bytes: int = 0
     linear_elements: int = 0
+    linear_type_elements: tuple[tuple[str, int], ...] = ()  # (type name, elements) of those weights, per type
     heads: tuple[HeadTensor, ...] = ()  # the token embedding and the output head, where the file has them
 
     @property
@@ -184,12 +185,20 @@ def _facts(path: Path, size: int, reader: Any) -> GgufFacts:
         linear_types=tuple(Counter(t.tensor_type.name for t in linear).most_common()),
         linear_bytes=sum(int(t.n_bytes) for t in linear),
         linear_elements=sum(int(t.n_elements) for t in linear),
+        linear_type_elements=tuple(_elements_by_type(linear).most_common()),
         heads=tuple(
             HeadTensor(t.name, t.tensor_type.name, int(t.n_bytes), int(t.n_elements), t.name in read_whole)
             for t in reader.tensors
             if t.name in (_EMBEDDING, _OUTPUT)
         ),
     )
+
+
+def _elements_by_type(tensors: list[Any]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for t in tensors:
+        counts[t.tensor_type.name] += int(t.n_elements)
+    return counts
 
 
 def _field(reader: Any, key: str) -> Any:

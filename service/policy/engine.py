@@ -42,6 +42,7 @@ from service.policy.model_source import (
     ModelSourcePlan,
     choose_blocks,
     converted_bytes,
+    held_as,
     kept_bytes,
     kept_heads,
     plan_model_source,
@@ -387,15 +388,17 @@ def _read_per_token(
     model: ModelFacts, dtype: str, gguf_blocks: str | None = None, bf16_projections: bool = False
 ) -> tuple[Decision, ...]:
     """The weight bytes one decode step reads, as the engine holds them: what bounds batch-1 decode on a CPU.
-    `gguf_blocks`: the type a GGUF file's linear layers keep, read as the file stores them. `bf16_projections`: the
+    `gguf_blocks`: the type a GGUF file's linear layers keep, read as ggml's op holds them. `bf16_projections`: the
     service's bf16-weight kernel holds the decoder's projections in bf16 (engine.linear_weights)."""
     reads = model.decode_reads
-    stored = "quantized values and zero points"
+    stored = "quantized values and zero points as stored"
     if reads is not None and gguf_blocks and model.gguf is not None:
         stored_bytes, stored_elements = kept_bytes(model.gguf, per_token=True)
         reads = DecodeReads(model.gguf.read_per_token_elements - stored_elements, stored_bytes)
         head = [h.type_name for h in kept_heads(model.gguf) if h.read_per_token]
         stored = f"the file's {gguf_blocks} blocks" + (f" and its {head[0]} LM head" if head else "")
+        held = held_as(model.gguf)
+        stored += f" as ggml holds them ({'; '.join(held)})" if held else " as stored"
     if reads is None:
         return ()
     kept = bf16_projections and reads.projection_elements > 0 and BYTES[dtype] != BYTES["bfloat16"]
@@ -409,7 +412,7 @@ def _read_per_token(
     else:
         parts = [f"{reads.float_elements / 1e6:.1f} M float values (layers, scales) in {dtype}"]
     if reads.packed_bytes:
-        parts.insert(0, f"{reads.packed_bytes / 1e6:.1f} MB of {stored} as stored")
+        parts.insert(0, f"{reads.packed_bytes / 1e6:.1f} MB of {stored}")
     why = (
         f"one decode step reads {total / 1e6:.1f} MB of weights: {', '.join(parts)}; the input embedding table only "
         "where it is also the LM head (a step gathers one row of it); from the checkpoint's tensor headers"

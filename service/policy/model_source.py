@@ -139,14 +139,31 @@ def kept_heads(gguf: GgufFacts) -> tuple[HeadTensor, ...]:
     )
 
 
+# Bytes per 32-block that ggml's op adds to a type as the file stores it: Q4_1 (fp16 d and m, 16 nibble bytes: 20)
+# is held as repacked Q4_0 (fp16 d, the same nibbles: 18) plus an fp32 offset per block (ggml_linear.cpp split_q4_1).
+HELD_EXTRA_PER_BLOCK = {"Q4_1": 2}
+HELD_AS = {
+    "Q4_1": "Q4_1 as repacked Q4_0 plus an fp32 offset per 32-block, 22 bytes a block where the file stores 20 "
+    "(as stored where a layer's rows do not repack in eights or an offset is not exact in fp32)"
+}
+
+
 def kept_bytes(gguf: GgufFacts, per_token: bool) -> tuple[int, int]:
-    """(bytes, elements) of the tensors that keep their blocks: all of them, or (`per_token`) those a decode step
-    reads whole."""
+    """(bytes, elements) of the tensors that keep their blocks: all of them as the file stores them, or
+    (`per_token`) those a decode step reads whole, as ggml's op holds them (HELD_EXTRA_PER_BLOCK)."""
     heads = [h for h in kept_heads(gguf) if h.read_per_token or not per_token]
-    return (
-        gguf.linear_bytes + sum(h.n_bytes for h in heads),
-        gguf.linear_elements + sum(h.n_elements for h in heads),
-    )
+    stored = gguf.linear_bytes + sum(h.n_bytes for h in heads)
+    elements = gguf.linear_elements + sum(h.n_elements for h in heads)
+    if not per_token:
+        return stored, elements
+    typed = [*gguf.linear_type_elements, *((h.type_name, h.n_elements) for h in heads)]
+    return stored + sum(n // 32 * HELD_EXTRA_PER_BLOCK.get(t, 0) for t, n in typed), elements
+
+
+def held_as(gguf: GgufFacts) -> tuple[str, ...]:
+    """How ggml's op holds the kept types that differ from the file's layout (HELD_AS)."""
+    types = {*dict(gguf.linear_type_elements), *(h.type_name for h in kept_heads(gguf))}
+    return tuple(HELD_AS[t] for t in sorted(types) if t in HELD_AS)
 
 
 def converted_bytes(gguf: GgufFacts, dtype: str, kept_blocks: str | None) -> int:
@@ -250,6 +267,7 @@ def plan_model_source(
         if heads:
             what += f" and its {_describe_heads(heads, tied)} blocks"
         what += f" copied as stored, for ggml's kernel; {'norms' if heads else 'embeddings and norms'} dequantized"
+        what += "".join(f"; ggml holds {h}" for h in held_as(gguf))
     else:
         what = "every block dequantized"
     reason = (
@@ -257,7 +275,8 @@ def plan_model_source(
         f"{gguf.describe_types()}; {_mb(gguf.size_bytes)}) converted once to {dtype} safetensors, the engine dtype "
         f"(vLLM 0.32 has no CPU GGUF loader): {what}, config and tokenizer from the metadata by "
         f"transformers' GGUF mapping{_split_note(gguf)}; keyed by the file's sha256 {gguf.sha256[:12]} and the converter ({converter}). "
-        f"A decode step reads {_mb(before)} as the file stores it, {_mb(after)} as converted (x{after / before:.2f})"
+        f"A decode step reads {_mb(before)} as the file stores it, {_mb(after)} as the engine holds it "
+        f"(x{after / before:.2f})"
     )
     source = record("model", "source", str(target), reason, "policy")
     decided = [named, source]

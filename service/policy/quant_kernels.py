@@ -99,7 +99,9 @@ KERNELS: dict[str, Kernel] = {
     "ggml-q4_1": Kernel(
         "GgmlLinearKernel",
         "ggml's repacked Q4_0 matmul (llama.cpp's CPU kernels, 8x8 for AVX2 / AVX-512) plus each 32-block's fp32 "
-        "offset: int4 weights with zero points, held as Q4_0 without loss, x activations quantized per 32-block to int8",
+        "offset: int4 weights with zero points, held as Q4_0 without loss, x activations quantized per 32-block to int8 "
+        "(ggml's Q4_1 matmul on the blocks as they are where a layer's rows do not repack in eights or an offset is "
+        "not exact in fp32)",
         ("Using GgmlLinearKernel",),
         provider="service.kernels.ggml_linear",
     ),

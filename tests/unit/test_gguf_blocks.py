@@ -113,7 +113,7 @@ def test_a_head_keeps_its_blocks_only_in_a_type_and_size_ggml_computes(tmp_path)
         gguf.linear_bytes + embedding.n_bytes,
         gguf.linear_elements + embedding.n_elements,
     )
-    assert plan.result.find("model.source").reason.endswith("as converted (x1.00)")
+    assert plan.result.find("model.source").reason.endswith("as the engine holds it (x1.00)")
 
     for change, why in (
         ({"heads": (replace(embedding, type_name="F16"),)}, "token_embd.weight F16: not a type ggml's kernel"),
@@ -124,6 +124,30 @@ def test_a_head_keeps_its_blocks_only_in_a_type_and_size_ggml_computes(tmp_path)
         plan = plan_model_source(replace(model, gguf=other), "float32", tmp_path, SOFTWARE, frozenset(), blocks=kept)
         assert plan.conversion.heads == () and why in plan.result.find("model.gguf_head_blocks").reason
         assert plan.result.find("model.gguf_head_blocks").value == "dequantized"
+
+
+@pytest.mark.parametrize("tensor_type", ["Q4_1", "Q4_K_M"])
+def test_a_decode_step_reads_q4_1_blocks_as_ggml_holds_them(tensor_type, tmp_path):
+    """ggml's op holds Q4_1 as repacked Q4_0 plus an fp32 offset per 32-block: 22 bytes a block where the file
+    stores 20. Other types are read as stored."""
+    model = inspect_model(str(tiny_gguf(MODELS, "llama", tensor_type)))
+    gguf = model.gguf
+    assert sum(n for _, n in gguf.linear_type_elements) == gguf.linear_elements
+    assert {t for t, _ in gguf.linear_type_elements} == {t for t, _ in gguf.linear_types}
+    heads = [h for h in kept_heads(gguf) if h.read_per_token]
+    stored = gguf.linear_bytes + sum(h.n_bytes for h in heads)
+    q4_1 = dict(gguf.linear_type_elements).get("Q4_1", 0) + sum(h.n_elements for h in heads if h.type_name == "Q4_1")
+    read_bytes, _ = kept_bytes(gguf, per_token=True)
+    assert read_bytes == stored + q4_1 // 32 * 2
+    assert (q4_1 > 0) == (tensor_type == "Q4_1")
+    assert kept_bytes(gguf, per_token=False)[0] == gguf.linear_bytes + sum(h.n_bytes for h in kept_heads(gguf))
+    kept = choose_blocks(gguf, "on", True, BUILT, default_model=False)
+    reason = (
+        plan_model_source(model, "float32", tmp_path, SOFTWARE, frozenset(), blocks=kept)
+        .result.find("model.source")
+        .reason
+    )
+    assert ("ggml holds Q4_1 as repacked Q4_0" in reason) == (tensor_type == "Q4_1")
 
 
 @pytest.mark.kernels
