@@ -30,11 +30,23 @@ class DecodeReads:
     # Of float_elements, the decoder's dense projection weights (`layers.N.*_proj.weight`, no MoE experts): what the
     # service's bf16-weight kernel can hold in bf16 in an fp32 engine.
     projection_elements: int = 0
+    # The integer-quantized layers (those with a packed or int8 weight): their weights' logical count, and what
+    # their tensors (weights, zero points, g_idx; scales) add to packed_bytes and float_elements.
+    quantized_weights: int = 0
+    quantized_packed_bytes: int = 0
+    quantized_float_elements: int = 0
 
     def bytes_in(self, dtype_bytes: int, projection_bytes: int | None = None) -> int:
         """Bytes read with floats in `dtype_bytes`, the projections in `projection_bytes` where they differ."""
         kept = self.projection_elements * ((projection_bytes or dtype_bytes) - dtype_bytes)
         return self.packed_bytes + self.float_elements * dtype_bytes + kept
+
+    def bytes_as_blocks(self, dtype_bytes: int, block_bytes: int) -> int:
+        """Bytes read where a kernel holds the quantized layers as `block_bytes` per 32 weights, scales included
+        (ggml's Q4_0 / Q8_0 blocks), and the other floats in `dtype_bytes`."""
+        others = self.packed_bytes - self.quantized_packed_bytes
+        floats = self.float_elements - self.quantized_float_elements
+        return others + floats * dtype_bytes + self.quantized_weights * block_bytes // 32
 
 
 @dataclass(frozen=True)
@@ -309,6 +321,8 @@ def _weight_bytes(directory: Path) -> int:
 _FLOAT_TYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 _EMBEDDING = re.compile(r"(embed_tokens|wte|word_embeddings|tok_embeddings)\.weight$")
 _PROJECTION = re.compile(r"\.layers\.\d+\..*_proj\.weight$")
+# The weight tensor of an integer-quantized layer: compressed-tensors' packed int4 (or its int8 weight), GPTQ / AWQ's.
+_QUANTIZED_WEIGHTS = frozenset({"weight_packed", "qweight", "weight"})
 
 
 def _safetensors_headers(directory: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -336,23 +350,34 @@ def _safetensors_headers(directory: Path) -> tuple[dict[str, dict[str, Any]], li
     return tensors, problems
 
 
-def _decode_reads(tensors: dict[str, dict[str, Any]]) -> DecodeReads | None:
-    """From the tensors' safetensors header entries alone (dtype, byte offsets)."""
+def _decode_reads(tensors: dict[str, dict[str, Any]], weight_bits: int | None) -> DecodeReads | None:
+    """From the tensors' safetensors header entries alone (dtype, byte offsets). `weight_bits`: an integer-quantized
+    checkpoint's weight width, which gives a packed weight's logical count."""
     if not tensors:
         return None
     tied = not any(name.endswith("lm_head.weight") for name in tensors)
-    floats = packed = projections = 0
+    quantized = {
+        name.rpartition(".")[0]
+        for name, meta in tensors.items()
+        if weight_bits and meta["dtype"] not in _FLOAT_TYPES and name.rpartition(".")[2] in _QUANTIZED_WEIGHTS
+    }
+    floats = packed = projections = weights = q_packed = q_floats = 0
     for name, meta in tensors.items():
         if _EMBEDDING.search(name) and not tied:
             continue
         size = meta["data_offsets"][1] - meta["data_offsets"][0]
+        module, _, leaf = name.rpartition(".")
         if meta["dtype"] in _FLOAT_TYPES:
             floats += size // _FLOAT_TYPES[meta["dtype"]]
+            q_floats += size // _FLOAT_TYPES[meta["dtype"]] if module in quantized else 0
             if _PROJECTION.search(name) and ".experts." not in name and len(meta.get("shape") or ()) == 2:
                 projections += size // _FLOAT_TYPES[meta["dtype"]]
         else:
             packed += size
-    return DecodeReads(floats, packed, projections)
+            if module in quantized and weight_bits:
+                q_packed += size
+                weights += size * 8 // weight_bits if leaf in _QUANTIZED_WEIGHTS else 0
+    return DecodeReads(floats, packed, projections, weights, q_packed, q_floats)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -411,6 +436,8 @@ def _facts_from_config(cfg: Config, directory: Path | None, template_file: Path 
     uses_mla = lm.get("kv_lora_rank") is not None
     kv_heads = _first(lm, _NUM_KV_HEAD_KEYS) or _first(lm, _NUM_HEAD_KEYS)
     tensors, weight_problems = _safetensors_headers(directory) if directory else ({}, [])
+    quant = read_quantization(lm)
+    bits = quant.weight_bits if quant is not None and quant.weight_type == "int" else None
     return ModelFacts(
         path=str(directory or ""),
         architecture=architecture,
@@ -431,14 +458,14 @@ def _facts_from_config(cfg: Config, directory: Path | None, template_file: Path 
         vocab_size=int(lm["vocab_size"]) if lm.get("vocab_size") else None,
         is_multimodal=any(cfg.get(key) is not None for key in _MULTIMODAL_KEYS),
         chat_template=read_chat_template(directory, template_file) if directory else None,
-        quant=read_quantization(lm),
+        quant=quant,
         linear_shapes=tuple(dict.fromkeys((k, n) for _, _, k, n in dense_layers(lm))),
         linear_key_head_dim=_int_or_none(lm, "linear_key_head_dim"),
         linear_value_head_dim=_int_or_none(lm, "linear_value_head_dim"),
         linear_num_key_heads=_int_or_none(lm, "linear_num_key_heads"),
         linear_num_value_heads=_int_or_none(lm, "linear_num_value_heads"),
         linear_conv_kernel_dim=_int_or_none(lm, "linear_conv_kernel_dim"),
-        decode_reads=None if weight_problems else _decode_reads(tensors),
+        decode_reads=None if weight_problems else _decode_reads(tensors, bits),
         weight_problems=tuple(weight_problems),
     )
 

@@ -51,7 +51,7 @@ from service.policy.patches import fxgraph_patch
 from service.policy.platform import choose_platform
 from service.policy.preload import choose_preload
 from service.policy.quant import plan_quant
-from service.policy.quant_kernels import KERNELS_ENV
+from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 from service.policy.threads import ThreadPlan, plan_threads, thread_decisions
 from service.settings import Settings
 
@@ -214,14 +214,22 @@ def build_plan(
 
         dense_decided = dense(dtype)
         held = dense_decided.find("engine.linear_weights")
-        # A GGUF file's blocks are read as stored; projections an fp32 engine keeps bf16, in bf16.
-        reads = _read_per_token(model, dtype, kept_blocks, held is not None and held.value == FP32_ENGINE_BF16)
+        quantized = quant(calibrated)
+        # A GGUF file's blocks are read as ggml holds them; projections an fp32 engine keeps bf16, in bf16; a
+        # checkpoint's quantized layers as its kernel holds them.
+        reads = _read_per_token(
+            model,
+            dtype,
+            kept_blocks,
+            held is not None and held.value == FP32_ENGINE_BF16,
+            _kernel_blocks(quantized.find("quant.linear_kernel")),
+        )
         results.append(dense_decided)
         results += [
             source.result,
             lora_decisions(model, source.served_name, _lora_runtime(model, settings), settings.lora_max_rank),
             check_kernels(model, entry, dtype, hardware.cpu.isa),
-            _citing_reads(quant(calibrated), reads),
+            _citing_reads(quantized, reads),
             PolicyResult.of(*reads),
         ]
         if model.quant is not None:
@@ -384,12 +392,23 @@ def _prepack_question(model: ModelFacts, backend_decided: PolicyResult, dtype: s
     return (dense_question("zentorch_weight_prepack", default, candidates, model.linear_shapes, dtype),)
 
 
+def _kernel_blocks(kernel: Decision | None) -> tuple[str, int] | None:
+    """(kernel, bytes per 32 weights) where every quantized layer runs one kernel that holds them as blocks."""
+    chosen = KERNELS.get(str(kernel.value)) if kernel is not None else None
+    return (str(kernel.value), chosen.block_bytes) if kernel is not None and chosen and chosen.block_bytes else None
+
+
 def _read_per_token(
-    model: ModelFacts, dtype: str, gguf_blocks: str | None = None, bf16_projections: bool = False
+    model: ModelFacts,
+    dtype: str,
+    gguf_blocks: str | None = None,
+    bf16_projections: bool = False,
+    kernel_blocks: tuple[str, int] | None = None,
 ) -> tuple[Decision, ...]:
     """The weight bytes one decode step reads, as the engine holds them: what bounds batch-1 decode on a CPU.
     `gguf_blocks`: the type a GGUF file's linear layers keep, read as ggml's op holds them. `bf16_projections`: the
-    service's bf16-weight kernel holds the decoder's projections in bf16 (engine.linear_weights)."""
+    service's bf16-weight kernel holds the decoder's projections in bf16 (engine.linear_weights). `kernel_blocks`:
+    the quantized layers' kernel and the bytes per 32 weights it holds them in (_kernel_blocks)."""
     reads = model.decode_reads
     stored = "quantized values and zero points as stored"
     if reads is not None and gguf_blocks and model.gguf is not None:
@@ -403,7 +422,18 @@ def _read_per_token(
         return ()
     kept = bf16_projections and reads.projection_elements > 0 and BYTES[dtype] != BYTES["bfloat16"]
     total = reads.bytes_in(BYTES[dtype], BYTES["bfloat16"] if kept else None)
-    if kept:
+    as_blocks = kernel_blocks is not None and reads.quantized_weights > 0
+    if kernel_blocks is not None and as_blocks:
+        name, block_bytes = kernel_blocks
+        total = reads.bytes_as_blocks(BYTES[dtype], block_bytes)
+        parts = [
+            f"{reads.quantized_weights / 1e6:.1f} M quantized weights as {name} holds them ({block_bytes} bytes per 32 "
+            f"weights, scales included)",
+            f"{(reads.float_elements - reads.quantized_float_elements) / 1e6:.1f} M other float values in {dtype}",
+        ]
+        if others := reads.packed_bytes - reads.quantized_packed_bytes:
+            parts.append(f"{others / 1e6:.1f} MB of other integer tensors as stored")
+    elif kept:
         others = reads.float_elements - reads.projection_elements
         parts = [
             f"{reads.projection_elements / 1e6:.1f} M projection weights kept in bfloat16 by the service's kernel "
@@ -411,7 +441,7 @@ def _read_per_token(
         ]
     else:
         parts = [f"{reads.float_elements / 1e6:.1f} M float values (layers, scales) in {dtype}"]
-    if reads.packed_bytes:
+    if reads.packed_bytes and not as_blocks:
         parts.insert(0, f"{reads.packed_bytes / 1e6:.1f} MB of {stored}")
     why = (
         f"one decode step reads {total / 1e6:.1f} MB of weights: {', '.join(parts)}; the input embedding table only "

@@ -34,6 +34,8 @@ class Kernel:
     op: str  # what computes each quantized linear layer
     log_markers: tuple[str, ...]  # lines vLLM logs when it runs this kernel (for reading the choice back)
     provider: str | None = None  # the service module that hands it to vLLM (None: vLLM's own)
+    # Bytes per 32 weights, scales included, as the kernel holds a checkpoint's layers (None: as the file stores them)
+    block_bytes: int | None = None
 
 
 KERNELS: dict[str, Kernel] = {
@@ -95,6 +97,7 @@ KERNELS: dict[str, Kernel] = {
         "weights x activations quantized per 32-block to int8",
         ("Using GgmlLinearKernel",),
         provider="service.kernels.ggml_linear",
+        block_bytes=18,  # Q4_0: an fp16 scale and 16 nibble bytes
     ),
     "ggml-q4_1": Kernel(
         "GgmlLinearKernel",
@@ -104,6 +107,7 @@ KERNELS: dict[str, Kernel] = {
         "not exact in fp32)",
         ("Using GgmlLinearKernel",),
         provider="service.kernels.ggml_linear",
+        block_bytes=22,  # repacked Q4_0 plus an fp32 offset
     ),
     "ggml-q8_0": Kernel(
         "GgmlInt8LinearKernel",
@@ -111,6 +115,7 @@ KERNELS: dict[str, Kernel] = {
         "int8 at run time (a checkpoint's static activation scales go unused)",
         ("Selected GgmlInt8LinearKernel",),
         provider="service.kernels.ggml_int8",
+        block_bytes=34,  # Q8_0: an fp16 scale and 32 int8 values
     ),
     "ggml-gguf": Kernel(
         "GgufBlocksLinearMethod",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -272,11 +273,12 @@ def test_directory_without_config_is_rejected(tmp_path):
         inspect_model(str(tmp_path))
 
 
-def _checkpoint(directory: Path, tensors: dict) -> Path:
+def _checkpoint(directory: Path, tensors: dict, quantization: dict | None = None) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    write_config(directory, {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8})
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8}
+    write_config(directory, config | ({"quantization_config": quantization} if quantization else {}))
     save_file(
         {k: torch.zeros(shape, dtype=getattr(torch, t)) for k, (shape, t) in tensors.items()},
         directory / "a.safetensors",
@@ -333,6 +335,50 @@ def test_decode_reads_count_quantized_values_as_stored(tmp_path):
     ).decode_reads
     assert (reads.packed_bytes, reads.float_elements) == (32 * 2 * 4, 32 + 1600)
     assert reads.bytes_in(2) == 256 + 1632 * 2
+
+
+_INT8_CT = {
+    "quant_method": "compressed-tensors",
+    "format": "int-quantized",
+    "config_groups": {
+        "group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("quantization", "layer", "weights"),
+    [
+        # GPTQ int4: qweight [k / 8, n], qzeros, scales per group of 16 and g_idx
+        (
+            {"quant_method": "gptq", "bits": 4, "group_size": 16},
+            {
+                "qweight": ((4, 32), "int32"),
+                "qzeros": ((2, 4), "int32"),
+                "scales": ((2, 32), "float16"),
+                "g_idx": ((32,), "int32"),
+            },
+            32 * 32,
+        ),
+        # compressed-tensors W8A8: an int8 weight [n, k] and a scale per channel
+        (_INT8_CT, {"weight": ((32, 64), "int8"), "weight_scale": ((32, 1), "bfloat16")}, 32 * 64),
+    ],
+)
+def test_decode_reads_count_quantized_layers_apart_for_kernels_that_hold_them_as_blocks(
+    tmp_path, quantization, layer, weights
+):
+    """ggml's kernels hold a quantized layer as 32-weight blocks with their scales: the reads then count the layer's
+    logical weights, not its tensors as stored."""
+    others = {"model.norm.weight": ((16,), "float32"), "lm_head.weight": ((100, 16), "bfloat16")}
+    tensors = {f"model.layers.0.mlp.up_proj.{k}": v for k, v in layer.items()} | others
+    reads = inspect_model(str(_checkpoint(tmp_path, tensors, quantization))).decode_reads
+    side_floats = sum(math.prod(shape) for shape, t in layer.values() if not t.startswith("int"))
+    assert reads.quantized_weights == weights
+    assert reads.quantized_float_elements == side_floats
+    assert reads.quantized_packed_bytes == reads.packed_bytes  # every integer tensor belongs to the layer
+    assert reads.bytes_as_blocks(4, 18) == (16 + 1600) * 4 + weights * 18 // 32
+    unquantized = inspect_model(str(_checkpoint(tmp_path / "plain", tensors))).decode_reads
+    assert (unquantized.quantized_weights, unquantized.quantized_packed_bytes) == (0, 0)
 
 
 def test_decode_reads_of_a_damaged_shard_are_unknown(tmp_path):

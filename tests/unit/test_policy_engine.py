@@ -283,3 +283,31 @@ def test_the_bytes_a_decode_step_reads_are_decided_in_the_engine_dtype_and_cited
     )
     unknown = build_plan(hw(), dataclasses.replace(facts, decode_reads=None), software(True), Settings(), {})
     assert unknown.find("model.read_per_token") is None
+
+
+def test_a_kernel_that_holds_quantized_layers_as_blocks_is_read_in_its_block_bytes():
+    """ggml's Q4_0 holds 32 int4 weights and their scale in 18 bytes, whatever the checkpoint's group size: the read
+    ceiling counts those, not the checkpoint's tensors; vLLM's own kernels read the tensors as stored."""
+    from service.facts.model import DecodeReads
+    from service.policy.quant_kernels import KERNELS
+
+    reads = DecodeReads(
+        float_elements=1_000_000,
+        packed_bytes=3_000_000,
+        quantized_weights=5_000_000,
+        quantized_packed_bytes=2_600_000,
+        quantized_float_elements=40_000,
+    )
+    facts = dataclasses.replace(model("qwen2.5-7b-instruct-gptq-int4"), decode_reads=reads)
+    avx2 = hw("epyc_zen1_kvm_avx2.txt")
+    for kernels, blocks in (("ggml built from llama.cpp b1234", True), (None, False)):
+        p = build_plan(avx2, facts, software(False, ggml_kernel=kernels), Settings(), {})
+        kernel = decision(p, "quant.linear_kernel").value
+        dtype_bytes = {"bfloat16": 2, "float32": 4}[decision(p, "engine.dtype").value]
+        read = decision(p, "model.read_per_token")
+        assert (KERNELS[kernel].block_bytes is not None) == blocks, kernel
+        if blocks:
+            assert read.value == 400_000 + 960_000 * dtype_bytes + 5_000_000 * KERNELS[kernel].block_bytes // 32
+            assert f"5.0 M quantized weights as {kernel} holds them" in read.reason
+        else:
+            assert read.value == reads.bytes_in(dtype_bytes) and "3.0 MB of quantized values" in read.reason
