@@ -422,9 +422,9 @@ def _read_per_token(
         return ()
     kept = bf16_projections and reads.projection_elements > 0 and BYTES[dtype] != BYTES["bfloat16"]
     total = reads.bytes_in(BYTES[dtype], BYTES["bfloat16"] if kept else None)
-    as_blocks = kernel_blocks is not None and reads.quantized_weights > 0
-    if kernel_blocks is not None and as_blocks:
-        name, block_bytes = kernel_blocks
+    blocks = kernel_blocks if reads.quantized_weights else None
+    if blocks:
+        name, block_bytes = blocks
         total = reads.bytes_as_blocks(BYTES[dtype], block_bytes)
         parts = [
             f"{reads.quantized_weights / 1e6:.1f} M quantized weights as {name} holds them ({block_bytes} bytes per 32 "
@@ -441,7 +441,7 @@ def _read_per_token(
         ]
     else:
         parts = [f"{reads.float_elements / 1e6:.1f} M float values (layers, scales) in {dtype}"]
-    if reads.packed_bytes and not as_blocks:
+    if reads.packed_bytes and not blocks:
         parts.insert(0, f"{reads.packed_bytes / 1e6:.1f} MB of {stored}")
     why = (
         f"one decode step reads {total / 1e6:.1f} MB of weights: {', '.join(parts)}; the input embedding table only "
