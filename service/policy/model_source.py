@@ -140,8 +140,9 @@ def kept_heads(gguf: GgufFacts) -> tuple[HeadTensor, ...]:
 
 
 # Bytes per 32-block that ggml's op adds to a type as the file stores it: Q4_1 (fp16 d and m, 16 nibble bytes: 20)
-# is held as repacked Q4_0 (fp16 d, the same nibbles: 18) plus an fp32 offset per block (ggml_linear.cpp split_q4_1).
-HELD_EXTRA_PER_BLOCK = {"Q4_1": 2}
+# is held as the ggml-q4_1 kernel holds a checkpoint's zero-point int4: repacked Q4_0 plus an fp32 offset per block
+# (ggml_linear.cpp split_q4_1).
+HELD_EXTRA_PER_BLOCK = {"Q4_1": (KERNELS["ggml-q4_1"].block_bytes or 20) - 20}
 HELD_AS = {
     "Q4_1": "Q4_1 as repacked Q4_0 plus an fp32 offset per 32-block, 22 bytes a block where the file stores 20 "
     "(as stored where a layer's rows do not repack in eights or an offset is not exact in fp32)"
