@@ -106,6 +106,11 @@ def _hardware_dict(hw: HardwareFacts) -> dict[str, Any]:
         "memory_total_bytes": lim.memory_total_bytes,
         "memory_source": lim.memory_source,
         "memory_available_bytes": lim.memory_available_bytes,
+        # What vLLM's worker checks its KV cache against (service/facts/node_memory.py).
+        "numa_node_memory": {
+            str(n): {"total_bytes": m.total_bytes, "available_bytes": m.available_bytes}
+            for n, m in hw.node_memory.items()
+        },
     }
 
 

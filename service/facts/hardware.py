@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from service.facts.cpu import CpuInfo, read_cpuinfo
 from service.facts.limits import Limits, read_limits
+from service.facts.node_memory import NodeMemory, read_node_memory
 from service.facts.topology import Topology, read_topology
 
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
-# "MemTotal:  263856880 kB" in /proc/meminfo, "Node 0 MemTotal:  263856880 kB" in node meminfo.
-_MEMTOTAL = re.compile(r"^(?:Node \d+ )?MemTotal:\s+(\d+) kB$", re.MULTILINE)
+# "MemTotal:  263856880 kB" in /proc/meminfo.
+_MEMTOTAL = re.compile(r"^MemTotal:\s+(\d+) kB$", re.MULTILINE)
 _MEMAVAILABLE = re.compile(r"^MemAvailable:\s+(\d+) kB$", re.MULTILINE)
 
 
@@ -23,6 +24,7 @@ class HardwareFacts:
     topology: Topology
     limits: Limits
     source: str  # "live" or a description of the recorded dump
+    node_memory: dict[int, NodeMemory] = field(default_factory=dict)  # NUMA node -> its meminfo; {}: none read
 
 
 def read_hardware(cpuinfo_path: Path | None = None, sysfs_root: Path | None = None) -> HardwareFacts:
@@ -54,7 +56,8 @@ def _read_live() -> HardwareFacts:
         meminfo_available=memavailable_bytes(meminfo),
         affinity=frozenset(os.sched_getaffinity(0)),
     )
-    return HardwareFacts(cpu=cpu, topology=topology, limits=limits, source="live")
+    nodes = read_node_memory(Path("/sys"), available=True)
+    return HardwareFacts(cpu=cpu, topology=topology, limits=limits, source="live", node_memory=nodes)
 
 
 def _read_recorded_cpuinfo(cpuinfo_path: Path) -> HardwareFacts:
@@ -81,19 +84,20 @@ def _read_recorded_sysfs(sysfs_root: Path, cpuinfo_path: Path) -> HardwareFacts:
     cpu = read_cpuinfo(cpuinfo_path)
     topology = read_topology(sysfs_root, cpu)
     cgroup = sysfs_root / "fs" / "cgroup"
+    nodes = read_node_memory(sysfs_root, available=False)
     limits = read_limits(
         topology.online_cpus,
         cgroup_root=cgroup if cgroup.is_dir() else None,
         cgroup_v1={c: cgroup / c for c in _V1_CONTROLLERS if (cgroup / c).is_dir()},
-        meminfo_total=node_memtotal_bytes(sysfs_root),
+        meminfo_total=sum(n.total_bytes for n in nodes.values()) or None,
         affinity=None,
     )
     source = f"recorded: cpuinfo {cpuinfo_path}, sysfs {sysfs_root}"
-    return HardwareFacts(cpu=cpu, topology=topology, limits=limits, source=source)
+    return HardwareFacts(cpu=cpu, topology=topology, limits=limits, source=source, node_memory=nodes)
 
 
 def memtotal_bytes(meminfo_text: str) -> int | None:
-    """MemTotal of a /proc/meminfo (or one node's meminfo) text, in bytes."""
+    """MemTotal of a /proc/meminfo text, in bytes."""
     match = _MEMTOTAL.search(meminfo_text)
     return int(match[1]) * 1024 if match else None
 
@@ -102,13 +106,6 @@ def memavailable_bytes(meminfo_text: str) -> int | None:
     """MemAvailable of /proc/meminfo (what can be allocated without swapping, page cache included), in bytes."""
     match = _MEMAVAILABLE.search(meminfo_text)
     return int(match[1]) * 1024 if match else None
-
-
-def node_memtotal_bytes(sysfs_root: Path) -> int | None:
-    """The machine's MemTotal as the sum over the NUMA nodes' meminfo; None when none is recorded."""
-    files = sorted((sysfs_root / "devices" / "system" / "node").glob("node[0-9]*/meminfo"))
-    totals = [total for f in files if (total := memtotal_bytes(f.read_text())) is not None]
-    return sum(totals) if totals else None
 
 
 def cgroup_dir(proc_self_cgroup: str, mount: Path) -> Path | None:

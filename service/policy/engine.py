@@ -37,7 +37,7 @@ from service.policy.dtype import BYTES, choose_dtype
 from service.policy.kernels import check_kernels, dtype_limit
 from service.policy.kv_cache_dtype import plan_kv_cache_dtype
 from service.policy.lora import LoraRuntime, lora_decisions, lora_runtime, lora_slot_bytes
-from service.policy.memory import plan_memory
+from service.policy.memory import plan_memory, rank_nodes
 from service.policy.model_source import (
     ModelSourcePlan,
     choose_blocks,
@@ -165,7 +165,7 @@ def build_plan(
             settings,
             user,
             environ,
-            threads.tp_size,
+            threads,
             default_model,
             verdicts.get("dtype"),
             kept_blocks,
@@ -314,7 +314,7 @@ def _model_decisions(
     settings: Settings,
     user: frozenset[str],
     environ: Mapping[str, str],
-    tp_size: int,
+    threads: ThreadPlan,
     default_model: bool,
     verdict: Verdict | None,
     kept_blocks: str | None,  # the types a GGUF file's linear layers keep (choose_blocks)
@@ -367,7 +367,7 @@ def _model_decisions(
             PolicyResult.of(engine("max_model_len", max_len, len_reason, len_source), warnings=warnings),
             _cache_decisions(model, backend, settings, user, environ),
             _kv_decision(
-                hardware, _in_dtype(model, dtype, kept_blocks), dtype, max_len, tp_size, settings, user, environ
+                hardware, _in_dtype(model, dtype, kept_blocks), dtype, max_len, threads, settings, user, environ
             ),
             chat_decisions(model, settings),
         ]
@@ -588,7 +588,7 @@ def _kv_decision(
     model: ModelFacts,
     dtype: str,
     max_len: int,
-    tp_size: int,
+    threads: ThreadPlan,
     settings: Settings,
     user: frozenset[str],
     environ: Mapping[str, str],
@@ -607,11 +607,12 @@ def _kv_decision(
         model,
         dtype_bytes=value_bytes,
         max_model_len=max_len,
-        tp_size=tp_size,
+        tp_size=threads.tp_size,
         max_num_seqs=settings.max_num_seqs,
         kv_cache_gib=settings.kv_cache_gib,
         headroom_gib=settings.memory_headroom_gib,
         lora_bytes=lora_slot_bytes(model, BYTES[dtype], _lora_runtime(model, settings)),
+        rank_memory=rank_nodes(threads.ranks, hardware.topology.nodes, hardware.node_memory),
     )
     if plan.error:
         return stored + PolicyResult(errors=(plan.error,))

@@ -3,10 +3,13 @@ request fits."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from service.facts.limits import Limits
 from service.facts.model import ModelFacts
+from service.facts.node_memory import NodeMemory
 from service.policy.decision import Source
 
 GiB = 1024**3
@@ -38,6 +41,56 @@ def default_headroom(limit: int) -> int:
     return int(BASE_HEADROOM + HEADROOM_FRACTION * limit)
 
 
+def rank_nodes(
+    ranks: Sequence[Sequence[int]], node_cpus: Mapping[int, frozenset[int]], memory: Mapping[int, NodeMemory]
+) -> tuple[tuple[int, NodeMemory], ...]:
+    """The NUMA node (id, memory) each rank's worker binds its memory to: the node of its first CPU, as vLLM's CPU
+    worker picks it. Empty where a rank's node or its meminfo is not known."""
+    node_of = {cpu: node for node, cpus in node_cpus.items() for cpu in cpus}
+    nodes = [node_of.get(min(rank)) if rank else None for rank in ranks]
+    if not nodes or any(node is None or node not in memory for node in nodes):
+        return ()
+    return tuple((node, memory[node]) for node in nodes if node is not None)
+
+
+@dataclass(frozen=True)
+class _Room:
+    """Bytes the KV cache of all ranks together may take, and how that was reached."""
+
+    kv_bytes: int
+    needs: str  # what is subtracted, e.g. "weights 0.50 GiB + headroom 4.18 GiB"
+    needed: int  # its bytes
+    where: str  # what it is subtracted from
+
+
+def _node_room(
+    rank_memory: Sequence[tuple[int, NodeMemory]],
+    fixed_per_rank: int,
+    headroom_gib: float | None,
+    tp_size: int,
+    weights: str,
+) -> _Room | None:
+    """The tightest rank's NUMA node: it holds its ranks' weights, the headroom (the user's, else the default for
+    the node's size) and their KV caches. vLLM's worker refuses a KV cache larger than what the node's meminfo
+    shows available (service/facts/node_memory.py)."""
+    per_node = Counter(node for node, _ in rank_memory)
+    rooms = []
+    for node, memory in dict(rank_memory).items():
+        ranks = per_node[node]
+        headroom = int(headroom_gib * GiB) if headroom_gib is not None else default_headroom(memory.total_bytes)
+        per_rank = (memory.usable_bytes - headroom - ranks * fixed_per_rank) // ranks
+        shown = (
+            f"{gib(memory.total_bytes)}"
+            if memory.available_bytes is None
+            else f"{gib(memory.available_bytes)} available of {gib(memory.total_bytes)}"
+        )
+        held = f"{ranks} ranks' " if ranks > 1 else ""
+        needs = f"{held}{weights}{' per rank' if tp_size > 1 else ''} + headroom {gib(headroom)}"
+        where = f"NUMA node {node}'s meminfo, which vLLM's worker checks its KV cache against, shows {shown}"
+        rooms.append(_Room(per_rank * tp_size, needs, ranks * fixed_per_rank + headroom, where))
+    return min(rooms, key=lambda room: room.kv_bytes, default=None)
+
+
 def plan_memory(
     limits: Limits,
     model: ModelFacts,
@@ -49,9 +102,10 @@ def plan_memory(
     kv_cache_gib: float | None,
     headroom_gib: float | None,
     lora_bytes: int = 0,
+    rank_memory: Sequence[tuple[int, NodeMemory]] = (),
 ) -> MemoryPlan:
     """`lora_bytes`: what vLLM allocates for LoRA adapter slots at start (service/policy/lora.py), held beside the
-    weights."""
+    weights. `rank_memory`: the NUMA node each rank binds to (rank_nodes); () when not known."""
     limit = limits.memory_bytes
     headroom = int(headroom_gib * GiB) if headroom_gib is not None else default_headroom(limit or 0)
     per_token = model.kv_bytes_per_token(dtype_bytes)
@@ -70,18 +124,24 @@ def plan_memory(
         limit = free
     fixed = model.weight_bytes + lora_bytes + headroom
     weights = f"weights {gib(model.weight_bytes)}" + (f" + LoRA slots {gib(lora_bytes)}" if lora_bytes else "")
-    if fixed > limit:
+    room = _Room(limit - fixed, f"{weights} + headroom {gib(headroom)}", fixed, where)
+    per_rank_weights = f"weights {gib((model.weight_bytes + lora_bytes) // tp_size)}"
+    node = _node_room(
+        rank_memory, (model.weight_bytes + lora_bytes) // tp_size, headroom_gib, tp_size, per_rank_weights
+    )
+    if node is not None and node.kv_bytes < room.kv_bytes:
+        room = node
+    if room.kv_bytes < 0:
         error = (
-            f"the model does not fit: {weights} + headroom {gib(headroom)} "
-            f"= {gib(fixed)}, {where}; even a context of 0 tokens does not fit"
+            f"the model does not fit: {room.needs} = {gib(room.needed)}, {room.where}; "
+            "even a context of 0 tokens does not fit"
         )
         return MemoryPlan(None, error, "policy", headroom, error=error)
-    if fixed + one_request > limit:
-        fits = max(0, (limit - fixed) // per_token - KV_SPARE_TOKENS) if per_token else 0
+    if room.kv_bytes < one_request:
+        fits = max(0, room.kv_bytes // per_token - KV_SPARE_TOKENS) if per_token else 0
         error = (
-            f"needs {gib(fixed + one_request)} ({weights} + KV cache for one "
-            f"{max_model_len}-token request {gib(one_request)} + headroom {gib(headroom)}), {where}; "
-            f"a max context of {fits} tokens fits (set max_model_len)"
+            f"needs {gib(room.needed + one_request)} ({room.needs} + KV cache for one {max_model_len}-token request "
+            f"{gib(one_request)}), {room.where}; a max context of {fits} tokens fits (set max_model_len)"
         )
         return MemoryPlan(None, error, "policy", headroom, error=error)
 
@@ -93,19 +153,21 @@ def plan_memory(
                 f"({gib(one_request)} needed)"
             )
             return MemoryPlan(None, error, "user", headroom, error=error)
-        if fixed + kv > limit:
-            error = f"kv_cache_gib={kv_cache_gib:g} + weights + headroom = {gib(fixed + kv)}, {where}"
+        if kv > room.kv_bytes:
+            error = f"kv_cache_gib={kv_cache_gib:g} + {room.needs} = {gib(room.needed + kv)}, {room.where}"
             return MemoryPlan(None, error, "user", headroom, error=error)
         return MemoryPlan(kv // tp_size, f"set by the user; {where}", "user", headroom)
 
-    budget = limit - fixed
+    budget = room.kv_bytes
     seqs = max_num_seqs or DEFAULT_MAX_SEQS
     useful = per_token * (max_model_len * seqs + KV_SPARE_TOKENS)
     kv = min(budget, useful) if useful else budget
     reason = (
-        f"{where} - {weights.replace(' + ', ' - ')} - headroom {gib(headroom)} = {gib(budget)} available"
+        f"{room.where} - {room.needs.replace(' + ', ' - ')} = {gib(budget)} available"
         + (f"; capped at {seqs} max-length sequences ({gib(useful)})" if useful and useful < budget else "")
         + (f"; split over {tp_size} ranks" if tp_size > 1 else "")
         + f"; holds {kv // per_token if per_token else 'any number of'} tokens"
     )
+    if room is node:
+        reason += f" (the machine's {where})"
     return MemoryPlan(kv // tp_size, reason, "policy", headroom)

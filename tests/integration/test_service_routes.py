@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from service.cpulist import parse_cpulist
 from tests.support.live_cpu import expected_backend
 from tests.support.server import REPO
 
@@ -66,12 +67,19 @@ def test_hardware_equals_detect_json_for_the_same_settings(chat_server):
     )
     detected = json.loads(out.stdout)
     # What was free at start is gone once the engine holds its KV cache: the served report keeps the start's
-    # snapshot and the KV cache decided from it, a later detect sees less. Everything else is the same.
+    # snapshot (the machine's and each NUMA node's) and the KV cache decided from it, a later detect sees less.
+    # Everything else is the same.
     kv = "engine.kv_cache_memory_bytes"
     served_kv = next(d for d in served["decisions"] if d["setting"] == kv)
     assert served_kv["value"] == served["engine_args"]["kv_cache_memory_bytes"]
     assert served_kv["value"] <= served["hardware"]["memory_available_bytes"]
     assert "free at start" in served_kv["reason"]
+    # vLLM's worker refuses a KV cache larger than what its NUMA node showed available: each rank's fits its node.
+    hardware, nodes = served["hardware"], served["hardware"]["numa_node_memory"]
+    for rank in served["threads"]["ranks"]:
+        first = min(parse_cpulist(rank))
+        node = next(n for n, cpus in hardware["numa_nodes"].items() if first in parse_cpulist(cpus))
+        assert nodes[node]["available_bytes"] is not None and served_kv["value"] < nodes[node]["available_bytes"]
     assert _without_the_start_snapshot(served) == _without_the_start_snapshot(detected)
     assert chat_server.api_key not in json.dumps(served)
 
@@ -79,6 +87,7 @@ def test_hardware_equals_detect_json_for_the_same_settings(chat_server):
 def _without_the_start_snapshot(report: dict) -> dict:
     report = json.loads(json.dumps(report))
     del report["hardware"]["memory_available_bytes"]
+    del report["hardware"]["numa_node_memory"]  # a lazily initialized node's total grows as its pages are used
     del report["engine_args"]["kv_cache_memory_bytes"]
     report["decisions"] = [d for d in report["decisions"] if d["setting"] != "engine.kv_cache_memory_bytes"]
     return report

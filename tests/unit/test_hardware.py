@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.facts.hardware import cgroup_dir, memtotal_bytes, node_memtotal_bytes, read_hardware
+from service.facts.hardware import cgroup_dir, memtotal_bytes, read_hardware
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 SYSFS = FIXTURES / "sysfs"
@@ -84,10 +84,6 @@ def test_helpers_parse_meminfo_and_proc_self_cgroup() -> None:
     assert cgroup_dir("0::/kubepods/pod1/abc\n", mount) == mount / "kubepods/pod1/abc"
     assert cgroup_dir("0::/\n", mount) == mount
     assert cgroup_dir("4:memory:/x\n1:cpu:/\n", mount) is None  # cgroup v1 only
-
-
-def test_node_memtotal_is_none_without_node_meminfo(tmp_path: Path) -> None:
-    assert node_memtotal_bytes(tmp_path) is None
 
 
 def test_live_detector_agrees_with_torch_and_the_kernel() -> None:
