@@ -41,12 +41,14 @@ class DecodeReads:
         kept = self.projection_elements * ((projection_bytes or dtype_bytes) - dtype_bytes)
         return self.packed_bytes + self.float_elements * dtype_bytes + kept
 
-    def bytes_as_blocks(self, dtype_bytes: int, block_bytes: int) -> int:
+    def bytes_as_blocks(self, dtype_bytes: int, block_bytes: int, projection_bytes: int | None = None) -> int:
         """Bytes read where a kernel holds the quantized layers as `block_bytes` per 32 weights, scales included
-        (ggml's Q4_0 / Q8_0 blocks), and the other floats in `dtype_bytes`."""
+        (ggml's Q4_0 / Q8_0 blocks), the other floats in `dtype_bytes`, the unquantized projections in
+        `projection_bytes` where they differ."""
         others = self.packed_bytes - self.quantized_packed_bytes
         floats = self.float_elements - self.quantized_float_elements
-        return others + floats * dtype_bytes + self.quantized_weights * block_bytes // 32
+        kept = self.projection_elements * ((projection_bytes or dtype_bytes) - dtype_bytes)
+        return others + floats * dtype_bytes + kept + self.quantized_weights * block_bytes // 32
 
 
 @dataclass(frozen=True)

@@ -425,20 +425,19 @@ def _read_per_token(
     blocks = kernel_blocks if reads.quantized_weights else None
     if blocks:
         name, block_bytes = blocks
-        total = reads.bytes_as_blocks(BYTES[dtype], block_bytes)
+        total = reads.bytes_as_blocks(BYTES[dtype], block_bytes, BYTES["bfloat16"] if kept else None)
+        floats = reads.float_elements - reads.quantized_float_elements
         parts = [
             f"{reads.quantized_weights / 1e6:.1f} M quantized weights as {name} holds them ({block_bytes} bytes per 32 "
             f"weights, scales included)",
-            f"{(reads.float_elements - reads.quantized_float_elements) / 1e6:.1f} M other float values in {dtype}",
+            *([_kept_projections(reads.projection_elements)] if kept else []),
+            f"{(floats - (reads.projection_elements if kept else 0)) / 1e6:.1f} M other float values in {dtype}",
         ]
         if others := reads.packed_bytes - reads.quantized_packed_bytes:
             parts.append(f"{others / 1e6:.1f} MB of other integer tensors as stored")
     elif kept:
         others = reads.float_elements - reads.projection_elements
-        parts = [
-            f"{reads.projection_elements / 1e6:.1f} M projection weights kept in bfloat16 by the service's kernel "
-            f"(if their values are bf16, as it checks at load), {others / 1e6:.1f} M other float values in {dtype}"
-        ]
+        parts = [f"{_kept_projections(reads.projection_elements)}, {others / 1e6:.1f} M other float values in {dtype}"]
     else:
         parts = [f"{reads.float_elements / 1e6:.1f} M float values (layers, scales) in {dtype}"]
     if reads.packed_bytes and not blocks:
@@ -448,6 +447,13 @@ def _read_per_token(
         "where it is also the LM head (a step gathers one row of it); from the checkpoint's tensor headers"
     )
     return (record("model", "read_per_token", total, why, "policy"),)
+
+
+def _kept_projections(elements: int) -> str:
+    return (
+        f"{elements / 1e6:.1f} M projection weights kept in bfloat16 by the service's kernel "
+        "(if their values are bf16, as it checks at load)"
+    )
 
 
 def _citing_reads(result: PolicyResult, reads: tuple[Decision, ...]) -> PolicyResult:

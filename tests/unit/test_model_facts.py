@@ -381,6 +381,23 @@ def test_decode_reads_count_quantized_layers_apart_for_kernels_that_hold_them_as
     assert (unquantized.quantized_weights, unquantized.quantized_packed_bytes) == (0, 0)
 
 
+def test_decode_reads_as_blocks_count_unquantized_projections_as_the_bf16_kernel_holds_them(tmp_path):
+    """A checkpoint that left a projection unquantized (its ignore list), in an fp32 engine whose bf16 kernel keeps
+    that projection in bf16: the block-holding kernel's reads count it at 2 bytes, the other floats at 4."""
+    tensors = {
+        "model.layers.0.mlp.up_proj.weight": ((32, 64), "int8"),
+        "model.layers.0.mlp.up_proj.weight_scale": ((32, 1), "bfloat16"),
+        "model.layers.0.self_attn.o_proj.weight": ((64, 64), "bfloat16"),
+        "model.norm.weight": ((16,), "float32"),
+    }
+    reads = inspect_model(str(_checkpoint(tmp_path, tensors, _INT8_CT))).decode_reads
+    assert reads.projection_elements == 64 * 64
+    others = 16 + 64 * 64
+    assert reads.bytes_as_blocks(4, 34) == others * 4 + 32 * 64 * 34 // 32
+    assert reads.bytes_as_blocks(4, 34, 2) == 16 * 4 + 64 * 64 * 2 + 32 * 64 * 34 // 32
+    assert reads.bytes_as_blocks(2, 34, 2) == others * 2 + 32 * 64 * 34 // 32
+
+
 def test_decode_reads_of_a_damaged_shard_are_unknown(tmp_path):
     directory = write_config(tmp_path / "bad", {"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
     (directory / "a.safetensors").write_bytes(b"\xff" * 8 + b"{not json")
