@@ -323,7 +323,7 @@ def _model_decisions(
     isa = hardware.cpu.isa
     fp32_blocked = dtype_limit(model, backend, "float32") or (
         None
-        if _fits(hardware, _in_dtype(model, "float32", kept_blocks), settings)
+        if _fits(hardware, _in_dtype(model, "float32", kept_blocks), settings, threads)
         else "the model's fp32 weights do not fit"
     )
     dtype_result = choose_dtype(isa, backend, settings.dtype, model.declared_dtype, fp32_blocked, default_model)
@@ -535,17 +535,19 @@ def _in_dtype(model: ModelFacts, dtype: str, kept_blocks: str | None = None) -> 
     return replace(model, weight_bytes=model.weight_bytes * BYTES[dtype] // stored)
 
 
-def _fits(hardware: HardwareFacts, model: ModelFacts, settings: Settings) -> bool:
-    """Weights, headroom and one request of the model's own context fit the memory limit (or it is unknown)."""
+def _fits(hardware: HardwareFacts, model: ModelFacts, settings: Settings, threads: ThreadPlan) -> bool:
+    """Weights, headroom and one request of the model's own context fit the memory limit and each rank's NUMA node
+    (or they are unknown)."""
     plan = plan_memory(
         hardware.limits,
         model,
         dtype_bytes=BYTES["float32"],
         max_model_len=settings.max_model_len or model.max_context or FALLBACK_MAX_MODEL_LEN,
-        tp_size=1,
+        tp_size=threads.tp_size,
         max_num_seqs=settings.max_num_seqs,
         kv_cache_gib=None,
         headroom_gib=settings.memory_headroom_gib,
+        rank_memory=rank_nodes(threads.ranks, hardware.topology.nodes, hardware.node_memory),
     )
     return plan.error is None
 

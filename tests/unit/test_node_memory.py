@@ -9,6 +9,7 @@ from pathlib import Path
 from service.facts.hardware import read_hardware
 from service.facts.node_memory import NodeMemory, read_node_memory
 from service.facts.topology import read_topology
+from service.policy.dtype import MEASUREMENTS, Measurement
 from service.policy.engine import build_plan
 from service.policy.memory import default_headroom, rank_nodes
 from service.settings import Settings
@@ -152,3 +153,21 @@ def test_a_two_socket_dump_sizes_each_rank_in_its_own_node() -> None:
     weights = inspect_model(str(MODELS / LLAMA)).weight_bytes
     assert per_rank + weights // 2 <= 32 * GiB - default_headroom(32 * GiB)
     assert "NUMA node 0's meminfo" in reason and "shows 32.00 GiB" in reason and "per rank" in reason
+
+
+def test_fp32_weights_that_fit_the_machine_but_not_the_ranks_node_keep_bf16(monkeypatch) -> None:
+    """The dtype's memory check is the KV cache's: an fp32 copy of the 8B model (30 GiB) fits a 64 GiB machine, not
+    a node showing 24 GiB available."""
+    monkeypatch.setitem(MEASUREMENTS, "avx2", Measurement("a test CPU", 0.5, 0.4, 0.6, "a test"))  # fp32 faster
+    facts = read_hardware(cpuinfo_path=CPUINFO / "epyc_zen1_kvm_avx2.txt")
+    topology = dataclasses.replace(facts.topology, nodes={0: facts.topology.online_cpus})
+    limits = dataclasses.replace(facts.limits, memory_bytes=64 * GiB, memory_source="MemTotal")
+    fp32 = dataclasses.replace(facts, topology=topology, limits=limits)
+    assert _dtype(_plan(fp32, tensor_parallel_size=1)) == "float32"
+    small_node = dataclasses.replace(fp32, node_memory={0: NodeMemory(40 * GiB, 24 * GiB)})
+    d = next(d for d in _plan(small_node, tensor_parallel_size=1).decisions if d.setting == "engine.dtype")
+    assert d.value == "bfloat16" and "fp32 weights do not fit" in d.reason
+
+
+def _dtype(p) -> str:
+    return p.engine_args["dtype"]
