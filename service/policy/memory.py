@@ -125,7 +125,9 @@ def plan_memory(
     fixed = model.weight_bytes + lora_bytes + headroom
     weights = f"weights {gib(model.weight_bytes)}" + (f" + LoRA slots {gib(lora_bytes)}" if lora_bytes else "")
     room = _Room(limit - fixed, f"{weights} + headroom {gib(headroom)}", fixed, where)
-    per_rank_weights = f"weights {gib((model.weight_bytes + lora_bytes) // tp_size)}"
+    per_rank_weights = (
+        f"weights{' + LoRA slots' if lora_bytes else ''} {gib((model.weight_bytes + lora_bytes) // tp_size)}"
+    )
     node = _node_room(
         rank_memory, (model.weight_bytes + lora_bytes) // tp_size, headroom_gib, tp_size, per_rank_weights
     )
