@@ -61,6 +61,11 @@ class _Room:
     needs: str  # what is subtracted, e.g. "weights 0.50 GiB + headroom 4.18 GiB"
     needed: int  # its bytes
     where: str  # what it is subtracted from
+    share: float = 1.0  # the part of the whole KV cache that lives there (a node holding 1 of 2 ranks: 0.5)
+    holds: str = ""  # whose KV cache that part is, where it is not the whole
+
+    def part(self, kv_bytes: int) -> int:
+        return int(kv_bytes * self.share)
 
 
 def _node_room(
@@ -87,7 +92,9 @@ def _node_room(
         held = f"{ranks} ranks' " if ranks > 1 else ""
         needs = f"{held}{weights}{' per rank' if tp_size > 1 else ''} + headroom {gib(headroom)}"
         where = f"NUMA node {node}'s meminfo, which vLLM's worker checks its KV cache against, shows {shown}"
-        rooms.append(_Room(per_rank * tp_size, needs, ranks * fixed_per_rank + headroom, where))
+        holds = f" for the KV caches of {ranks} of {tp_size} ranks" if ranks < tp_size else ""
+        needed = ranks * fixed_per_rank + headroom
+        rooms.append(_Room(per_rank * tp_size, needs, needed, where, ranks / tp_size, holds))
     return min(rooms, key=lambda room: room.kv_bytes, default=None)
 
 
@@ -142,8 +149,9 @@ def plan_memory(
     if room.kv_bytes < one_request:
         fits = max(0, room.kv_bytes // per_token - KV_SPARE_TOKENS) if per_token else 0
         error = (
-            f"needs {gib(room.needed + one_request)} ({room.needs} + KV cache for one {max_model_len}-token request "
-            f"{gib(one_request)}), {room.where}; a max context of {fits} tokens fits (set max_model_len)"
+            f"needs {gib(room.needed + room.part(one_request))} ({room.needs} + KV cache for one {max_model_len}-token "
+            f"request {gib(room.part(one_request))}{room.holds}), {room.where}; a max context of {fits} tokens fits "
+            "(set max_model_len)"
         )
         return MemoryPlan(None, error, "policy", headroom, error=error)
 
@@ -156,7 +164,10 @@ def plan_memory(
             )
             return MemoryPlan(None, error, "user", headroom, error=error)
         if kv > room.kv_bytes:
-            error = f"kv_cache_gib={kv_cache_gib:g} + {room.needs} = {gib(room.needed + kv)}, {room.where}"
+            error = (
+                f"kv_cache_gib={kv_cache_gib:g} ({gib(room.part(kv))}{room.holds}) + {room.needs} = "
+                f"{gib(room.needed + room.part(kv))}, {room.where}"
+            )
             return MemoryPlan(None, error, "user", headroom, error=error)
         return MemoryPlan(kv // tp_size, f"set by the user; {where}", "user", headroom)
 
@@ -165,7 +176,7 @@ def plan_memory(
     useful = per_token * (max_model_len * seqs + KV_SPARE_TOKENS)
     kv = min(budget, useful) if useful else budget
     reason = (
-        f"{room.where} - {room.needs.replace(' + ', ' - ')} = {gib(budget)} available"
+        f"{room.where} - {room.needs.replace(' + ', ' - ')} = {gib(room.part(budget))} available{room.holds}"
         + (f"; capped at {seqs} max-length sequences ({gib(useful)})" if useful and useful < budget else "")
         + (f"; split over {tp_size} ranks" if tp_size > 1 else "")
         + f"; holds {kv // per_token if per_token else 'any number of'} tokens"

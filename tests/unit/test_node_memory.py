@@ -153,6 +153,9 @@ def test_a_two_socket_dump_sizes_each_rank_in_its_own_node() -> None:
     weights = inspect_model(str(MODELS / LLAMA)).weight_bytes
     assert per_rank + weights // 2 <= 32 * GiB - default_headroom(32 * GiB)
     assert "NUMA node 0's meminfo" in reason and "shows 32.00 GiB" in reason and "per rank" in reason
+    # The arithmetic of the reason holds on the node: its total less one rank's weights and its headroom.
+    on_node = (32 * GiB - weights // 2 - default_headroom(32 * GiB)) / GiB
+    assert f"= {on_node:.2f} GiB available for the KV caches of 1 of 2 ranks" in reason
 
 
 def test_fp32_weights_that_fit_the_machine_but_not_the_ranks_node_keep_bf16(monkeypatch) -> None:
