@@ -8,7 +8,6 @@ from pathlib import Path
 
 from service.facts.hardware import read_hardware
 from service.facts.node_memory import NodeMemory, read_node_memory
-from service.facts.topology import read_topology
 from service.policy.dtype import MEASUREMENTS, Measurement
 from service.policy.engine import build_plan
 from service.policy.memory import default_headroom, rank_nodes
@@ -143,7 +142,6 @@ def test_a_node_too_small_is_a_preflight_error_naming_it() -> None:
 
 def test_a_two_socket_dump_sizes_each_rank_in_its_own_node() -> None:
     facts = read_hardware(sysfs_root=SYSFS / "two_socket_smt" / "sys")
-    assert read_topology(SYSFS / "two_socket_smt" / "sys", facts.cpu).nodes == facts.topology.nodes
     small = dataclasses.replace(facts, node_memory={0: NodeMemory(32 * GiB, None), 1: NodeMemory(256 * GiB, None)})
     p = _plan(small, tensor_parallel_size=2)
     assert not p.errors, p.errors
