@@ -3,13 +3,16 @@ dequantize-then-GEMM, per number of rows, on the bench model's fused shapes in Q
 int8 one) or a GGUF block type the service keeps (Q4_1, Q5_0, Q5_1, Q2_K-Q6_K: GgufBlocksLinearMethod).
 
   .venv/bin/python -m bench.ggml_prefill [--threads 1] [--reps 20] [--type q4_0|q8_0|Q4_1|Q5_0|...|Q6_K]
+                                          [--dtype bfloat16|float32]
 
 Why: ggml's matmul reads the weights once per call, which wins at decode (few rows); torch's bf16 GEMM computes
 faster per row once enough rows share the weights' reads, even after dequantizing the blocks per call. The
 crossover is DENSE_FROM_ROWS of service/kernels/ggml_linear.py (Q4_0), ggml_int8.py (Q8_0) and gguf_blocks.py (per
-GGUF type). One process, `--threads` torch threads, one weight slice per thread as the engine loads them, random
-values and scales (the kernel's speed does not depend on them; K-quants get random blocks, harness/ggml_blocks.py);
-each row count runs both paths in turn and prints ms per pass over the 4 shapes and their output agreement.
+GGUF type). `--dtype` is the engine's activation dtype: fp32 where the dtype policy picks it (AVX2-only CPUs),
+whose GEMM is not bf16's. One process, `--threads` torch threads, one weight slice per thread as the engine loads
+them, random values and scales (the kernel's speed does not depend on them; K-quants get random blocks,
+harness/ggml_blocks.py); each row count runs both paths in turn and prints ms per pass over the 4 shapes and their
+output agreement.
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--type", choices=("q4_0", "q8_0", *BLOCK_TYPES), default="q4_0")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
     load_library()
     torch.set_num_threads(args.threads)
     ops = torch.ops.service_ggml
@@ -63,12 +68,15 @@ def main() -> None:
             kind = GGMLQuantizationType[args.type].value
         weights.append((ops.load(blocks, kind, k, n, args.threads), n, k))
     if args.type in ("q4_0", "q8_0"):
-        dense_from = (ggml_linear if args.type == "q4_0" else ggml_int8).DENSE_FROM_ROWS
+        table = (ggml_linear if args.type == "q4_0" else ggml_int8).DENSE_FROM_ROWS
+        dense_from = ggml_linear.rows_for(table, dtype)
     else:
-        dense_from = gguf_blocks.dense_from(args.type)
-    print(f"{args.type}, threads {args.threads}; the service hands over from {dense_from} rows")
+        dense_from = gguf_blocks.dense_from(args.type, dtype)
+    print(
+        f"{args.type}, {args.dtype} activations, threads {args.threads}; the service hands over from {dense_from} rows"
+    )
     for rows in ROWS:
-        xs = [torch.randn(rows, k, dtype=torch.bfloat16) for _, _, k in weights]
+        xs = [torch.randn(rows, k, dtype=dtype) for _, _, k in weights]
 
         def run(dense_from: int, xs: list = xs) -> list:
             return [ops.linear(x, h, n, None, dense_from) for x, (h, n, _) in zip(xs, weights, strict=True)]

@@ -13,7 +13,15 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-from service.kernels.ggml_linear import BLOCK, apply, available, fp16_bytes, hand_to_vllm, load_library
+from service.kernels.ggml_linear import (
+    BLOCK,
+    apply,
+    available,
+    fp16_bytes,
+    hand_to_vllm,
+    load_library,
+    rows_for,
+)
 from service.policy.quant_kernels import KERNELS
 
 if TYPE_CHECKING:
@@ -21,10 +29,11 @@ if TYPE_CHECKING:
 
 KERNEL_NAME = KERNELS["ggml-q8_0"].vllm_class
 Q8_0 = 8  # ggml_type (ggml.h)
-# From this many rows on, the weight is dequantized in chunks and multiplied by torch's GEMM instead: the first row
-# count where that won on both 1 and 2 threads on a Zen 4 (`python -m bench.ggml_prefill --type q8_0`, docs/
-# quantization.md). Q8_0 dequantizes faster than Q4_0, so it hands over earlier than the int4 kernel.
-DENSE_FROM_ROWS = 64
+# From this many rows on, the weight is dequantized in chunks and multiplied by torch's GEMM instead, per activation
+# dtype: the first row count where that won, bf16 on both 1 and 2 threads on a Zen 4, fp32 on one thread on a Zen 2
+# (`python -m bench.ggml_prefill --type q8_0 [--dtype float32]`, docs/quantization.md). Q8_0 dequantizes faster than
+# Q4_0, so it hands over earlier than the int4 kernel.
+DENSE_FROM_ROWS = {"bfloat16": 64, "float32": 256}
 
 
 def q8_0_blocks(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -77,7 +86,7 @@ def kernel_class() -> type:
         def apply_weights(
             self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
         ) -> torch.Tensor:
-            return apply(layer, x, bias, DENSE_FROM_ROWS)
+            return apply(layer, x, bias, rows_for(DENSE_FROM_ROWS, x.dtype))
 
     GgmlInt8LinearKernel.__name__ = GgmlInt8LinearKernel.__qualname__ = KERNEL_NAME
     return GgmlInt8LinearKernel

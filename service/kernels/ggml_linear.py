@@ -8,7 +8,7 @@ scale per 32 inputs. So they go into ggml's layout at load without a float round
 the group's scale is repeated for each of its 32-wide blocks, as fp16. ggml repacks Q4_0 for its 8x8 AVX2 / AVX-512
 GEMV. Weights with zero points (AWQ, asymmetric W4A16) become Q4_1 blocks (scale and minimum -zero*scale), which ggml
 does not repack: the op holds them as repacked Q4_0 plus an fp32 offset per block (ggml_linear.cpp). Activations are
-quantized per 32-block to int8 by ggml, as llama.cpp does. From DENSE_FROM_ROWS rows on (prefill) the op
+quantized per 32-block to int8 by ggml, as llama.cpp does. From DENSE_FROM_ROWS rows on (prefill; per activation dtype) the op
 dequantizes the blocks instead and runs torch's GEMM. Each tensor-parallel rank converts its own partition. The
 service's vLLM plugin registers the kernel in each vLLM process (vLLM's `register_linear_kernel`) when the policy
 decided it (service/policy/quant.py).
@@ -24,14 +24,22 @@ from service.kernels.int4_layer import groups_first, int4_kernel_base, to_input_
 from service.policy.quant_kernels import KERNELS
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import torch
 
 KERNEL_NAME = KERNELS["ggml-q4_0"].vllm_class
 BLOCK = 32  # inputs per ggml Q4_0 / Q4_1 block
 Q4_0, Q4_1 = 2, 3  # ggml_type values (ggml.h)
-# From this many rows (prefill) on, the weight is dequantized in chunks and multiplied by torch's GEMM instead:
-# measured on a Zen 4 (docs/quantization.md, "prefill").
-DENSE_FROM_ROWS = 128
+# From this many rows (prefill) on, the weight is dequantized in chunks and multiplied by torch's GEMM instead, per
+# activation dtype: bf16 measured on a Zen 4; fp32 (the dtype of AVX2-only CPUs, whose fp32 GEMM ran no faster than
+# ggml: level at 512 rows) on a Zen 2 (`python -m bench.ggml_prefill --dtype float32`; docs/quantization.md).
+DENSE_FROM_ROWS = {"bfloat16": 128, "float32": 512}
+
+
+def rows_for(table: Mapping[str, int], dtype: torch.dtype) -> int:
+    """The hand-over row count for activations of `dtype`; an unmeasured one (fp16) takes bf16's."""
+    return table.get(str(dtype).removeprefix("torch."), table["bfloat16"])
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
@@ -144,7 +152,7 @@ def kernel_class() -> type:
         def apply_weights(
             self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
         ) -> torch.Tensor:
-            return apply(layer, x, bias, DENSE_FROM_ROWS)
+            return apply(layer, x, bias, rows_for(DENSE_FROM_ROWS, x.dtype))
 
     GgmlLinearKernel.__name__ = GgmlLinearKernel.__qualname__ = KERNEL_NAME
     return GgmlLinearKernel

@@ -26,19 +26,26 @@ from vllm.model_executor.parameter import ModelWeightParameter
 from vllm.model_executor.utils import set_weight_attrs
 
 from service.kernels.ggml_linear import apply as ggml_apply
-from service.kernels.ggml_linear import available, load_library
+from service.kernels.ggml_linear import available, load_library, rows_for
 from service.policy.model_source import BLOCKS_METHOD as METHOD
 
 # A child of the plugin's logger, whose handler works in every vLLM process.
 log = logging.getLogger("service.vllm_plugin.gguf_blocks")
-# From this many rows on the op dequantizes chunks and runs torch's GEMM (0: never): per type, the first row count of
-# 1, 8, 16, ..., 512 where dequantize + bf16 GEMM beat ggml on a Zen 4, one thread, the bench model's shapes
-# (`python -m bench.ggml_prefill --type T --reps 10`, docs/quantization.md). ggml's time grows with every row on
-# Q5_1 (x1.23 of the GEMM's at 32 rows), more slowly on Q4_0, Q5_0, Q8_0 and Q4_1 (run as repacked Q4_0 plus
-# offsets: x0.83 at 64 rows, x1.13 at 128); its K-quant matmul stayed ahead up to 512 rows (Q4_K x0.78, Q6_K x0.87,
-# Q3_K x1.03 there).
-DENSE_FROM_ROWS = {"Q4_0": 128, "Q4_1": 128, "Q5_0": 128, "Q5_1": 32, "Q8_0": 64}
-DENSE_FROM_DEFAULT = 0  # the K-quants
+# From this many rows on the op dequantizes chunks and runs torch's GEMM (0: never): per type and activation dtype,
+# the first row count of 1, 8, 16, ..., 512 where dequantize + GEMM beat ggml, one thread, the bench model's shapes
+# (`python -m bench.ggml_prefill --type T --reps 10 [--dtype float32]`, docs/quantization.md): bf16 on a Zen 4, fp32
+# (AVX2-only CPUs' dtype) on a Zen 2. ggml's time grows with every row on Q5_1 (x1.23 of the bf16 GEMM's at 32 rows),
+# more slowly on Q4_0, Q5_0, Q8_0 and Q4_1 (run as repacked Q4_0 plus offsets: x0.83 at 64 rows, x1.13 at 128); its
+# K-quant matmul stayed ahead up to 512 rows (Q4_K x0.78, Q6_K x0.87, Q3_K x1.03 there). fp32's GEMM is slower, so
+# it wins later: Q4_0 only level at 512 rows.
+DENSE_FROM_ROWS = {
+    "Q4_0": {"bfloat16": 128, "float32": 512},
+    "Q4_1": {"bfloat16": 128, "float32": 256},
+    "Q5_0": {"bfloat16": 128, "float32": 128},
+    "Q5_1": {"bfloat16": 32, "float32": 64},
+    "Q8_0": {"bfloat16": 64, "float32": 256},
+}
+NEVER = {"bfloat16": 0}  # the K-quants
 
 
 def block_shape(type_name: str) -> tuple[int, int]:
@@ -49,8 +56,8 @@ def block_shape(type_name: str) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
-def dense_from(type_name: str) -> int:
-    return DENSE_FROM_ROWS.get(type_name, DENSE_FROM_DEFAULT)
+def dense_from(type_name: str, dtype: torch.dtype) -> int:
+    return rows_for(DENSE_FROM_ROWS.get(type_name, NEVER), dtype)
 
 
 def empty_rows(type_name: str, rows: int, k: int) -> torch.Tensor:
@@ -96,7 +103,7 @@ class GgufBlocksLinearMethod(LinearMethodBase):
         layer.weight = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return ggml_apply(layer, x, bias, dense_from(self.type_name))
+        return ggml_apply(layer, x, bias, dense_from(self.type_name, x.dtype))
 
 
 class GgufMixedBlocksLinearMethod(LinearMethodBase):
@@ -153,7 +160,7 @@ class GgufMixedBlocksLinearMethod(LinearMethodBase):
         rows = x.reshape(-1, x.shape[-1])
         out = torch.cat(
             [
-                torch.ops.service_ggml.linear(rows, handle, n, None, dense_from(type_name))
+                torch.ops.service_ggml.linear(rows, handle, n, None, dense_from(type_name, rows.dtype))
                 for (handle, n), type_name in zip(layer.ggml_parts, self.type_names)
             ],
             dim=-1,
@@ -198,7 +205,7 @@ class GgufBlocksEmbeddingMethod(QuantizeMethodBase):
         layer.weight = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return ggml_apply(layer, x, bias, dense_from(self.type_name))
+        return ggml_apply(layer, x, bias, dense_from(self.type_name, x.dtype))
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         handle, _ = layer.ggml_args

@@ -248,7 +248,7 @@ def test_the_op_computes_each_kept_type_as_its_dequantization(tensor_type, rows,
     if path == "method":  # GgufBlocksLinearMethod's hand-over for the type (0: ggml at every row count)
         from service.kernels.gguf_blocks import dense_from as method_dense_from
 
-        dense_from = method_dense_from(tensor_type)
+        dense_from = method_dense_from(tensor_type, x.dtype)
     got = torch.ops.service_ggml.linear(x, handle, n, None, dense_from)
     want = x @ exact.T
     error = ((got - want).abs().max() / want.abs().max()).item()
