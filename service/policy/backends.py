@@ -276,7 +276,8 @@ BACKENDS: dict[str, Backend] = {
             int4_kernel=KernelOrder(
                 ("ggml", "auto-round"),
                 "vLLM has no int4 kernel in its AVX2 build (_C_AVX2 lacks cpu_gemm_wna16): the service's ggml kernel "
-                "(llama.cpp's AVX2 Q4_0 GEMV), else auto-round-lib's",
+                "(llama.cpp's AVX2 Q4_0 GEMV: 49% of the read ceiling, llama.cpp 51%, on a Zen 2, python -m bench --only-peer "
+                "--peer-format q4_0, 2026-12-02), else auto-round-lib's",
             ),
             bf16_weights="on AVX2, where the service computes in fp32, linear weights that are bf16 values stay bf16 "
             "(half the bytes a decode step reads), widened to fp32 in registers by the service's kernel: its GEMV ran "
@@ -287,7 +288,8 @@ BACKENDS: dict[str, Backend] = {
                 ("ggml", "vllm"),
                 "the service's ggml kernel (llama.cpp's Q8_0 dot products) by default: vLLM's int8 kernel on AVX2 "
                 "(oneDNN, no VNNI) decoded W8A8 at 3% of the read ceiling, 768 ms per token, where llama.cpp's Q8_0 "
-                "ran at 69%, 40 ms (AMD EPYC Zen 3 guest, python -m bench --only-peer --peer-format q8_0, issue 32)",
+                "ran at 69%, 40 ms (AMD EPYC Zen 3 guest, python -m bench --only-peer --peer-format q8_0, issue 32); ggml's "
+                "decoded it at 57-59%, 59 ms, on a Zen 2 (same command, 2026-12-02; docs/bench-history.md)",
             ),
         ),
     )
