@@ -8,10 +8,10 @@ scale per 32 inputs. So they go into ggml's layout at load without a float round
 the group's scale is repeated for each of its 32-wide blocks, as fp16. ggml repacks Q4_0 for its 8x8 AVX2 / AVX-512
 GEMV. Weights with zero points (AWQ, asymmetric W4A16) become Q4_1 blocks (scale and minimum -zero*scale), which ggml
 does not repack: the op holds them as repacked Q4_0 plus an fp32 offset per block (ggml_linear.cpp). Activations are
-quantized per 32-block to int8 by ggml, as llama.cpp does. From DENSE_FROM_ROWS rows on (prefill; per activation dtype) the op
-dequantizes the blocks instead and runs torch's GEMM. Each tensor-parallel rank converts its own partition. The
-service's vLLM plugin registers the kernel in each vLLM process (vLLM's `register_linear_kernel`) when the policy
-decided it (service/policy/quant.py).
+quantized per 32-block to int8 by ggml, as llama.cpp does. From DENSE_FROM_ROWS rows on (prefill; per activation
+dtype) the op dequantizes the blocks instead and runs torch's GEMM. Each tensor-parallel rank converts its own
+partition. The service's vLLM plugin registers the kernel in each vLLM process (vLLM's `register_linear_kernel`)
+when the policy decided it (service/policy/quant.py).
 """
 
 from __future__ import annotations
