@@ -24,6 +24,14 @@ class Isa:
     amx_tile: bool = False
     amx_bf16: bool = False
     amx_int8: bool = False
+    # AVX-VNNI (VEX): not a backend's flag, but int8 dot products that accumulate in int32 as AVX-512 VNNI's do
+    avx_vnni: bool = False
+
+    @property
+    def vnni(self) -> bool:
+        """int8 dot products accumulate in int32. Without, x86 int8 GEMMs (oneDNN's) multiply through vpmaddubsw,
+        whose adjacent-pair sums saturate at int16 on full-range int8 weights."""
+        return self.avx512_vnni or self.avx_vnni or self.amx_int8
 
     @property
     def amx(self) -> bool:
@@ -182,7 +190,9 @@ def parse_cpuinfo(text: str) -> CpuInfo:
         model=model,
         flags=flags,
         microarchitecture=name,
-        isa=Isa(**{field_name: needed <= flags for field_name, needed in _ISA_FLAGS.items()}),
+        isa=Isa(
+            **{field_name: needed <= flags for field_name, needed in _ISA_FLAGS.items()}, avx_vnni="avx_vnni" in flags
+        ),
         cpus=tuple(_logical_cpu(block) for block in blocks),
         cpu_part=cpu_part,
         stepping=stepping,

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,29 +13,33 @@ NO_AVX512 = Isa(avx2=True)
 AVX512_VNNI = Isa(avx2=True, avx512=True, avx512_vnni=True)
 AVX512_BF16 = Isa(avx2=True, avx512=True, avx512_vnni=True, avx512_bf16=True)
 AMX = Isa(avx2=True, avx512=True, avx512_vnni=True, avx512_bf16=True, amx_tile=True, amx_bf16=True, amx_int8=True)
+# The same, with AVX-VNNI (Zen 5, Sapphire Rapids on, Alder Lake): Isa.vnni's other flag
+AVX2_VNNI = replace(NO_AVX512, avx_vnni=True)
+AVX512_BF16_VNNI = replace(AVX512_BF16, avx_vnni=True)
+AMX_VNNI = replace(AMX, avx_vnni=True)
 
 # fixture -> (vendor, family, model, microarchitecture, which source named it, isa, logical CPUs)
 X86 = {
     "epyc_7763_zen3": ("AuthenticAMD", 25, 1, "zen3", FROM_ARCHSPEC, NO_AVX512, 16),
     "epyc_9654_zen4": ("AuthenticAMD", 25, 17, "zen4", FROM_ARCHSPEC, AVX512_BF16, 16),
-    "epyc_9755_zen5": ("AuthenticAMD", 26, 2, "zen5", FROM_ARCHSPEC, AVX512_BF16, 16),
+    "epyc_9755_zen5": ("AuthenticAMD", 26, 2, "zen5", FROM_ARCHSPEC, AVX512_BF16_VNNI, 16),
     # KVM guest: archspec says x86_64_v4 (pku, flush_l1d, tsc_adjust, movdiri hidden)
-    "epyc_zen5_kvm": ("AuthenticAMD", 26, 2, "zen5", FROM_TABLE, AVX512_BF16, 2),
+    "epyc_zen5_kvm": ("AuthenticAMD", 26, 2, "zen5", FROM_TABLE, AVX512_BF16_VNNI, 2),
     # verbatim: a KVM guest of a Zen 4 EPYC (Genoa); archspec says x86_64_v4
     "epyc_zen4_kvm": ("AuthenticAMD", 25, 17, "zen4", FROM_TABLE, AVX512_BF16, 2),
     "xeon_8280_cascadelake": ("GenuineIntel", 6, 85, "cascadelake", FROM_ARCHSPEC, AVX512_VNNI, 16),
     "xeon_8380_icelake": ("GenuineIntel", 6, 106, "icelake", FROM_ARCHSPEC, AVX512_VNNI, 32),
-    "xeon_8480_sapphirerapids": ("GenuineIntel", 6, 143, "sapphirerapids", FROM_ARCHSPEC, AMX, 16),
+    "xeon_8480_sapphirerapids": ("GenuineIntel", 6, 143, "sapphirerapids", FROM_ARCHSPEC, AMX_VNNI, 16),
     # archspec 0.2.7 has no name for these: it says sapphirerapids
-    "xeon_8592_emeraldrapids": ("GenuineIntel", 6, 207, "emeraldrapids", FROM_BOTH, AMX, 16),
-    "xeon_6980p_graniterapids": ("GenuineIntel", 6, 173, "graniterapids", FROM_BOTH, AMX, 16),
+    "xeon_8592_emeraldrapids": ("GenuineIntel", 6, 207, "emeraldrapids", FROM_BOTH, AMX_VNNI, 16),
+    "xeon_6980p_graniterapids": ("GenuineIntel", 6, 173, "graniterapids", FROM_BOTH, AMX_VNNI, 16),
     # this build VM (KVM guest, AMX and waitpkg hidden): archspec says icelake
-    "xeon_emeraldrapids_kvm_noamx": ("GenuineIntel", 6, 207, "emeraldrapids", FROM_BOTH, AVX512_BF16, 2),
+    "xeon_emeraldrapids_kvm_noamx": ("GenuineIntel", 6, 207, "emeraldrapids", FROM_BOTH, AVX512_BF16_VNNI, 2),
     # verbatim: a KVM guest of a first-generation EPYC (Naples), AVX2 only
     "epyc_zen1_kvm_avx2": ("AuthenticAMD", 23, 1, "zen", FROM_ARCHSPEC, NO_AVX512, 2),
-    "core_i7_12700k_alderlake": ("GenuineIntel", 6, 151, "alderlake", FROM_ARCHSPEC, NO_AVX512, 20),
+    "core_i7_12700k_alderlake": ("GenuineIntel", 6, 151, "alderlake", FROM_ARCHSPEC, AVX2_VNNI, 20),
     # a guest whose model number (167, Rocket Lake) contradicts its flags (AMX): the flags win
-    "build_machine": ("GenuineIntel", 6, 167, "icelake", FROM_ARCHSPEC, AMX, 2),
+    "build_machine": ("GenuineIntel", 6, 167, "icelake", FROM_ARCHSPEC, AMX_VNNI, 2),
 }
 ARM = {
     "graviton3_neoverse_v1": ("0xd40", "neoverse_v1", 8),
@@ -154,7 +159,7 @@ def test_e_core_xeons_are_named_by_their_model_number(
     assert parse_cpuinfo(unlisted).microarchitecture == archspec_says
     info = parse_cpuinfo(_with_flags("core_i7_12700k_alderlake", add=added, drop=hidden, model=model))
     assert (info.microarchitecture, info.microarchitecture_source) == (name, FROM_BOTH)
-    assert info.isa == NO_AVX512
+    assert info.isa == AVX2_VNNI
 
 
 @pytest.mark.parametrize(
