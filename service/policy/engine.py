@@ -210,6 +210,7 @@ def build_plan(
                 software.auto_round_lib,
                 calibrated,
                 software.ggml_kernel,
+                vnni=hardware.cpu.isa.vnni,
             )
 
         dense_decided = dense(dtype)
@@ -236,7 +237,9 @@ def build_plan(
             int4 = int4_question(
                 model.quant, dtype, *_candidates(quant, _int4_options(user, entry, model.quant.method))
             )
-            w8a8 = w8a8_question(model.quant, dtype, *_candidates(quant, _w8a8_options(user, entry, environ)))
+            w8a8 = w8a8_question(
+                model.quant, dtype, *_candidates(quant, _w8a8_options(user, entry, environ, hardware.cpu.isa.vnni))
+            )
             questions += tuple(q for q in (int4, w8a8) if q is not None)
     results += [
         PolicyResult.of(record("calibration", v.decision, v.chosen, v.reason, "calibration")) for v in verdicts.values()
@@ -274,11 +277,14 @@ def _int4_options(user: frozenset[str], backend: Backend, method: str) -> list[t
 
 
 def _w8a8_options(
-    user: frozenset[str], backend: Backend, environ: Mapping[str, str]
+    user: frozenset[str], backend: Backend, environ: Mapping[str, str], vnni: bool
 ) -> list[tuple[str, dict[str, Any]]]:
     """The W8A8 settings the calibration can weigh here: vLLM's kernel (zentorch's or oneDNN's where the backend has
     both and neither the user's setting nor their VLLM_DISABLED_KERNELS chose) or the service's ggml one. Where the
-    user set int8_kernel, every option plans their kernel and they fold into one candidate."""
+    user set int8_kernel, every option plans their kernel and they fold into one candidate. Without VNNI vLLM's
+    oneDNN kernel saturates (quant_kernels.SATURATES_WITHOUT_VNNI): its speed is not weighed against an exact one."""
+    if not vnni:
+        return [("ggml", {"int8_kernel": "ggml"})]
     vllm: list[tuple[str, dict[str, Any]]] = [("vllm", {"int8_kernel": "vllm"})]
     if backend.w8a8_zentorch and "w8a8_zentorch" not in user and "VLLM_DISABLED_KERNELS" not in environ:
         vllm = [

@@ -21,9 +21,11 @@ from service.policy.quant_kernels import (
     CONDITIONS,
     FALLBACK_WARNINGS,
     HANDOVERS,
+    INT8_HANDOVER,
     KERNELS,
     KERNELS_ENV,
     OURS,
+    SATURATES_WITHOUT_VNNI,
     Handover,
     Layer,
     Rule,
@@ -157,6 +159,7 @@ def _our_kernel(
     installed: Mapping[str, str | None],
     calibrated: Mapping[str, Any],
     misfit: Callable[[str], str | None],
+    vnni: bool,
 ) -> KernelChoice:
     setting = handover.setting
     if setting not in user and setting in calibrated:
@@ -176,7 +179,11 @@ def _our_kernel(
     default = getattr(backend, setting)
     measured = cite(backend.name, handover.measured_as, default.measured)
     why = default.why + (f" -- {measured}" if default.measured else "")
-    for kernel in default.kernels:
+    order = default.kernels
+    if handover is INT8_HANDOVER and not vnni and order[0] == "vllm":
+        order = (*(k for k in (*order, *handover.ours) if k != "vllm"), "vllm")
+        why += "; but the service's first on this CPU, whose int8 dot products saturate in vLLM's (no VNNI)"
+    for kernel in order:
         if kernel == "vllm":
             return KernelChoice(handover, "vllm", why, "policy")
         if not installed.get(kernel):
@@ -266,6 +273,8 @@ def plan_quant(
     auto_round_lib: str | None = None,  # the installed auto-round-lib's version (the service's int4 kernel)
     calibrated: Mapping[str, Any] | None = None,  # settings the calibration chose on this machine (policy/calibration)
     ggml_kernel: str | None = None,  # what the service's ggml kernel was built from, if it is built
+    *,
+    vnni: bool,  # the CPU's int8 dot products accumulate in int32 (Isa.vnni)
 ) -> PolicyResult:
     if facts is None or backend is None:
         return PolicyResult()
@@ -292,7 +301,9 @@ def plan_quant(
         ]
         return ", ".join(out) or None
 
-    choice = _our_kernel(handover, backend, settings, user, installed, calibrated or {}, misfit) if handover else None
+    choice = (
+        _our_kernel(handover, backend, settings, user, installed, calibrated or {}, misfit, vnni) if handover else None
+    )
     if choice and choice.error:
         return PolicyResult.of(fmt, errors=[f"quantized model ({describe(facts)}): {choice.error}"])
     rules = choice.handover.ours[choice.kernel] if choice and choice.ours else backend.quant.get(facts.key)
@@ -344,7 +355,9 @@ def plan_quant(
             text += f" ({'; '.join(why_not[kernel])})"
         reasons.append(text)
     measured = w8a8.favour or _measurement_note(facts.key, backend.name, tuple(chosen))
+    saturates = [] if vnni else [SATURATES_WITHOUT_VNNI[k] for k in chosen if k in SATURATES_WITHOUT_VNNI]
     notes = [
+        *saturates,
         *([choice.why] if choice else []),
         f"activations {dtype}",
         *([measured] if measured else []),
@@ -356,7 +369,7 @@ def plan_quant(
     calibrated_here = calibrated_here or (choice is not None and choice.source == "calibration")
     source: Source = "user" if by_user else "calibration" if calibrated_here else "policy"
     kernel_decision = record("quant", "linear_kernel", "+".join(chosen), "; ".join(reasons + notes), source)
-    warnings = [FALLBACK_WARNINGS[k] for k in chosen if k in FALLBACK_WARNINGS]
+    warnings = [FALLBACK_WARNINGS[k] for k in chosen if k in FALLBACK_WARNINGS] + saturates
     return PolicyResult.of(*knobs, kernel_decision, warnings=warnings)
 
 

@@ -267,6 +267,18 @@ FP8_AMX = (Rule((), "amx-fp8"),)
 FP8_TORCH = (Rule((), "torch-fp8"),)
 
 
+# Kernels whose answers are off on a CPU whose int8 dot products do not accumulate in int32 (Isa.vnni): a warning
+# where one runs, and the policy's defaults and the calibration pass them over. Measured (docs/quantization.md): on
+# full-range random int8 weights onednn_scaled_mm was up to 16% off an exact int32 product with oneDNN held to AVX2 or
+# AVX-512 without VNNI, and exact with weights in [-63, 63] or with VNNI; the default model's W8A8 copy on an AMD EPYC
+# Zen 2 guest (docs/quality.md).
+SATURATES_WITHOUT_VNNI: dict[str, str] = {
+    "onednn-w8a8": "vLLM's oneDNN int8 GEMM on a CPU without VNNI (AVX-512 VNNI, AVX-VNNI or AMX int8) multiplies "
+    "through vpmaddubsw, whose pair sums saturate at int16 on full-range int8 weights: its answers are off (the "
+    "default model's W8A8 copy: perplexity x1.041 of an exact int8 reference, chosen-token logprobs 0.39 nat off on "
+    "average, on an AMD EPYC Zen 2); the service's ggml kernel (int8_kernel=ggml) computes int8 exactly here",
+}
+
 # Kernels that run but are a fallback the user should know about (a warning, not a refusal).
 FALLBACK_WARNINGS: dict[str, str] = {
     "torch-fp8": "fp8 checkpoint without AMX: vLLM 0.32 has no optimised fp8 CPU kernel here and falls back to "

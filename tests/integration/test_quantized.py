@@ -19,6 +19,7 @@ import pytest
 from harness.quant_quality import QUALITY_TOKENS, greedy_with, prompt_ids, score
 from harness.quantized_models import dequantized_state, quantized_demo
 from service.demo_model import ensure_demo_model
+from service.facts.cpu import read_cpuinfo
 from service.facts.model import inspect_model
 from service.facts.software import read_software
 from service.policy.backends import BACKENDS
@@ -172,6 +173,7 @@ def test_the_engine_runs_the_kernel_the_policy_names_for_the_live_backend(quanti
         {},
         auto_round_lib=read_software().auto_round_lib,
         ggml_kernel=read_software().ggml_kernel,
+        vnni=read_cpuinfo().isa.vnni,
     )
     kernel = expected.find("quant.linear_kernel").value
     assert decided["quant.linear_kernel"]["value"] == kernel

@@ -120,6 +120,8 @@ def test_no_question_where_there_is_no_choice_or_the_user_made_it(tmp_path):
     assert plan_for(W4A16, AVX512, tmp_path, auto_round_lib=None).questions == ()  # vLLM's alone
     assert plan_for(W4A16, ZEN, tmp_path, int4_kernel="vllm").questions == ()
     assert plan_for(W8A8_DYNAMIC, AVX512, tmp_path).questions == ()  # oneDNN's int8 kernel alone
+    # Without VNNI oneDNN's int8 kernel saturates: ggml's exact one is not weighed against it
+    assert plan_for(W8A8_DYNAMIC, AVX2, tmp_path, ggml_kernel="ggml 0.3.36").questions == ()
     assert plan_for(W8A8_DYNAMIC, ZEN, tmp_path, w8a8_zentorch=True).questions == ()
     (q,) = plan_for(W4A16, ZEN, tmp_path, int4_w4a8=False).questions  # the user's w4a8 choice stays
     assert {c.name for c in q.candidates} == {"vllm", "auto-round"}
@@ -287,8 +289,8 @@ def test_zen_w8a8_asks_zentorch_or_onednn_and_a_verdict_sets_the_kernel(tmp_path
 
 def test_w8a8_weighs_the_services_ggml_kernel_where_it_is_built(tmp_path):
     built = "ggml from llama-cpp-python 0.3.36"
-    (q,) = plan_for(W8A8_DYNAMIC, AVX2, tmp_path, ggml_kernel=built).questions
-    assert (q.decision, q.default) == ("w8a8_kernel", "ggml")
+    (q,) = plan_for(W8A8_DYNAMIC, AVX512, tmp_path, ggml_kernel=built).questions
+    assert (q.decision, q.default) == ("w8a8_kernel", "vllm")
     assert {c.name: c.kernel for c in q.candidates} == {"vllm": "onednn-w8a8", "ggml": "ggml-q8_0"}
     ggml = next(c for c in q.candidates if c.name == "ggml")
     assert ggml.env["SERVICE_LINEAR_KERNELS"] == "GgmlInt8LinearKernel"
@@ -301,7 +303,7 @@ def test_w8a8_weighs_the_services_ggml_kernel_where_it_is_built(tmp_path):
     assert p.env["SERVICE_LINEAR_KERNELS"] == "GgmlInt8LinearKernel"
     (theirs,) = plan_for(W8A8_DYNAMIC, ZEN, tmp_path, ggml_kernel=built, int8_kernel="vllm").questions
     assert {c.name for c in theirs.candidates} == {"zentorch", "onednn"}
-    assert plan_for(W8A8_DYNAMIC, AVX2, tmp_path, ggml_kernel=built, int8_kernel="ggml").questions == ()
+    assert plan_for(W8A8_DYNAMIC, AVX512, tmp_path, ggml_kernel=built, int8_kernel="ggml").questions == ()
 
 
 def test_a_backend_switch_must_win_by_more_than_a_resolved_margin():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -14,7 +15,7 @@ from service.policy.quant import plan_quant
 from service.policy.quant_kernels import KERNELS
 from service.policy.quant_measurements import find
 from service.settings import Settings, load_settings
-from tests.unit.conftest import MODELS, software
+from tests.unit.conftest import CPUINFO, MODELS, software
 from tests.unit.test_policy_engine import decision, hw, plan
 
 ZEN, AMX, AVX512, AVX2 = (
@@ -356,7 +357,7 @@ def test_unquantized_model_has_no_quant_decisions():
 
 
 def test_plan_quant_without_facts_is_empty():
-    assert plan_quant(None, BACKENDS["zen"], "bfloat16", Settings(), {}).decisions == ()
+    assert plan_quant(None, BACKENDS["zen"], "bfloat16", Settings(), {}, vnni=True).decisions == ()
 
 
 def test_a_measured_backend_is_cited_with_its_numbers_and_an_unmeasured_one_says_so():
@@ -471,6 +472,7 @@ def test_w8a8_without_the_ggml_build_runs_vllms_int8_kernel_and_says_why(tmp_pat
     p = quant_plan(W8A8_DYNAMIC, AVX2, tmp_path)
     assert kernel(p) == "onednn-w8a8"
     assert "the service's ggml kernel (make kernels) is not installed" in decision(p, "quant.linear_kernel").reason
+    assert any("saturate" in w for w in p.warnings), p.warnings  # a Zen 3 has no VNNI
     asked = quant_plan(W8A8_DYNAMIC, ZEN, tmp_path, int8_kernel="ggml")
     assert any("int8_kernel=ggml" in e and "make kernels" in e for e in asked.errors), asked.errors
     vllm = quant_plan(W8A8_DYNAMIC, AVX2, tmp_path, ggml_kernel=GGML, int8_kernel="vllm")
@@ -487,3 +489,39 @@ def test_w8a8_layers_ggml_cannot_hold_run_vllms_kernel(tmp_path):
 def test_the_int8_kernel_setting_leaves_int4_models_alone(tmp_path):
     p = quant_plan(W4A16, AVX2, tmp_path, ggml_kernel=GGML, int8_kernel="vllm")
     assert kernel(p) == "ggml-q4_0"
+
+
+def without_vnni(name: str, tmp_path) -> str:
+    """A recorded cpuinfo with its VNNI flags taken out, as a guest that hides them (or a Skylake-SP) shows it."""
+    text = (CPUINFO / name).read_text()
+    for flag in ("avx512_vnni", "avx_vnni", "amx_int8"):
+        text = re.sub(rf" {flag}\b", "", text)
+    path = tmp_path / f"novnni-{name}"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("cpu", [AVX2, "epyc_zen1_kvm_avx2.txt", AVX512, "xeon_8280_cascadelake.txt"])
+def test_vllms_onednn_int8_kernel_warns_where_int8_dot_products_saturate(tmp_path, cpu):
+    """Without VNNI oneDNN's int8 GEMM multiplies through vpmaddubsw, whose int16 pair sums saturate on full-range
+    weights (measured on a Zen 2: SATURATES_WITHOUT_VNNI). Where it is asked for, it runs with a warning; it is no
+    default there while ggml's exact kernel is installed. A CPU with VNNI runs it silently, as before."""
+    names = [cpu] if not hw(cpu).cpu.isa.vnni else [cpu, without_vnni(cpu, tmp_path)]
+    for name in names:
+        vnni = hw(name).cpu.isa.vnni
+        asked = quant_plan(W8A8_DYNAMIC, name, tmp_path, ggml_kernel=GGML, int8_kernel="vllm")
+        assert kernel(asked) == "onednn-w8a8"
+        warned = [w for w in asked.warnings if "vpmaddubsw" in w]
+        assert len(warned) == (0 if vnni else 1), asked.warnings
+        assert all(w in decision(asked, "quant.linear_kernel").reason for w in warned)
+        default = quant_plan(W8A8_DYNAMIC, name, tmp_path, ggml_kernel=GGML)
+        assert kernel(default) == ("onednn-w8a8" if vnni and hw(name).cpu.isa.avx512 else "ggml-q8_0")
+        assert not [w for w in default.warnings if "vpmaddubsw" in w]
+        if hw(name).cpu.isa.avx512 and not vnni:  # AVX-512's default is vLLM's, passed over here
+            assert "whose int8 dot products saturate" in decision(default, "quant.linear_kernel").reason
+
+
+def test_the_alder_lake_avx_vnni_counts_as_vnni():
+    isa = hw("core_i7_12700k_alderlake.txt").cpu.isa
+    assert isa.vnni and isa.avx_vnni and not isa.avx512_vnni
+    assert not hw(AVX2).cpu.isa.vnni and hw(AVX512).cpu.isa.vnni
