@@ -373,8 +373,14 @@ def plan_quant(
     return PolicyResult.of(*knobs, kernel_decision, warnings=warnings)
 
 
+# The bench's copies (bench/quant_kernels.py builds W8A8 and W4A16) per format key. A GPTQ or AWQ int4 checkpoint is
+# repacked at load into the layout its kernel also takes a W4A16 copy in, so the kernel's W4A16 figures are its own.
+MEASURED_AS = {"w8a8": "w8a8", "w4a16": "w4a16", "gptq-w4a16": "w4a16", "awq-w4a16": "w4a16"}
+
+
 def _measurement_note(key: str, backend: str, kernels: tuple[str, ...]) -> str:
-    fmt = {"w8a8": "w8a8", "w4a16": "w4a16"}.get(key)
+    fmt = MEASURED_AS.get(key)
     if fmt is None:
         return f"{key} not measured (bench/quant_kernels.py builds W8A8 and W4A16 only)"
-    return cite(backend, fmt, (*kernels, "bf16"))
+    note = cite(backend, fmt, (*kernels, "bf16"))
+    return note if fmt == key else f"the same kernels on a {fmt.upper()} copy: {note}"

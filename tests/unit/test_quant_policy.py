@@ -525,3 +525,11 @@ def test_the_alder_lake_avx_vnni_counts_as_vnni():
     isa = hw("core_i7_12700k_alderlake.txt").cpu.isa
     assert isa.vnni and isa.avx_vnni and not isa.avx512_vnni
     assert not hw(AVX2).cpu.isa.vnni and hw(AVX512).cpu.isa.vnni
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_a_gptq_or_awq_kernel_cites_its_w4a16_measurement(tmp_path, method):
+    """Their int4 layers are repacked into the layout the kernel takes a W4A16 copy in: its figures are theirs."""
+    reason = decision(quant_plan(int4_config(method), AMX, tmp_path), "quant.linear_kernel").reason
+    assert "the same kernels on a W4A16 copy: measured on" in reason and "amx-w4a8: decode" in reason, reason
+    assert "not measured" not in reason
