@@ -60,7 +60,6 @@ def main() -> None:
     blocks = blocks_of(rng.standard_normal((args.vocab, args.hidden), dtype=np.float32) * 0.02, args.type, rng)
     handle = torch.ops.service_ggml.load(torch.from_numpy(blocks), kind.value, args.hidden, args.vocab, args.threads)
     values = torch.from_numpy(dequantize(blocks, kind).reshape(args.vocab, args.hidden))
-    dense_from = gguf_blocks.dense_from(args.type)
     flush = torch.empty(1 << 30, dtype=torch.uint8) if args.cold else None
     between = (lambda: flush.fill_(1)) if flush is not None else None
     state = "caches evicted between calls" if args.cold else "warm caches"
@@ -70,10 +69,13 @@ def main() -> None:
     )
     for dtype in (torch.bfloat16, torch.float32):
         weight = values.to(dtype).contiguous()
+        dense_from = gguf_blocks.dense_from(args.type, dtype)
         for rows in ROWS:
             x = torch.randn(rows, args.hidden, dtype=dtype)
             ggml = median_ms(
-                lambda x=x: torch.ops.service_ggml.linear(x, handle, args.vocab, None, dense_from), args.reps, between
+                lambda x=x, d=dense_from: torch.ops.service_ggml.linear(x, handle, args.vocab, None, d),
+                args.reps,
+                between,
             )
             dense = median_ms(lambda x=x, w=weight: torch.nn.functional.linear(x, w), args.reps, between)
             print(
