@@ -33,6 +33,8 @@ TREE = REPO / ".cache" / "bench-src" / f"llama_cpp_python-{LLAMA_CPP_VERSION}" /
 SERVED = "bench-llama"
 CTX_PER_SLOT = 512  # prompt + answer of every workload here, with room
 REPACK_OFF = {"LLAMA_ARG_REPACK": "0"}  # llama-server's --no-repack
+# Exit codes of a llama-server killed while it loads with repacking on, and what start_llama calls them
+LOAD_CRASHES = {-signal.SIGILL: "SIGILL (an illegal instruction)", -signal.SIGSEGV: "SIGSEGV (a protection fault)"}
 
 # format -> (the service's model: None = the bf16 bench model, GGUF = llama.cpp's own file, else
 #            harness/quantized_models.py's scheme; llama.cpp's GGUF type). Q8_0: int8 blocks of 32 with an fp16
@@ -205,21 +207,23 @@ def llama_server(
 def start_llama(
     ctx: Context, peer: dict[str, Any], gguf: Path, cpus: list[int], slots: int, log_path: Path
 ) -> ServerProcess:
-    """llama-server, started. One that dies of SIGILL while it loads with its weight repacking on (on an Intel guest
-    with AMX its AMX kernel's `tilezero` did) is started again with repacking off (LLAMA_ARG_REPACK=0, which keeps it
-    off those kernels and off its repacked AVX-512 layouts too), as is every later llama-server of the run: a fallback
-    the table names. A user's own LLAMA_ARG_REPACK is left as it is."""
+    """llama-server, started. One that dies of SIGILL or SIGSEGV while it loads with its weight repacking on (on Intel
+    guests with AMX its AMX kernel did: `tilezero` raised SIGILL on one, a general protection fault in libggml-cpu on
+    another) is started again with repacking off (LLAMA_ARG_REPACK=0, which keeps it off those kernels and off its
+    repacked AVX-512 layouts too), as is every later llama-server of the run: a fallback the table names. A user's own
+    LLAMA_ARG_REPACK is left as it is."""
     off = peer.get("repack_off")
     server = llama_server(gguf, cpus, slots, log_path, REPACK_OFF if off else None)
     try:
         return start(server, ctx)
     except RuntimeError:
-        if off or "LLAMA_ARG_REPACK" in os.environ or server.proc is None or server.proc.returncode != -signal.SIGILL:
+        code = server.proc.returncode if server.proc is not None else None
+        if off or "LLAMA_ARG_REPACK" in os.environ or code not in LOAD_CRASHES:
             raise
     peer["repack_off"] = (
-        f"llama-server died of SIGILL (an illegal instruction) loading {gguf.name} with its weight repacking on, so "
-        "it and every llama-server after it in this run ran with repacking off (LLAMA_ARG_REPACK=0): off its "
-        "repacked (AVX-512, AMX) kernels, which flatters ours"
+        f"llama-server died of {LOAD_CRASHES[code]} loading {gguf.name} with its weight repacking on, so it and every "
+        "llama-server after it in this run ran with repacking off (LLAMA_ARG_REPACK=0): off its repacked (AVX-512, "
+        "AMX) kernels, which flatters ours"
     )
     log(f"peer: {peer['repack_off']}")
     return start(llama_server(gguf, cpus, slots, log_path, REPACK_OFF), ctx)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -118,8 +119,8 @@ def test_llama_cpp_reads_the_token_table_whole_only_where_it_is_the_output_head(
 
 FAKE_LLAMA_SERVER = """#!{python}
 import http.server, os, signal, sys
-if os.environ.get("LLAMA_ARG_REPACK") != "0":  # as llama.cpp's AMX kernel did on a guest, while loading
-    os.kill(os.getpid(), signal.SIGILL)
+if os.environ.get("LLAMA_ARG_REPACK") != "0":  # as llama.cpp's AMX kernel did on guests, while loading
+    os.kill(os.getpid(), signal.{signal})
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200)
@@ -129,15 +130,16 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])
 """
 
 
-def test_a_llama_server_that_dies_of_sigill_while_loading_runs_with_repacking_off_and_the_table_says_so(
-    tmp_path, monkeypatch
+@pytest.mark.parametrize("crash", ["SIGILL", "SIGSEGV"])
+def test_a_llama_server_that_crashes_while_loading_runs_with_repacking_off_and_the_table_says_so(
+    tmp_path, monkeypatch, crash
 ):
     import sys
     from types import SimpleNamespace
 
     fake = tmp_path / "bin" / "llama-server"
     fake.parent.mkdir()
-    fake.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable))
+    fake.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable, signal=crash))
     fake.chmod(0o755)
     monkeypatch.setattr(peer, "BIN", fake.parent)
     monkeypatch.delenv("LLAMA_ARG_REPACK", raising=False)
@@ -146,13 +148,13 @@ def test_a_llama_server_that_dies_of_sigill_while_loading_runs_with_repacking_of
     for server in servers:
         assert server.env["LLAMA_ARG_REPACK"] == "0" and server.proc.poll() is None
         server.close()
-    assert "SIGILL" in state["repack_off"] and "m.gguf" in state["repack_off"]
+    assert crash in state["repack_off"] and "m.gguf" in state["repack_off"]
     assert len(ctx.startup_s["llama.cpp"]) == 2  # the second started with repacking off at once
     results = {"peer": {"repack_off": state["repack_off"], "runs": []}, "options": {}}
     assert "LLAMA_ARG_REPACK=0" in "\n".join(peer.section(results, [], []))
     # A user's own setting is left as it is: the crash is the bench's error then.
     monkeypatch.setenv("LLAMA_ARG_REPACK", "1")
-    with pytest.raises(RuntimeError, match="exited with -4"):
+    with pytest.raises(RuntimeError, match=f"exited with -{int(getattr(signal, crash))}"):
         peer.start_llama(ctx, {}, tmp_path / "m.gguf", [0], 1, tmp_path / "user.log")
 
 
