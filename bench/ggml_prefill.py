@@ -7,8 +7,8 @@ int8 one) or a GGUF block type the service keeps (Q4_1, Q5_0, Q5_1, Q2_K-Q6_K: G
 
 Why: ggml's matmul reads the weights once per call, which wins at decode (few rows); torch's bf16 GEMM computes
 faster per row once enough rows share the weights' reads, even after dequantizing the blocks per call. The
-crossover is DENSE_FROM_ROWS of service/kernels/ggml_linear.py (Q4_0), ggml_int8.py (Q8_0) and gguf_blocks.py (per
-GGUF type). `--dtype` is the engine's activation dtype: fp32 where the dtype policy picks it (AVX2-only CPUs),
+crossover is the table the policy plans per backend and activation dtype (service/policy/ggml_handover.py); the tool
+says what it plans for this machine. `--dtype` is the engine's activation dtype: fp32 where the dtype policy picks it (AVX2-only CPUs),
 whose GEMM is not bf16's. One process, `--threads` torch threads, one weight slice per thread as the engine loads
 them, random values and scales (the kernel's speed does not depend on them; K-quants get random blocks,
 harness/ggml_blocks.py); each row count runs both paths in turn and prints ms per pass over the 4 shapes and their
@@ -33,13 +33,24 @@ def ms_per_call(run: Callable[[], object], reps: int) -> float:
     return (time.perf_counter() - start) / reps * 1e3
 
 
+def planned_rows(type_name: str, dtype: str) -> tuple[int, str]:
+    """The row count the policy plans for this machine's backend (as the engine's report says it), and the backend."""
+    from service.facts.cpu import read_cpuinfo
+    from service.facts.software import read_software
+    from service.policy.backend import choose_backend
+
+    entry = choose_backend(read_cpuinfo(), read_software()).entry
+    if entry is None:
+        raise SystemExit("no backend runs on this machine")
+    return (entry.handover.get(dtype) or entry.handover["bfloat16"]).row(type_name), entry.name
+
+
 def main() -> None:
     import numpy as np
     import torch
     from gguf import GGMLQuantizationType
 
     from harness.ggml_blocks import blocks_of
-    from service.kernels import ggml_int8, ggml_linear, gguf_blocks
     from service.kernels.ggml_int8 import Q8_0, q8_0_blocks
     from service.kernels.ggml_linear import Q4_0, load_library, q4_0_blocks
     from service.policy.model_source import BLOCK_TYPES
@@ -67,13 +78,10 @@ def main() -> None:
             blocks = torch.from_numpy(blocks_of(values, args.type, rng))
             kind = GGMLQuantizationType[args.type].value
         weights.append((ops.load(blocks, kind, k, n, args.threads), n, k))
-    if args.type in ("q4_0", "q8_0"):
-        table = (ggml_linear if args.type == "q4_0" else ggml_int8).DENSE_FROM_ROWS
-        dense_from = ggml_linear.rows_for(table, dtype)
-    else:
-        dense_from = gguf_blocks.dense_from(args.type, dtype)
+    dense_from, backend = planned_rows(args.type.upper(), args.dtype)
     print(
-        f"{args.type}, {args.dtype} activations, threads {args.threads}; the service hands over from {dense_from} rows"
+        f"{args.type}, {args.dtype} activations, threads {args.threads}; the service hands over from {dense_from} rows "
+        f"on this machine's backend, {backend} (0: never)"
     )
     for rows in ROWS:
         xs = [torch.randn(rows, k, dtype=dtype) for _, _, k in weights]

@@ -40,8 +40,8 @@ def main() -> None:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
+    from bench.ggml_prefill import planned_rows
     from harness.ggml_blocks import blocks_of
-    from service.kernels import gguf_blocks
     from service.kernels.ggml_linear import load_library
     from service.policy.model_source import BLOCK_TYPES
 
@@ -69,7 +69,7 @@ def main() -> None:
     )
     for dtype in (torch.bfloat16, torch.float32):
         weight = values.to(dtype).contiguous()
-        dense_from = gguf_blocks.dense_from(args.type, dtype)
+        dense_from, _ = planned_rows(args.type, str(dtype).removeprefix("torch."))
         for rows in ROWS:
             x = torch.randn(rows, args.hidden, dtype=dtype)
             ggml = median_ms(

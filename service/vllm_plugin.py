@@ -5,10 +5,11 @@ process does.
 - `every_process` (group `vllm.general_plugins`): vLLM runs it once in each process it starts (API server,
   engine core, workers). It asks Linux for the AMX tile state where decided (service/amx_state.py), applies the
   torch patch as decided at startup, leaves base-model tokens out of vLLM's CPU LoRA ops where adapters are
-  served (service/lora_rows.py), registers the service's linear kernels
-  the policy chose (vLLM's `register_linear_kernel`), ends the engine's processes with the process that started
-  them (service/parent_watch.py), leaves its heap out of the interpreter's collection at exit (service/exit_gc.py),
-  and logs one line saying which platform that process runs and what became of the patch and the kernels.
+  served (service/lora_rows.py), registers the service's linear kernels the policy chose (vLLM's
+  `register_linear_kernel`), ends the engine's processes with the process that started them
+  (service/parent_watch.py), leaves its heap out of the interpreter's collection at exit (service/exit_gc.py), and
+  logs one line saying which platform that process runs, what became of the patch and the kernels, and where their
+  ggml op hands batches to the GEMM.
 
 Both only carry out decisions the startup hook put in the environment (service/startup.py `apply`); without
 them (vLLM used without the service) they leave vLLM to decide as usual.
@@ -25,6 +26,7 @@ import os
 from service.amx_state import request_amx_state
 from service.exit_gc import skip_exit_collection
 from service.kernels import register_kernels
+from service.kernels.ggml_linear import planned_handover
 from service.lora_rows import apply_lora_rows_fix
 from service.parent_watch import watch_parent
 from service.patches import PATCH_ENV, apply_fxgraph_pickle_patch
@@ -84,6 +86,7 @@ def every_process() -> None:
         "fxgraph_patch": patch.status.value,
         "fxgraph_patch_reason": patch.reason,
         "linear_kernels": kernels,
+        "ggml_handover": planned_handover(),
         "lora_rows_fix": lora_rows,
         "amx_tile_state": amx,
         "watched_parent": parent,

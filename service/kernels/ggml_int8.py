@@ -17,10 +17,11 @@ from service.kernels.ggml_linear import (
     BLOCK,
     apply,
     available,
+    dense_from,
     fp16_bytes,
     hand_to_vllm,
+    handover,
     load_library,
-    rows_for,
 )
 from service.policy.quant_kernels import KERNELS
 
@@ -29,11 +30,6 @@ if TYPE_CHECKING:
 
 KERNEL_NAME = KERNELS["ggml-q8_0"].vllm_class
 Q8_0 = 8  # ggml_type (ggml.h)
-# From this many rows on, the weight is dequantized in chunks and multiplied by torch's GEMM instead, per activation
-# dtype: the first row count where that won, bf16 on both 1 and 2 threads on a Zen 4, fp32 on one thread on a Zen 2
-# (`python -m bench.ggml_prefill --type q8_0 [--dtype float32]`, docs/quantization.md). Q8_0 dequantizes faster than
-# Q4_0, so it hands over earlier than the int4 kernel.
-DENSE_FROM_ROWS = {"bfloat16": 64, "float32": 256}
 
 
 def q8_0_blocks(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -78,6 +74,7 @@ def kernel_class() -> type:
                     scale = convert_to_channelwise(scale.data, layer.logical_widths)
                 blocks = q8_0_blocks(weight.data, scale.data.float())
             layer.ggml_args = (torch.ops.service_ggml.load(blocks, Q8_0, k, n, torch.get_num_threads()), n)
+            layer.ggml_handover = handover("Q8_0")
             # The blocks live in ggml's buffer now; the checkpoint's tensors are dropped.
             for name in (w_q, w_s, *inputs):
                 if getattr(layer, name, None) is not None:
@@ -86,7 +83,7 @@ def kernel_class() -> type:
         def apply_weights(
             self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
         ) -> torch.Tensor:
-            return apply(layer, x, bias, rows_for(DENSE_FROM_ROWS, x.dtype))
+            return apply(layer, x, bias, dense_from(layer.ggml_handover, x.dtype))
 
     GgmlInt8LinearKernel.__name__ = GgmlInt8LinearKernel.__qualname__ = KERNEL_NAME
     return GgmlInt8LinearKernel

@@ -8,8 +8,9 @@ scale per 32 inputs. So they go into ggml's layout at load without a float round
 the group's scale is repeated for each of its 32-wide blocks, as fp16. ggml repacks Q4_0 for its 8x8 AVX2 / AVX-512
 GEMV. Weights with zero points (AWQ, asymmetric W4A16) become Q4_1 blocks (scale and minimum -zero*scale), which ggml
 does not repack: the op holds them as repacked Q4_0 plus an fp32 offset per block (ggml_linear.cpp). Activations are
-quantized per 32-block to int8 by ggml, as llama.cpp does. From DENSE_FROM_ROWS rows on (prefill; per activation
-dtype) the op dequantizes the blocks instead and runs torch's GEMM. Each tensor-parallel rank converts its own
+quantized per 32-block to int8 by ggml, as llama.cpp does. From the row count the policy planned for the block type
+and activation dtype on (prefill; `handover`) the op dequantizes the blocks instead and runs torch's GEMM. Each
+tensor-parallel rank converts its own
 partition. The service's vLLM plugin registers the kernel in each vLLM process (vLLM's `register_linear_kernel`)
 when the policy decided it (service/policy/quant.py).
 """
@@ -17,10 +18,12 @@ when the policy decided it (service/policy/quant.py).
 from __future__ import annotations
 
 import functools
+import os
 from typing import TYPE_CHECKING
 
 from service.facts.software import GGML_KERNEL_LIBRARY, ggml_kernel_built
 from service.kernels.int4_layer import groups_first, int4_kernel_base, to_input_packed
+from service.policy.ggml_handover import BF16_ZEN4, FP32_ZEN2, HANDOVER_ENV, parse_handover
 from service.policy.quant_kernels import KERNELS
 
 if TYPE_CHECKING:
@@ -31,15 +34,31 @@ if TYPE_CHECKING:
 KERNEL_NAME = KERNELS["ggml-q4_0"].vllm_class
 BLOCK = 32  # inputs per ggml Q4_0 / Q4_1 block
 Q4_0, Q4_1 = 2, 3  # ggml_type values (ggml.h)
-# From this many rows (prefill) on, the weight is dequantized in chunks and multiplied by torch's GEMM instead, per
-# activation dtype: bf16 measured on a Zen 4; fp32 (the dtype of AVX2-only CPUs, whose fp32 GEMM ran no faster than
-# ggml: level at 512 rows) on a Zen 2 (`python -m bench.ggml_prefill --dtype float32`; docs/quantization.md).
-DENSE_FROM_ROWS = {"bfloat16": 128, "float32": 512}
+# Outside an engine the policy planned (the bench's tools, tests): the tables of the first machines measured.
+UNPLANNED = {"bfloat16": dict(BF16_ZEN4.rows), "float32": dict(FP32_ZEN2.rows)}
 
 
-def rows_for(table: Mapping[str, int], dtype: torch.dtype) -> int:
-    """The hand-over row count for activations of `dtype`; an unmeasured one (fp16) takes bf16's."""
-    return table.get(str(dtype).removeprefix("torch."), table["bfloat16"])
+@functools.cache
+def _tables(value: str) -> dict[str, dict[str, int]]:
+    return parse_handover(value) if value else UNPLANNED
+
+
+def planned_handover() -> dict[str, dict[str, int]] | None:
+    """The tables this process's kernels read (HANDOVER_ENV), or None outside a planned engine."""
+    value = os.environ.get(HANDOVER_ENV, "")
+    return _tables(value) if value else None
+
+
+def handover(type_name: str) -> dict[str, int]:
+    """Activation dtype -> the row count from which the op hands `type_name` blocks to torch's GEMM (0: never), as
+    the policy planned it for this engine (HANDOVER_ENV). Read when a layer loads: the apply path, which
+    torch.compile traces, only looks it up (`dense_from`)."""
+    return {dtype: rows.get(type_name, 0) for dtype, rows in _tables(os.environ.get(HANDOVER_ENV, "")).items()}
+
+
+def dense_from(rows: Mapping[str, int], dtype: torch.dtype) -> int:
+    """A layer's hand-over row count for activations of `dtype`; fp16 (unmeasured) takes bf16's."""
+    return rows.get(str(dtype).removeprefix("torch."), rows["bfloat16"])
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
@@ -144,6 +163,7 @@ def kernel_class() -> type:
                 blocks, ggml_type = blocks_of(getattr(layer, self.w_q_name), getattr(layer, self.w_s_name), zp)
             parts = torch.get_num_threads()  # one slice per thread of this worker's pool
             layer.ggml_args = (torch.ops.service_ggml.load(blocks, ggml_type, k, n, parts), n)
+            layer.ggml_handover = handover("Q4_0" if ggml_type == Q4_0 else "Q4_1")
             # The blocks live in ggml's buffer now; the checkpoint's tensors are dropped.
             for name in (self.w_q_name, self.w_s_name, self.w_zp_name):
                 if name and getattr(layer, name, None) is not None:
@@ -152,7 +172,7 @@ def kernel_class() -> type:
         def apply_weights(
             self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
         ) -> torch.Tensor:
-            return apply(layer, x, bias, rows_for(DENSE_FROM_ROWS, x.dtype))
+            return apply(layer, x, bias, dense_from(layer.ggml_handover, x.dtype))
 
     GgmlLinearKernel.__name__ = GgmlLinearKernel.__qualname__ = KERNEL_NAME
     return GgmlLinearKernel

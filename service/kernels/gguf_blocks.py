@@ -26,26 +26,11 @@ from vllm.model_executor.parameter import ModelWeightParameter
 from vllm.model_executor.utils import set_weight_attrs
 
 from service.kernels.ggml_linear import apply as ggml_apply
-from service.kernels.ggml_linear import available, load_library, rows_for
+from service.kernels.ggml_linear import available, dense_from, handover, load_library
 from service.policy.model_source import BLOCKS_METHOD as METHOD
 
 # A child of the plugin's logger, whose handler works in every vLLM process.
 log = logging.getLogger("service.vllm_plugin.gguf_blocks")
-# From this many rows on the op dequantizes chunks and runs torch's GEMM (0: never): per type and activation dtype,
-# the first row count of 1, 8, 16, ..., 512 where dequantize + GEMM beat ggml, one thread, the bench model's shapes
-# (`python -m bench.ggml_prefill --type T --reps 10 [--dtype float32]`, docs/quantization.md): bf16 on a Zen 4, fp32
-# (AVX2-only CPUs' dtype) on a Zen 2. ggml's time grows with every row on Q5_1 (x1.23 of the bf16 GEMM's at 32 rows),
-# more slowly on Q4_0, Q5_0, Q8_0 and Q4_1 (run as repacked Q4_0 plus offsets: x0.83 at 64 rows, x1.13 at 128); its
-# K-quant matmul stayed ahead up to 512 rows (Q4_K x0.78, Q6_K x0.87, Q3_K x1.03 there). fp32's GEMM is slower, so
-# it wins later: Q4_0 only level at 512 rows.
-DENSE_FROM_ROWS = {
-    "Q4_0": {"bfloat16": 128, "float32": 512},
-    "Q4_1": {"bfloat16": 128, "float32": 256},
-    "Q5_0": {"bfloat16": 128, "float32": 128},
-    "Q5_1": {"bfloat16": 32, "float32": 64},
-    "Q8_0": {"bfloat16": 64, "float32": 256},
-}
-NEVER = {"bfloat16": 0}  # the K-quants
 
 
 def block_shape(type_name: str) -> tuple[int, int]:
@@ -54,10 +39,6 @@ def block_shape(type_name: str) -> tuple[int, int]:
 
     size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
     return int(size[0]), int(size[1])
-
-
-def dense_from(type_name: str, dtype: torch.dtype) -> int:
-    return rows_for(DENSE_FROM_ROWS.get(type_name, NEVER), dtype)
 
 
 def empty_rows(type_name: str, rows: int, k: int) -> torch.Tensor:
@@ -99,11 +80,12 @@ class GgufBlocksLinearMethod(LinearMethodBase):
         load_library()
         blocks = layer.weight.data.contiguous()
         layer.ggml_args = (_load(blocks, self.type_name, layer.gguf_k), blocks.shape[0])
+        layer.ggml_handover = handover(self.type_name)
         # The blocks live in ggml's buffer now.
         layer.weight = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return ggml_apply(layer, x, bias, dense_from(self.type_name, x.dtype))
+        return ggml_apply(layer, x, bias, dense_from(layer.ggml_handover, x.dtype))
 
 
 class GgufMixedBlocksLinearMethod(LinearMethodBase):
@@ -151,7 +133,7 @@ class GgufMixedBlocksLinearMethod(LinearMethodBase):
         k, shapes, offsets = layer.gguf_parts
         flat = layer.weight.data
         layer.ggml_parts = [
-            (_load(flat[start:end].view(rows, row_bytes), type_name, k), rows)
+            (_load(flat[start:end].view(rows, row_bytes), type_name, k), rows, handover(type_name))
             for type_name, (rows, row_bytes), start, end in zip(self.type_names, shapes, offsets, offsets[1:])
         ]
         layer.weight = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
@@ -160,8 +142,8 @@ class GgufMixedBlocksLinearMethod(LinearMethodBase):
         rows = x.reshape(-1, x.shape[-1])
         out = torch.cat(
             [
-                torch.ops.service_ggml.linear(rows, handle, n, None, dense_from(type_name, rows.dtype))
-                for (handle, n), type_name in zip(layer.ggml_parts, self.type_names)
+                torch.ops.service_ggml.linear(rows, handle, n, None, dense_from(part_handover, rows.dtype))
+                for handle, n, part_handover in layer.ggml_parts
             ],
             dim=-1,
         )
@@ -202,10 +184,11 @@ class GgufBlocksEmbeddingMethod(QuantizeMethodBase):
             weight.ggml_args = (_load(blocks, self.type_name, layer.gguf_k), blocks.shape[0])
             log.info("[service] GGUF blocks: %s %s on ggml's kernel", self.type_name, type(layer).__name__)
         layer.ggml_args = weight.ggml_args
+        layer.ggml_handover = handover(self.type_name)
         layer.weight = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return ggml_apply(layer, x, bias, dense_from(self.type_name, x.dtype))
+        return ggml_apply(layer, x, bias, dense_from(layer.ggml_handover, x.dtype))
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         handle, _ = layer.ggml_args

@@ -34,6 +34,7 @@ from service.policy.compile_cache import compile_key, plan_compile_cache
 from service.policy.decision import Decision, PolicyResult, Source, engine, env, record
 from service.policy.dense_kernel import FP32_ENGINE_BF16, plan_dense_kernel
 from service.policy.dtype import BYTES, choose_dtype
+from service.policy.ggml_handover import HANDOVER_ENV, plan_handover
 from service.policy.kernels import check_kernels, dtype_limit
 from service.policy.kv_cache_dtype import plan_kv_cache_dtype
 from service.policy.lora import LoraRuntime, lora_decisions, lora_runtime, lora_slot_bytes
@@ -199,8 +200,13 @@ def build_plan(
             k: v for name in ("int4_kernel", "w8a8_kernel") if (x := verdicts.get(name)) for k, v in x.settings.items()
         }
 
+        def handover(kernels: PolicyResult) -> PolicyResult:
+            """Where the ggml op hands batches to the GEMM, if `kernels` run it."""
+            return plan_handover(entry.name, entry.handover, dtype, kernels.env.get(KERNELS_ENV, ""))
+
         def quant(calibrated: Mapping[str, Any]) -> PolicyResult:
-            return plan_quant(
+            """The quantized layers' kernel (and its hand-over, which a calibration candidate carries too)."""
+            result = plan_quant(
                 model.quant,
                 entry,
                 dtype,
@@ -212,6 +218,7 @@ def build_plan(
                 software.ggml_kernel,
                 vnni=hardware.cpu.isa.vnni,
             )
+            return result + handover(result)
 
         dense_decided = dense(dtype)
         held = dense_decided.find("engine.linear_weights")
@@ -228,6 +235,7 @@ def build_plan(
         results.append(dense_decided)
         results += [
             source.result,
+            handover(source.result),  # a GGUF file's blocks
             lora_decisions(model, source.served_name, _lora_runtime(model, settings), settings.lora_max_rank),
             check_kernels(model, entry, dtype, hardware.cpu.isa),
             _citing_reads(quantized, reads),
@@ -256,7 +264,7 @@ def build_plan(
     return EnginePlan.of_results(results, backend, threads, source, questions)
 
 
-CALIBRATED_ENV = ("VLLM_CPU_INT4_W4A8", "VLLM_DISABLED_KERNELS", KERNELS_ENV)
+CALIBRATED_ENV = ("VLLM_CPU_INT4_W4A8", "VLLM_DISABLED_KERNELS", KERNELS_ENV, HANDOVER_ENV)
 
 
 def _int4_options(user: frozenset[str], backend: Backend, method: str) -> list[tuple[str, dict[str, Any]]]:

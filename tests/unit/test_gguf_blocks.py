@@ -245,10 +245,11 @@ def test_the_op_computes_each_kept_type_as_its_dequantization(tensor_type, rows,
     x = torch.randn(rows, k, generator=g)
     handle = torch.ops.service_ggml.load(torch.from_numpy(blocks.copy()), int(qtype), k, n, 2)
     dense_from = path
-    if path == "method":  # GgufBlocksLinearMethod's hand-over for the type (0: ggml at every row count)
-        from service.kernels.gguf_blocks import dense_from as method_dense_from
+    if path == "method":  # the kernels' hand-over for the type outside a planned engine (0: ggml at every row count)
+        from service.kernels.ggml_linear import dense_from as method_dense_from
+        from service.kernels.ggml_linear import handover
 
-        dense_from = method_dense_from(tensor_type, x.dtype)
+        dense_from = method_dense_from(handover(tensor_type), x.dtype)
     got = torch.ops.service_ggml.linear(x, handle, n, None, dense_from)
     want = x @ exact.T
     error = ((got - want).abs().max() / want.abs().max()).item()
