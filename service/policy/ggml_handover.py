@@ -69,6 +69,19 @@ FP32_AVX512 = Handover(
 GGML_CLASSES = frozenset(KERNELS[k].vllm_class for k in ("ggml-q4_0", "ggml-q4_1", "ggml-q8_0", "ggml-gguf"))
 
 
+# A bf16 engine on a CPU without native bf16 (no AVX-512 BF16 or AMX: the avx512 backend's Intel guests without the
+# extension, a bf16 engine the user asks for on AVX2): torch's bf16 GEMM converts in software, and ggml stays ahead.
+SOFTWARE_BF16 = Handover(
+    {},
+    "bf16 GEMM converted in software",
+    "avx512",
+    "the Intel Xeon AMX guest with oneDNN held to AVX-512 without its bf16 instructions (ONEDNN_MAX_CPU_ISA="
+    "AVX512_CORE), 2026-12-03: ggml's matmul ran x1.05-20 as fast as dequantize + that GEMM at every row count up to "
+    "512 (Q4_0, Q4_1, Q5_1, Q8_0); on an Emerald Rapids guest without AVX-512 BF16 ggml's int4 kernel prefilled 30 "
+    "tok/s through it, 2026-11-26",
+)
+
+
 def handover_env(tables: Mapping[str, Mapping[str, int]]) -> str:
     """activation dtype -> ggml type -> rows, as HANDOVER_ENV carries it."""
     return json.dumps({d: dict(rows) for d, rows in tables.items()}, sort_keys=True, separators=(",", ":"))
@@ -79,16 +92,23 @@ def parse_handover(value: str) -> dict[str, dict[str, int]]:
 
 
 def describe(table: Handover) -> str:
+    if not table.rows:
+        return "no type, ggml's matmul at every row count"
     by_rows = ", ".join(f"{t} from {n} rows" for t, n in table.rows.items())
     never = [t for t in K_QUANTS if t not in table.rows]
     return by_rows + (f"; {', '.join(never)} never" if never else "")
 
 
-def plan_handover(backend: str, tables: Mapping[str, Handover], dtype: str, planned_kernels: str) -> PolicyResult:
-    """The backend's tables (per activation dtype; fp16 takes bf16's), where a ggml kernel runs (`planned_kernels`:
-    KERNELS_ENV's value). The reason gives the engine dtype's table and where it was measured."""
+def plan_handover(
+    backend: str, tables: Mapping[str, Handover], dtype: str, native_bf16: bool, planned_kernels: str
+) -> PolicyResult:
+    """The backend's tables (per activation dtype; fp16 takes bf16's, and without native bf16 both take
+    SOFTWARE_BF16), where a ggml kernel runs (`planned_kernels`: KERNELS_ENV's value). The reason gives the engine
+    dtype's table and where it was measured."""
     if not GGML_CLASSES & set(planned_kernels.split(",")):
         return PolicyResult()
+    if not native_bf16:
+        tables = {**tables, "bfloat16": SOFTWARE_BF16}
     table = tables.get(dtype) or tables["bfloat16"]
     why = (
         f"{dtype} activations: ggml's matmul below these rows, dequantize + the {table.gemm} from them: "

@@ -24,9 +24,10 @@ from tests.support.gguf_models import tiny_gguf
 from tests.support.server import MODELS
 from tests.unit.conftest import software
 from tests.unit.test_policy_engine import decision, hw
-from tests.unit.test_quant_policy import AMX, AVX2, GGML, W4A16, W8A8_DYNAMIC, ZEN, kernel, quant_plan
+from tests.unit.test_quant_policy import AMX, AVX2, AVX512, GGML, W4A16, W8A8_DYNAMIC, ZEN, kernel, quant_plan
 
 GiB = 1 << 30
+NO_BF16 = "xeon_emeraldrapids_kvm_nobf16.txt"  # AVX-512 without AVX-512 BF16 or AMX: the avx512 backend
 SETTING = f"env.{HANDOVER_ENV}"
 
 
@@ -99,3 +100,15 @@ def test_the_kernels_read_the_planned_table_and_keep_the_first_measured_outside_
     assert rows == {"bfloat16": BF16_AMX.row("Q4_K"), "float32": 0}
     assert dense_from(rows, torch.bfloat16) == dense_from(rows, torch.float16) == 128  # fp16 takes bf16's
     assert dense_from(rows, torch.float32) == 0
+
+
+def test_a_bf16_engine_without_native_bf16_keeps_ggml_at_every_row_count(tmp_path):
+    """The avx512 backend's Intel guests without AVX-512 BF16 run a bf16 engine, whose GEMM converts in software."""
+    p = quant_plan(W4A16, NO_BF16, tmp_path, ggml_kernel=GGML, auto_round_lib=None)
+    assert kernel(p) == "ggml-q4_0" and decision(p, "engine.dtype").value == "bfloat16"
+    tables = parse_handover(p.env[HANDOVER_ENV])
+    assert tables == {"bfloat16": {}, "float32": dict(FP32_AVX512.rows)}
+    why = decision(p, SETTING).reason
+    assert "bf16 GEMM converted in software" in why and "no type, ggml's matmul at every row count" in why
+    with_bf16 = quant_plan(W4A16, AVX512, tmp_path, ggml_kernel=GGML, auto_round_lib=None)
+    assert parse_handover(with_bf16.env[HANDOVER_ENV])["bfloat16"] == dict(BF16_ZEN4.rows)
