@@ -19,7 +19,7 @@ from service.facts.cpu import CpuInfo
 from service.facts.kernels import AMX, X86, ZEN, BackendKernels
 from service.facts.software import SoftwareFacts
 from service.policy.decision import PolicyResult, Source, env
-from service.policy.ggml_handover import BF16_AMX, BF16_ZEN4, FP32_AVX512, FP32_ZEN2, Handover
+from service.policy.ggml_handover import BF16_AMX, BF16_AVX512, BF16_ZEN4, FP32_AVX512, FP32_ZEN2, Handover
 from service.policy.quant_kernels import (
     FP8_AMX,
     FP8_TORCH,
@@ -253,8 +253,7 @@ BACKENDS: dict[str, Backend] = {
             _GENERIC_QUANT,
             openmp="intel",
             dtype_class="avx512",
-            # AVX-512 BF16 GEMMs as Zen 4's (without the extension bf16 is converted in software: not measured)
-            handover={"bfloat16": BF16_ZEN4, "float32": FP32_AVX512},
+            handover={"bfloat16": BF16_AVX512, "float32": FP32_AVX512},
             int4_kernel=AVX512_INT4,
             bf16_weights="on AVX-512 without its bf16 extension, where the service computes in fp32, linear weights "
             "that are bf16 values stay bf16 (half the bytes a decode step reads), widened to fp32 in registers by the "

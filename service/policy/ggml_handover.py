@@ -57,6 +57,14 @@ BF16_AMX = Handover(
     "Intel Xeon KVM guest with AMX, 2026-12-03: at 512 rows the GEMM ran x4.7 (Q4_0), x7.0 (Q8_0) and x2.2-2.9 "
     "(K-quants) as fast as ggml",
 )
+BF16_AVX512 = Handover(
+    {"Q5_0": 256, "Q5_1": 64, "Q8_0": 512},
+    "AVX-512 BF16 GEMM (no AMX)",
+    "avx512",
+    "the Intel Xeon AMX guest with oneDNN held to AVX-512 BF16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16: what it runs on "
+    "these CPUs' guests that hide AMX), 2026-12-03: Q4_0 x0.78, Q4_1 x0.93 and the K-quants x0.45-0.50 of the GEMM "
+    "path's time at 512 rows",
+)
 FP32_AVX512 = Handover(
     {"Q4_0": 256, "Q4_1": 256, "Q5_0": 256, "Q5_1": 64, "Q8_0": 128},
     "AVX-512 fp32 GEMM",

@@ -12,6 +12,7 @@ from service.policy.backends import BACKENDS
 from service.policy.engine import build_plan
 from service.policy.ggml_handover import (
     BF16_AMX,
+    BF16_AVX512,
     BF16_ZEN4,
     FP32_AVX512,
     FP32_ZEN2,
@@ -34,7 +35,7 @@ SETTING = f"env.{HANDOVER_ENV}"
 def test_every_backend_names_a_table_per_engine_dtype_and_every_table_its_gemm():
     for backend in BACKENDS.values():
         assert set(backend.handover) == {"bfloat16", "float32"}, backend.name
-    for table in (BF16_ZEN4, FP32_ZEN2, BF16_AMX, FP32_AVX512):
+    for table in (BF16_ZEN4, FP32_ZEN2, BF16_AMX, BF16_AVX512, FP32_AVX512):
         assert table.backend in BACKENDS and table.gemm and table.measured
         assert all(rows > 0 for rows in table.rows.values())  # a type that never hands over is left out
 
@@ -111,4 +112,5 @@ def test_a_bf16_engine_without_native_bf16_keeps_ggml_at_every_row_count(tmp_pat
     why = decision(p, SETTING).reason
     assert "bf16 GEMM converted in software" in why and "no type, ggml's matmul at every row count" in why
     with_bf16 = quant_plan(W4A16, AVX512, tmp_path, ggml_kernel=GGML, auto_round_lib=None)
-    assert parse_handover(with_bf16.env[HANDOVER_ENV])["bfloat16"] == dict(BF16_ZEN4.rows)
+    assert parse_handover(with_bf16.env[HANDOVER_ENV])["bfloat16"] == dict(BF16_AVX512.rows)
+    assert "not measured on" not in decision(with_bf16, SETTING).reason
