@@ -42,7 +42,7 @@ def planned_rows(type_name: str, dtype: str) -> tuple[int, str]:
     entry = choose_backend(read_cpuinfo(), read_software()).entry
     if entry is None:
         raise SystemExit("no backend runs on this machine")
-    return (entry.handover.get(dtype) or entry.handover["bfloat16"]).row(type_name), entry.name
+    return (entry.ggml_handover.get(dtype) or entry.ggml_handover["bfloat16"]).row(type_name), entry.name
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from service.facts.cpu import CpuInfo
 from service.facts.kernels import AMX, X86, ZEN, BackendKernels
 from service.facts.software import SoftwareFacts
 from service.policy.decision import PolicyResult, Source, env
-from service.policy.ggml_handover import BF16_AMX, BF16_AVX512, BF16_ZEN4, FP32_AVX512, FP32_ZEN2, Handover
+from service.policy.ggml_handover import BF16_AMX, BF16_AVX512, BF16_ZEN4, FP32_AVX512, FP32_ZEN2, GgmlHandover
 from service.policy.quant_kernels import (
     FP8_AMX,
     FP8_TORCH,
@@ -110,7 +110,7 @@ class Backend:
     dtype_class: str  # how bf16 is computed where the CPU lacks native bf16: the dtype measurements' key
     # Activation dtype -> where the service's ggml kernels hand a batch to the GEMM (ggml_handover.py): the table
     # measured on the GEMM nearest to this backend's
-    handover: Mapping[str, Handover]
+    ggml_handover: Mapping[str, GgmlHandover]
     int4_w4a8: Int4Default | None = None
     int4_kernel: KernelOrder = KernelOrder(("vllm",), "vLLM's int4 kernels by default")
     int8_kernel: KernelOrder = VLLM_INT8
@@ -205,7 +205,7 @@ BACKENDS: dict[str, Backend] = {
             openmp="gnu",
             dtype_class="avx512",
             # Zen 4's fp32 FMA datapath is 256 bits wide, as Zen 2's: its fp32 GEMM is nearer the AVX2 one measured
-            handover={"bfloat16": BF16_ZEN4, "float32": FP32_ZEN2},
+            ggml_handover={"bfloat16": BF16_ZEN4, "float32": FP32_ZEN2},
             int4_w4a8=Int4Default(
                 False,
                 frozenset({"compressed-tensors"}),
@@ -234,7 +234,7 @@ BACKENDS: dict[str, Backend] = {
             {"w8a8": W8A8_AMX, "w4a16": WNA16_AMX, "gptq-w4a16": WNA16_AMX, "awq-w4a16": WNA16_AMX, "fp8": FP8_AMX},
             openmp="intel",
             dtype_class="avx512",
-            handover={"bfloat16": BF16_AMX, "float32": FP32_AVX512},
+            ggml_handover={"bfloat16": BF16_AMX, "float32": FP32_AVX512},
             int4_w4a8=Int4Default(
                 True,
                 frozenset({"compressed-tensors", "gptq", "awq"}),
@@ -253,7 +253,7 @@ BACKENDS: dict[str, Backend] = {
             _GENERIC_QUANT,
             openmp="intel",
             dtype_class="avx512",
-            handover={"bfloat16": BF16_AVX512, "float32": FP32_AVX512},
+            ggml_handover={"bfloat16": BF16_AVX512, "float32": FP32_AVX512},
             int4_kernel=AVX512_INT4,
             bf16_weights="on AVX-512 without its bf16 extension, where the service computes in fp32, linear weights "
             "that are bf16 values stay bf16 (half the bytes a decode step reads), widened to fp32 in registers by the "
@@ -281,7 +281,10 @@ BACKENDS: dict[str, Backend] = {
             },
             openmp="intel",
             dtype_class="avx2",
-            handover={"bfloat16": BF16_ZEN4, "float32": FP32_ZEN2},  # bf16 here only where the user asks: not measured
+            ggml_handover={
+                "bfloat16": BF16_ZEN4,
+                "float32": FP32_ZEN2,
+            },  # bf16 here only where the user asks: not measured
             int4_kernel=KernelOrder(
                 ("ggml", "auto-round"),
                 "vLLM has no int4 kernel in its AVX2 build (_C_AVX2 lacks cpu_gemm_wna16): the service's ggml kernel "

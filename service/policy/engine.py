@@ -203,7 +203,7 @@ def build_plan(
         def handover(kernels: PolicyResult) -> PolicyResult:
             """Where the ggml op hands batches to the GEMM, if `kernels` run it."""
             native_bf16 = hardware.cpu.isa.native_bf16
-            return plan_handover(entry.name, entry.handover, dtype, native_bf16, kernels.env.get(KERNELS_ENV, ""))
+            return plan_handover(entry.name, entry.ggml_handover, dtype, native_bf16, kernels.env.get(KERNELS_ENV, ""))
 
         def quant(calibrated: Mapping[str, Any]) -> PolicyResult:
             """The quantized layers' kernel (and its hand-over, which a calibration candidate carries too)."""

@@ -25,7 +25,7 @@ K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 @dataclass(frozen=True)
-class Handover:
+class GgmlHandover:
     rows: Mapping[str, int]  # ggml type -> the first row count where the GEMM won; a type left out: never (0)
     gemm: str  # the GEMM it was measured against
     backend: str  # the service backend of the machine it was measured on
@@ -35,21 +35,21 @@ class Handover:
         return self.rows.get(type_name, 0)
 
 
-BF16_ZEN4 = Handover(
+BF16_ZEN4 = GgmlHandover(
     {"Q4_0": 128, "Q4_1": 128, "Q5_0": 128, "Q5_1": 32, "Q8_0": 64},
     "AVX-512 BF16 GEMM",
     "zen",
     "AMD EPYC Zen 4 KVM guest, 2026-11-26 (Q4_1 as repacked Q4_0 plus offsets: 2026-12-01); the K-quants stayed with "
     "ggml up to 512 rows",
 )
-FP32_ZEN2 = Handover(
+FP32_ZEN2 = GgmlHandover(
     {"Q4_0": 512, "Q4_1": 256, "Q5_0": 128, "Q5_1": 64, "Q8_0": 256},
     "AVX2 fp32 GEMM",
     "avx2",
     "AMD EPYC Zen 2 KVM guest, --dtype float32, 2026-12-02; the K-quants, which stayed with ggml in bf16 on a Zen 4, "
     "not measured",
 )
-BF16_AMX = Handover(
+BF16_AMX = GgmlHandover(
     {"Q4_0": 64, "Q4_1": 64, "Q5_0": 64, "Q5_1": 32, "Q8_0": 32, "Q2_K": 256, "Q3_K": 256, "Q4_K": 128}
     | {"Q5_K": 128, "Q6_K": 256},
     "AMX bf16 GEMM",
@@ -57,7 +57,7 @@ BF16_AMX = Handover(
     "Intel Xeon KVM guest with AMX, 2026-12-03: at 512 rows the GEMM ran x4.7 (Q4_0), x7.0 (Q8_0) and x2.2-2.9 "
     "(K-quants) as fast as ggml",
 )
-BF16_AVX512 = Handover(
+BF16_AVX512 = GgmlHandover(
     {"Q5_0": 256, "Q5_1": 64, "Q8_0": 512},
     "AVX-512 BF16 GEMM (no AMX)",
     "avx512",
@@ -65,7 +65,7 @@ BF16_AVX512 = Handover(
     "these CPUs' guests that hide AMX), 2026-12-03: Q4_0 x0.78, Q4_1 x0.93 and the K-quants x0.45-0.50 of the GEMM "
     "path's time at 512 rows",
 )
-FP32_AVX512 = Handover(
+FP32_AVX512 = GgmlHandover(
     {"Q4_0": 256, "Q4_1": 256, "Q5_0": 256, "Q5_1": 64, "Q8_0": 128},
     "AVX-512 fp32 GEMM",
     "amx",
@@ -79,7 +79,7 @@ GGML_CLASSES = frozenset(KERNELS[k].vllm_class for k in ("ggml-q4_0", "ggml-q4_1
 
 # A bf16 engine on a CPU without native bf16 (no AVX-512 BF16 or AMX: the avx512 backend's Intel guests without the
 # extension, a bf16 engine the user asks for on AVX2): torch's bf16 GEMM converts in software, and ggml stays ahead.
-SOFTWARE_BF16 = Handover(
+SOFTWARE_BF16 = GgmlHandover(
     {},
     "bf16 GEMM converted in software",
     "avx512",
@@ -99,7 +99,7 @@ def parse_handover(value: str) -> dict[str, dict[str, int]]:
     return {str(d): {str(t): int(n) for t, n in rows.items()} for d, rows in json.loads(value).items()}
 
 
-def describe(table: Handover) -> str:
+def describe(table: GgmlHandover) -> str:
     if not table.rows:
         return "no type, ggml's matmul at every row count"
     by_rows = ", ".join(f"{t} from {n} rows" for t, n in table.rows.items())
@@ -108,7 +108,7 @@ def describe(table: Handover) -> str:
 
 
 def plan_handover(
-    backend: str, tables: Mapping[str, Handover], dtype: str, native_bf16: bool, planned_kernels: str
+    backend: str, tables: Mapping[str, GgmlHandover], dtype: str, native_bf16: bool, planned_kernels: str
 ) -> PolicyResult:
     """The backend's tables (per activation dtype; fp16 takes bf16's, and without native bf16 both take
     SOFTWARE_BF16), where a ggml kernel runs (`planned_kernels`: KERNELS_ENV's value). The reason gives the engine

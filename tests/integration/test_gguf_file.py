@@ -150,7 +150,7 @@ def test_a_files_blocks_are_served_on_ggmls_kernel_in_every_vllm_process(case, b
     assert all(s["linear_kernels"] == {KERNEL: "registered"} for s in states), states
     # Where the op hands batches to the GEMM: the live backend's tables, read by every vLLM process
     planned = parse_handover(run.decisions[f"env.{HANDOVER_ENV}"]["value"])
-    assert planned == {dtype: dict(t.rows) for dtype, t in BACKENDS[expected_backend()].handover.items()}
+    assert planned == {dtype: dict(t.rows) for dtype, t in BACKENDS[expected_backend()].ggml_handover.items()}
     assert all(s["ggml_handover"] == planned for s in states), states
     assert f"[service] GGUF blocks: {case.kept} linear layers on ggml's kernel" in run.log
     # The token embedding and the LM head, each on its own blocks: the lookup and ggml's matmul.

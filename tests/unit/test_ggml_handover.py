@@ -34,7 +34,7 @@ SETTING = f"env.{HANDOVER_ENV}"
 
 def test_every_backend_names_a_table_per_engine_dtype_and_every_table_its_gemm():
     for backend in BACKENDS.values():
-        assert set(backend.handover) == {"bfloat16", "float32"}, backend.name
+        assert set(backend.ggml_handover) == {"bfloat16", "float32"}, backend.name
     for table in (BF16_ZEN4, FP32_ZEN2, BF16_AMX, BF16_AVX512, FP32_AVX512):
         assert table.backend in BACKENDS and table.gemm and table.measured
         assert all(rows > 0 for rows in table.rows.values())  # a type that never hands over is left out
