@@ -111,6 +111,7 @@ def predicted_kernel(
 ) -> tuple[str, dict[str, str]]:
     """What the service policy says this candidate runs (the live machine, this candidate's environment, its
     SERVICE_* variables as the user's settings), and the environment the policy sets for it."""
+    from service.facts.cpu import read_cpuinfo
     from service.facts.model import inspect_model
     from service.facts.software import read_software
     from service.policy.backends import BACKENDS
@@ -129,6 +130,7 @@ def predicted_kernel(
         env,
         auto_round_lib=read_software().auto_round_lib,
         ggml_kernel=read_software().ggml_kernel,
+        vnni=read_cpuinfo().isa.vnni,
     )
     decided = plan.find("quant.linear_kernel")
     return (decided.value if decided else "refused: " + "; ".join(plan.errors)), plan.env
