@@ -33,6 +33,7 @@ def first_start(source: Path, work: Path) -> tuple[float, float]:
     facts = inspect_model(str(path))
     read = time.perf_counter() - started
     plan = plan_model_source(facts, "float32", work / "cache", read_software(), architectures)
+    assert plan.conversion is not None, f"{source} is not a GGUF file"
     started = time.perf_counter()
     ensure_converted(plan.conversion)
     return read, time.perf_counter() - started

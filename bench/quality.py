@@ -118,7 +118,10 @@ def run_quality(out: Path, threads: int = 1, ctx: int = CTX) -> QualityResult:
     settings = Settings(dtype="float32")
     choice = choose_model(settings, build_demo=False)
     gguf = Path(choice.location or "")
-    fp32 = ensure_converted(build_report(settings, model=choice).plan.model.conversion)
+    source = build_report(settings, model=choice).plan.model
+    if source is None or source.conversion is None:
+        raise RuntimeError(f"no GGUF model to convert: {choice.error or choice.location}")
+    fp32 = ensure_converted(source.conversion)
     text_file = out / "license.txt"
     text_file.write_text(license_text())
 
