@@ -48,12 +48,13 @@ test-tools:
 test-integration: setup test-tools
 	$(PY) -m pytest -q tests/integration
 
-# Lint and format (ruff), strict types on facts/policy/report/settings (mypy), layering (import-linter): pyproject.toml.
+# Lint and format (ruff), strict types on facts/policy/report/settings and bench (mypy), layering (import-linter),
+# all configured in pyproject.toml.
 LINTED := service tests bench harness
 lint: setup
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
-	$(VENV)/bin/mypy service/facts service/policy service/report.py service/settings.py
+	$(VENV)/bin/mypy service/facts service/policy service/report.py service/settings.py bench
 	$(VENV)/bin/lint-imports
 
 # container-tools (mk/container.mk): buildah, podman, mmdebstrap, compose and hadolint for the image tests.

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 GiB = 1024**3
 
@@ -36,7 +37,7 @@ print(json.dumps({"threads": torch.get_num_threads(), "gbs": results}))
 """
 
 
-def read_bandwidth(cpus: Sequence[int], size_bytes: int = 2 * GiB, repeats: int = 10) -> dict:
+def read_bandwidth(cpus: Sequence[int], size_bytes: int = 2 * GiB, repeats: int = 10) -> dict[str, Any]:
     """Best-of-`repeats` GB/s (1e9 B/s) of a full read of a `size_bytes` fp32 array (far larger than the
     last-level cache), by torch reductions in `len(cpus)` OpenMP threads pinned to `cpus`."""
     env = {"OMP_NUM_THREADS": str(len(cpus)), "PATH": "/usr/bin:/bin"}

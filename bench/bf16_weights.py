@@ -56,10 +56,10 @@ def main() -> None:
         xs = [torch.randn(rows, k).to(act) for _, k in SHAPES]
         reps = max(3, args.reps // rows)
 
-        def run(dense_from: int, xs: list = xs) -> list:
+        def run(dense_from: int, xs: list[torch.Tensor] = xs) -> list[torch.Tensor]:
             return [op(x, w, None, dense_from) for x, w in zip(xs, bf16, strict=True)]
 
-        def plain_run(xs: list = xs) -> list:
+        def plain_run(xs: list[torch.Tensor] = xs) -> list[torch.Tensor]:
             return [gemm(x) for x, gemm in zip(xs, gemms, strict=True)]
 
         gemv, widen, plain = (

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.stats import estimate
 
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repetitions", type=int, default=6)
     parser.add_argument("--chunks", type=int, default=20000)
     args = parser.parse_args(argv)
-    runs: list[dict] = []
+    runs: list[dict[str, Any]] = []
     ratios: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for rep in range(args.repetitions):
         order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]

@@ -55,7 +55,7 @@ class Context:
         served: str | None = None,
         generated: Callable[[], float] | None = None,
         api_cpu: Callable[[], float] | None = None,
-    ):
+    ) -> tuple[dict[str, float], dict[str, Any]]:
         return run_load(
             w,
             server.url,
@@ -141,13 +141,13 @@ def ab_runs(
                 if side.on_ready:
                     side.on_ready(proc)
             for side in order:  # still alive once both are up (a shared machine's OOM killer picks big workers)
+                server = live[side.name]
+                assert server.proc is not None  # started above
                 if (
-                    live[side.name].proc.poll() is not None
-                    or httpx.get(live[side.name].url + live[side.name].ready_path, timeout=10).status_code != 200
+                    server.proc.poll() is not None
+                    or httpx.get(server.url + server.ready_path, timeout=10).status_code != 200
                 ):
-                    raise RuntimeError(
-                        f"{side.name} stopped serving while the other started:\n{live[side.name].log_tail()}"
-                    )
+                    raise RuntimeError(f"{side.name} stopped serving while the other started:\n{server.log_tail()}")
             for side in order:  # warm: each concurrency once, discarded
                 for c in concurrencies:
                     ctx.load(

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import servers as srv
-from bench.context import Context, cache_dir, log, start
+from bench.context import Context, cache_dir, start
 from bench.load import Workload
-from bench.output import Output
+from bench.output import Output, log
 from bench.profile import step_line
-from bench.stats import DECODE_TARGET, DecodeResult, decode_line, faster_dtype
+from bench.stats import DECODE_TARGET, Comparison, DecodeResult, decode_line, faster_dtype
 from bench.tables import decode_table
 from harness import ServerProcess
 
@@ -130,7 +130,7 @@ def decoded(results: dict[str, Any]) -> list[DecodeResult]:
     ]
 
 
-def section(results: dict[str, Any], comparisons: list, decoded: list[DecodeResult]) -> list[str]:
+def section(results: dict[str, Any], comparisons: list[Comparison], decoded: list[DecodeResult]) -> list[str]:
     model = results["decode"].get("model", "")
     parts = [
         f"Batch-1 decode, `{Path(model).name}` (random weights), against read bandwidth / weight bytes per token "

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench import paired
-from bench.context import Context, cache_dir, log
-from bench.output import Output
-from bench.stats import estimate
+from bench.context import Context, cache_dir
+from bench.output import Output, log
+from bench.stats import Comparison, DecodeResult, estimate
 
 VARIANTS = {"bfloat16": {"SERVICE_DTYPE": "bfloat16"}, "float32": {"SERVICE_DTYPE": "float32"}}
 
 
-def measure(run: paired.Run) -> dict:
+def measure(run: paired.Run) -> dict[str, Any]:
     """bf16/fp32 per repetition in "ratios", with the CPU it ran on. Callers run it eager: with torch.compile vLLM
     warms up with a prefill of max_num_batched_tokens (2048 tokens) before it is ready, and bf16 without native
     support runs torch's reference GEMM on AVX2 (cpublas bf16_dot_with_fp32_arith: oneDNN refuses the bf16 matmul
@@ -57,7 +58,7 @@ def run(ctx: Context, options: DtypeOptions) -> Output:
     )
 
 
-def section(results: dict, comparisons: list, decoded: list) -> list[str]:
+def section(results: dict[str, Any], comparisons: list[Comparison], decoded: list[DecodeResult]) -> list[str]:
     d = results["dtype"]
     return [
         f"dtype (`bench/dtype.py`) on {d['cpu']} ({d['isa_class']}): batch-1 decode of `{Path(d['model']).name}` "

@@ -4,14 +4,15 @@ of bench/context.py."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import servers as srv
-from bench.context import Context, Side, ab_runs, log, ours_ready, profile_api, start
-from bench.output import Output
-from bench.stats import FRONTEND_TARGETS, POLICY_TARGETS, compare, summary_line
+from bench.context import Context, Side, ab_runs, ours_ready, profile_api, start
+from bench.output import Output, log
+from bench.stats import FRONTEND_TARGETS, POLICY_TARGETS, Comparison, DecodeResult, Target, compare, summary_line
 from bench.tables import comparison_table
 from harness import ServerProcess
 
@@ -68,6 +69,7 @@ def run_policy(ctx: Context, options: PolicyOptions) -> Output:
         finally:
             server.close()
     reported = ctx.reported
+    assert reported is not None  # set by the front end or by the hook above
     kv = reported.engine_args.get("kv_cache_memory_bytes")
     with_policy = Side("vllm", lambda p: srv.vllm_same_engine(ctx.model, ctx.served, reported, p))
     defaults = Side("vllm-defaults", lambda p: srv.vllm_defaults(ctx.model, ctx.served, kv, p))
@@ -77,17 +79,19 @@ def run_policy(ctx: Context, options: PolicyOptions) -> Output:
     return Output(data, comparisons, summary=tuple(summary_line(c) for c in comparisons))
 
 
-def comparisons(results: dict[str, Any], key: str, name: str, candidate: str, baseline: str, targets) -> list:
+def comparisons(
+    results: dict[str, Any], key: str, name: str, candidate: str, baseline: str, targets: Sequence[Target]
+) -> list[Comparison]:
     """A finished run's comparisons of one part, recomputed from its runs (the report and --render)."""
     runs = results.get(key, {}).get("runs", [])
     return [compare(name, candidate, baseline, c, runs, targets) for c in dict.fromkeys(r["concurrency"] for r in runs)]
 
 
-def frontend_comparisons(results: dict[str, Any]) -> list:
+def frontend_comparisons(results: dict[str, Any]) -> list[Comparison]:
     return comparisons(results, "frontend", "frontend", "ours", "vllm", FRONTEND_TARGETS)
 
 
-def policy_comparisons(results: dict[str, Any]) -> list:
+def policy_comparisons(results: dict[str, Any]) -> list[Comparison]:
     return comparisons(results, "policy_vs_defaults", "policy", "vllm", "vllm-defaults", POLICY_TARGETS)
 
 
@@ -103,13 +107,13 @@ def _workload(results: dict[str, Any], targets: str) -> str:
     )
 
 
-def frontend_section(results: dict[str, Any], comparisons: list, decoded: list) -> list[str]:
+def frontend_section(results: dict[str, Any], comparisons: list[Comparison], decoded: list[DecodeResult]) -> list[str]:
     targets = "; ".join(t.describe() for t in FRONTEND_TARGETS)
     mine = [c for c in comparisons if c.name == "frontend"]
     return [_workload(results, targets), "", comparison_table(mine), ""] if mine else []
 
 
-def policy_section(results: dict[str, Any], comparisons: list, decoded: list) -> list[str]:
+def policy_section(results: dict[str, Any], comparisons: list[Comparison], decoded: list[DecodeResult]) -> list[str]:
     targets = "; ".join(t.describe() for t in POLICY_TARGETS)
     mine = [c for c in comparisons if c.name == "policy"]
     if not mine:

@@ -86,7 +86,7 @@ def main() -> None:
     for rows in ROWS:
         xs = [torch.randn(rows, k, dtype=dtype) for _, _, k in weights]
 
-        def run(dense_from: int, xs: list = xs) -> list:
+        def run(dense_from: int, xs: list[torch.Tensor] = xs) -> list[torch.Tensor]:
             return [ops.linear(x, h, n, None, dense_from) for x, (h, n, _) in zip(xs, weights, strict=True)]
 
         reps = max(2, args.reps * 4 // rows)

@@ -15,6 +15,7 @@ stays in a large L3.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -73,11 +74,11 @@ def main() -> None:
         for rows in ROWS:
             x = torch.randn(rows, args.hidden, dtype=dtype)
             ggml = median_ms(
-                lambda x=x, d=dense_from: torch.ops.service_ggml.linear(x, handle, args.vocab, None, d),
+                functools.partial(torch.ops.service_ggml.linear, x, handle, args.vocab, None, dense_from),
                 args.reps,
                 between,
             )
-            dense = median_ms(lambda x=x, w=weight: torch.nn.functional.linear(x, w), args.reps, between)
+            dense = median_ms(functools.partial(torch.nn.functional.linear, x, weight), args.reps, between)
             print(
                 f"{str(dtype).removeprefix('torch.'):8s} rows {rows:3d}: blocks {ggml:6.2f} ms, "
                 f"dequantized {dense:6.2f} ms (x{ggml / dense:.2f})"

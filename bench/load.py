@@ -165,7 +165,7 @@ def requests_window(sample: Callable[[], float] | None) -> Iterator[list[float]]
         return None
 
     saved = serve.fetch_spec_decode_metrics, serve.fetch_diffusion_metrics
-    serve.fetch_spec_decode_metrics, serve.fetch_diffusion_metrics = spec_decode, diffusion  # type: ignore[assignment]
+    serve.fetch_spec_decode_metrics, serve.fetch_diffusion_metrics = spec_decode, diffusion
     try:
         yield marks
     finally:

@@ -21,13 +21,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from harness import REPO, ServerProcess, offline_env
 
 
-def _rate(url: str, body: Callable[[int], dict], counted: str, long: int, short: int) -> float:
+def _rate(url: str, body: Callable[[int], dict[str, Any]], counted: str, long: int, short: int) -> float:
     """Tokens per second from two requests that differ only in `n` tokens: (long - short) / (time of the long one -
     time of the short one), each checked to have `counted` (a usage field) equal to its n."""
 
@@ -69,7 +70,7 @@ class Run:
     ready_timeout: float = 900
 
 
-def measure(variants: Mapping[str, Mapping[str, str]], run: Run, prefill: bool = False) -> dict:
+def measure(variants: Mapping[str, Mapping[str, str]], run: Run, prefill: bool = False) -> dict[str, Any]:
     """Decode tok/s of two variants (name -> environment on top of the base one), running side by side, in adjacent
     pairs; per repetition the geometric mean of its pairs' ratios first/second ("ratios"). With `prefill`, each
     measurement also takes a prefill rate, paired the same way ("prefill_ratios")."""
@@ -90,7 +91,7 @@ def measure(variants: Mapping[str, Mapping[str, str]], run: Run, prefill: bool =
         SERVICE_WARMUP="true",
     )
     base.update({f"SERVICE_{k.upper()}": v for k, v in run.settings.items()})
-    runs_: list[dict] = []
+    runs_: list[dict[str, Any]] = []
     ratios, prefill_ratios = [], []
     for rep in range(repetitions):
         started: dict[str, ServerProcess] = {}
@@ -158,7 +159,7 @@ def _geomean(ratios: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(r) for r in ratios))
 
 
-def print_summary(result: dict) -> None:
+def print_summary(result: dict[str, Any]) -> None:
     first, second = result["variants"]
     for rep, ratio in enumerate(result["ratios"]):
         print(f"repetition {rep}: {first}/{second} = {ratio:.3f}")
@@ -171,7 +172,7 @@ def print_summary(result: dict) -> None:
         print(f"prefill {first}/{second} per repetition: " + " ".join(f"{r:.3f}" for r in result["prefill_ratios"]))
 
 
-def summary(result: dict, what: str) -> str:
+def summary(result: dict[str, Any], what: str) -> str:
     """One line of a paired measurement: each variant's median decode rate, the ratio first/second with its
     interval, and the prefill ratio where it was measured."""
     first, second = result["variants"]
@@ -190,7 +191,9 @@ def bench_run(cache: Path, log_dir: Path, repetitions: int, max_tokens: int, set
     return Run(ensure_bench_model(cache), cache, log_dir, repetitions, 4, max_tokens, {"kv_cache_gib": "1", **settings})
 
 
-def cli(measure: Callable[[Run], dict], doc: str, out_name: str, max_tokens: int, eager: bool) -> dict:
+def cli(
+    measure: Callable[[Run], dict[str, Any]], doc: str, out_name: str, max_tokens: int, eager: bool
+) -> dict[str, Any]:
     """`python -m bench.<name>`: the bench model (or --model), a paired measurement, its JSON under --out."""
     from harness.models import ensure_bench_model
     from service.settings import default_cache_dir

@@ -18,9 +18,9 @@ import httpx
 
 from bench import servers as srv
 from bench.context import LLAMA_CPP_BIN as BIN
-from bench.context import Context, cache_dir, log, ours_ready, start
+from bench.context import Context, cache_dir, ours_ready, start
 from bench.load import Workload
-from bench.output import Output
+from bench.output import Output, log
 from bench.profile import step_line
 from bench.stats import PEER_ESTIMATES, Comparison, DecodeResult, compare, decode_line, summary_line
 from bench.tables import PEER_COLUMNS, comparison_table, decode_table
@@ -336,6 +336,7 @@ def run(ctx: Context, options: PeerOptions) -> Output:
                 )
                 live.append(ours)
                 ours_ready(ctx, lambda: None)(ours)
+                assert ctx.reported is not None  # set by the hook
                 # What one decode step reads as the service holds the weights (its dtype may not be the file's).
                 peer["formats"][fmt]["read_per_token"] = ctx.reported.read_per_token
                 # What ours ran is part of the result: a calibration may choose another kernel than the table's.
@@ -471,7 +472,7 @@ def comparisons(results: dict[str, Any]) -> list[Comparison]:
     return out
 
 
-def section(results: dict[str, Any], comparisons: list[Comparison], decoded: list) -> list[str]:
+def section(results: dict[str, Any], comparisons: list[Comparison], decoded: list[DecodeResult]) -> list[str]:
     p = results["peer"]
     if p.get("skipped"):
         return [f"Peer: skipped ({p['skipped']}).", ""]

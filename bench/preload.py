@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench import paired
-from bench.context import Context, cache_dir, log
-from bench.output import Output
-from bench.stats import estimate
+from bench.context import Context, cache_dir
+from bench.output import Output, log
+from bench.stats import Comparison, DecodeResult, estimate
 
 
 def torch_gomp() -> str:
@@ -30,7 +31,7 @@ def torch_gomp() -> str:
     return str(gomp)
 
 
-def measure(run: paired.Run) -> dict:
+def measure(run: paired.Run) -> dict[str, Any]:
     """with/without per repetition in "ratios", their estimate; each run carries the LD_PRELOAD decision its server
     reported."""
     variants = {"with": {}, "without": {"LD_PRELOAD": torch_gomp()}}
@@ -51,7 +52,7 @@ def run(ctx: Context, options: PreloadOptions) -> Output:
     return Output.logged(result, paired.summary(result, "native decode with the service's preload and with vLLM's own"))
 
 
-def section(results: dict, comparisons: list, decoded: list) -> list[str]:
+def section(results: dict[str, Any], comparisons: list[Comparison], decoded: list[DecodeResult]) -> list[str]:
     p = results["preload"]
     used = next(
         (

@@ -19,7 +19,7 @@ def py_spy() -> str | None:
     return str(here) if here.exists() else shutil.which("py-spy")
 
 
-def start_record(pid: int, out: Path, rate: int = 200, native: bool = False) -> subprocess.Popen | None:
+def start_record(pid: int, out: Path, rate: int = 200, native: bool = False) -> subprocess.Popen[bytes] | None:
     """Collapsed stacks (one 'frame;frame;... count' line per stack) of `pid` only, GIL idle excluded. Native frames
     need the process paused per sample (py-spy refuses --native with --nonblocking): a profiled run is uncounted."""
     exe = py_spy()
@@ -46,13 +46,13 @@ def compute_process(server_pid: int) -> int | None:
         for child in children:
             try:
                 if marker in child.name() or marker in " ".join(child.cmdline()):
-                    return child.pid
+                    return int(child.pid)
             except psutil.NoSuchProcess:
                 continue
     return None
 
 
-def stop_record(proc: subprocess.Popen | None) -> None:
+def stop_record(proc: subprocess.Popen[bytes] | None) -> None:
     if proc is None:
         return
     proc.send_signal(2)  # SIGINT: py-spy writes what it has and exits
@@ -83,7 +83,7 @@ def summarize(
     top: int = 15,
     areas: Areas | None = None,
     threads_with: tuple[str, ...] = (),
-) -> dict:
+) -> dict[str, Any]:
     """Self time per function, and samples by area (innermost frame with a known area), as fractions. With
     `threads_with` (a recording made with --threads), only the threads that ever showed one of those frames count:
     in native mode py-spy samples threads blocked in the C library as well, which are not where the work is."""
@@ -112,7 +112,7 @@ def summarize(
         # Each sample goes to the area of its innermost frame that has one: a partition that sums to 100%.
         area = _stack_area(frames, areas or FRONT_END, ggml_run)
         area_count[area] += n
-    out: dict = {"samples": total, "self": [], "by_area": []}
+    out: dict[str, Any] = {"samples": total, "self": [], "by_area": []}
     if threads_with:
         out |= {"threads": sorted(t.split(": ", 1)[-1] for t in kept), "samples_of_other_threads": left_out}
     if total:
@@ -220,9 +220,9 @@ DECODE_STEP = Areas(WORKER_AREAS, OUTER_AREAS, ggml_under_op=True)
 def _stack_area(frames: list[str], areas: Areas, ggml_run: bool = False) -> str:
     """The area of the innermost frame that has one. Run-time generated code ("(?)") is oneDNN's JIT unless its
     named caller is another library's JIT kernel (ZenDNN's under zentorch), or, in a run on ggml, a torch op call."""
-    for marker, area in areas.outer:
+    for marker, outer in areas.outer:
         if any(marker in f for f in frames):
-            return area
+            return outer
     for i in range(len(frames) - 1, -1, -1):
         area = _area(frames[i], areas.markers)
         if area is None:

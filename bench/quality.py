@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.context import LLAMA_CPP_BIN as BIN
-from bench.context import Context, log
-from bench.output import Output
+from bench.context import Context
+from bench.output import Output, log
+from bench.stats import Comparison, DecodeResult
 from harness import ServerProcess
 from harness.perplexity import license_text
 
@@ -65,7 +66,8 @@ def _llama_ids(gguf: Path, text_file: Path) -> list[int]:
         text=True,
         check=True,
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    ids: list[int] = json.loads(out.stdout.strip().splitlines()[-1])
+    return ids
 
 
 def _llama_perplexity(gguf: Path, text_file: Path, ctx: int, chunks: int, threads: int) -> tuple[float, float]:
@@ -172,17 +174,18 @@ def run(ctx: Context, options: QualityOptions) -> Output:
     return Output(asdict(result), summary=(summary,))
 
 
-def section(results: dict[str, Any], comparisons: list, decoded: list) -> list[str]:
+def section(results: dict[str, Any], comparisons: list[Comparison], decoded: list[DecodeResult]) -> list[str]:
     q = results["quality"]
     if q.get("skipped"):
         return [f"Quality: skipped ({q['skipped']}).", ""]
     return [QualityResult(**q).markdown(), ""]
 
 
-def server_report(server: ServerProcess) -> dict:
+def server_report(server: ServerProcess) -> dict[str, Any]:
     import httpx
 
-    return httpx.get(server.url + "/v1/hardware", timeout=30).json()
+    report: dict[str, Any] = httpx.get(server.url + "/v1/hardware", timeout=30).json()
+    return report
 
 
 def main() -> None:

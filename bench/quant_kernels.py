@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from bench.context import Context
     from bench.output import Output
+    from bench.stats import Comparison, DecodeResult
 
 REPO = Path(__file__).resolve().parents[1]
 # Run as a script, Python puts bench/ first on sys.path, where bench/profile.py shadows the stdlib's profile.
@@ -185,8 +187,9 @@ def compute_cpus() -> list[int]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _worker(spec: dict) -> dict:
+def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
 
     from harness.quant_quality import QUALITY_TOKENS
 
@@ -201,11 +204,11 @@ def _worker(spec: dict) -> dict:
         seed=0,
     )
     tok = llm.get_tokenizer()
-    short = {"prompt_token_ids": tok(DECODE_PROMPT)["input_ids"]}
+    short = TokensPrompt(prompt_token_ids=tok(DECODE_PROMPT)["input_ids"])
     long_ids = (tok(DECODE_PROMPT * 200)["input_ids"])[:PREFILL_TOKENS]
-    greedy = dict(temperature=0.0, ignore_eos=True)
+    greedy: dict[str, Any] = dict(temperature=0.0, ignore_eos=True)
 
-    def timed(prompt, n: int) -> float:
+    def timed(prompt: TokensPrompt, n: int) -> float:
         t = time.perf_counter()
         llm.generate([prompt], SamplingParams(max_tokens=n, **greedy), use_tqdm=False)
         return time.perf_counter() - t
@@ -215,21 +218,25 @@ def _worker(spec: dict) -> dict:
     for _ in range(spec["reps"]):
         one, many = timed(short, 1), timed(short, DECODE_TOKENS)
         decode.append((DECODE_TOKENS - 1) / (many - one))
-        prefill.append(PREFILL_TOKENS / timed({"prompt_token_ids": long_ids}, 1))
+        prefill.append(PREFILL_TOKENS / timed(TokensPrompt(prompt_token_ids=long_ids), 1))
 
     outs = llm.generate(
-        [{"prompt_token_ids": p} for p in spec["prompts"]],
+        [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]],
         SamplingParams(max_tokens=QUALITY_TOKENS, logprobs=0, **greedy),
         use_tqdm=False,
     )
-    gens = [list(o.outputs[0].token_ids) for o in outs]
-    lps = [[step[t].logprob for t, step in zip(g, o.outputs[0].logprobs)] for g, o in zip(gens, outs)]
+    gens, lps = [], []
+    for o in outs:
+        out = o.outputs[0]
+        assert out.logprobs is not None  # asked for (logprobs=0): one entry per generated token
+        gens.append(list(out.token_ids))
+        lps.append([out.logprobs[i][t].logprob for i, t in enumerate(out.token_ids)])
     return {"decode": decode, "prefill": prefill, "generated": gens, "logprobs": lps}
 
 
 def run_candidate(
     cand: Candidate, policy_env: dict[str, str], directory: Path, prompts: list[list[int]], reps: int, log: Path
-) -> dict:
+) -> dict[str, Any]:
     dtype = "float32" if cand.format == "fp32" else "bfloat16"
     spec = {"model": str(directory), "reps": reps, "prompts": prompts, "dtype": dtype}
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", **cand.env, **policy_env}
@@ -245,15 +252,18 @@ def run_candidate(
         )
     if proc.returncode != 0:
         return {"error": f"exit {proc.returncode}, log {log}"}
-    result = next(line for line in log.read_text(errors="replace").splitlines() if line.startswith(RESULT))
-    return json.loads(result[len(RESULT) :])
+    line = next(line for line in log.read_text(errors="replace").splitlines() if line.startswith(RESULT))
+    result: dict[str, Any] = json.loads(line[len(RESULT) :])
+    return result
 
 
-def _summary(values: list[float]) -> dict:
+def _summary(values: list[float]) -> dict[str, Any]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
 
 
-def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path, progress=print) -> dict:
+def measure(
+    formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path, progress: Callable[[str], None] = print
+) -> dict[str, Any]:
     """Every candidate of `formats` on the live backend, one engine each; the report (also written to `out`, after
     each candidate) with the bandwidth ceiling of each row."""
     from harness.quant_quality import prompt_ids, score
@@ -266,7 +276,7 @@ def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path
 
     hardware = read_hardware()
     backend = choose_backend(hardware.cpu, read_software()).name or "none"
-    report: dict = {
+    report: dict[str, Any] = {
         "machine": f"{hardware.cpu.vendor} {hardware.cpu.model_name} ({hardware.cpu.microarchitecture}), "
         f"backend {backend}",
         "backend": backend,
@@ -276,7 +286,7 @@ def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path
     }
     source = model_dir(cache, "bf16")
     prompts = prompt_ids(source)
-    exact: dict[str, dict] = {}  # per scheme: the clean checkpoint's dequantized weights (the ideal kernel)
+    exact: dict[str, dict[str, Any]] = {}  # per scheme: the clean checkpoint's dequantized weights (the ideal kernel)
     out.parent.mkdir(parents=True, exist_ok=True)
     for cand in candidates(backend, formats, corrupt, hardware.cpu.isa.native_bf16):
         directory = model_dir(cache, cand.format)
@@ -285,7 +295,7 @@ def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path
         )
         log = out.parent / f"quant_kernels-{cand.label.replace(' ', '_').replace('/', '_')}.log"
         progress(f"quantized kernels: {cand.label} (policy: {kernel}) ...")
-        row = {"format": cand.format, "env": cand.env, "kernel": kernel, "log": str(log)}
+        row: dict[str, Any] = {"format": cand.format, "env": cand.env, "kernel": kernel, "log": str(log)}
         if kernel.startswith("refused: "):  # the service would not start it; the engine would die on it
             report["rows"].append({**row, "error": kernel})
             continue
@@ -300,18 +310,18 @@ def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path
             markers.append(f'"platform": "{policy_env[PLATFORM_ENV]}"')
         scheme = cand.format.removesuffix("-corrupt")
         quality = score(source, prompts, result["generated"], result["logprobs"])
-        kernel = quality
+        kernel_check = quality
         if scheme not in ("bf16", "fp32"):
             if scheme not in exact:
                 exact[scheme] = dequantized_state(model_dir(cache, scheme))
-            kernel = score(source, prompts, result["generated"], result["logprobs"], exact[scheme])
+            kernel_check = score(source, prompts, result["generated"], result["logprobs"], exact[scheme])
         row.update(
             decode=_summary(result["decode"]),
             prefill=_summary(result["prefill"]),
             kernel_confirmed=all(m in logged for m in markers),
             quality=quality.as_dict(),
-            kernel_quality=kernel.as_dict(),
-            quality_passes=kernel.logprob_passes(scheme),
+            kernel_quality=kernel_check.as_dict(),
+            quality_passes=kernel_check.logprob_passes(scheme),
         )
         report["rows"].append(row)
         out.write_text(json.dumps(report, indent=2))  # partial: a later candidate may not finish
@@ -322,7 +332,7 @@ def measure(formats: list[str], reps: int, corrupt: bool, cache: Path, out: Path
     return report
 
 
-def row_line(row: dict) -> str:
+def row_line(row: dict[str, Any]) -> str:
     d, p, q, k = row["decode"], row["prefill"], row["quality"], row["kernel_quality"]
     return (
         f"decode {d['median']:.1f} tok/s [{d['min']:.1f}-{d['max']:.1f}], prefill {p['median']:.0f} tok/s "
@@ -342,8 +352,8 @@ def run(ctx: Context, options: QuantOptions) -> Output:
     """Each quantized format's linear kernel on the live backend, every candidate the policy can steer to, with
     decode, prefill, bandwidth ceiling, and quality against the bf16 source and against the checkpoint's exact
     dequantization (the kernel check, which a corrupted copy must fail)."""
-    from bench.context import cache_dir, log
-    from bench.output import Output
+    from bench.context import cache_dir
+    from bench.output import Output, log
 
     report = measure(
         list(options.format), options.repetitions, True, cache_dir(), ctx.logdir / "quant_kernels.json", log
@@ -365,7 +375,7 @@ def quant_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
-def section(results: dict, comparisons: list, decoded: list) -> list[str]:
+def section(results: dict[str, Any], comparisons: list[Comparison], decoded: list[DecodeResult]) -> list[str]:
     return [heading(results["quant_kernels"]), "", markdown_table(results["quant_kernels"]), ""]
 
 
@@ -394,7 +404,7 @@ def main() -> None:
     print(f"\nwritten to {args.render or args.out}")
 
 
-def complete(report: dict, cache: Path) -> None:
+def complete(report: dict[str, Any], cache: Path) -> None:
     """Add the read bandwidth (bench/bandwidth.py on the engine's CPUs), each row's bytes/token and its ceiling."""
     from bench.bandwidth import read_bandwidth
 
@@ -410,7 +420,7 @@ def complete(report: dict, cache: Path) -> None:
             r["ceiling_fraction"] = r["decode"]["median"] / r["ceiling_tok_s"]
 
 
-def heading(report: dict) -> str:
+def heading(report: dict[str, Any]) -> str:
     load = report.get("load_average")
     return (
         f"Quantized linear kernels on {report['machine']} ({report['date']}): vLLM's offline engine per candidate, "
@@ -423,7 +433,7 @@ def heading(report: dict) -> str:
     )
 
 
-def markdown_table(report: dict) -> str:
+def markdown_table(report: dict[str, Any]) -> str:
     head = (
         "| candidate | kernel (policy) | in engine log | decode tok/s | prefill tok/s | MB/token | of ceiling "
         "| vs bf16: top-1, mean abs dlogprob | vs exact dequantization: top-1, mean abs dlogprob | kernel check |"

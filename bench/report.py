@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.parts import PARTS
 from bench.stats import FRONTEND_TARGETS, POLICY_TARGETS, Comparison, DecodeResult
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
 def machine_line(results: dict[str, Any]) -> str:
@@ -52,7 +55,7 @@ def markdown(
     return "\n".join(parts)
 
 
-def _ratio_axis(ax, comps: Sequence[Comparison], metric: str, label: str, bound: float | None) -> None:
+def _ratio_axis(ax: Axes, comps: Sequence[Comparison], metric: str, label: str, bound: float | None) -> None:
     xs = list(range(len(comps)))
     es = [c.estimates[metric] for c in comps]
     ys = [e.value for e in es]

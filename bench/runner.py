@@ -12,8 +12,9 @@ from dataclasses import asdict
 from typing import Any
 
 from bench import servers as srv
-from bench.context import Context, cache_dir, log, ours_ready, start
+from bench.context import Context, cache_dir, ours_ready, start
 from bench.options import BenchOptions
+from bench.output import log
 from bench.parts import PARTS
 from bench.stats import Comparison, DecodeResult, headline
 
@@ -57,6 +58,7 @@ def run_bench(opts: BenchOptions, command: str | None = None) -> int:
         finally:
             server.close()
 
+    assert ctx.reported is not None  # set by a part or by the hook above
     results["machine"] = ctx.reported.machine() | {"client": asdict(ctx.client) if ctx.client else None}
     results["policy"] = {"engine_args": ctx.reported.engine_args, "env": ctx.reported.env}
     results["parity"] = ctx.parity

@@ -62,7 +62,7 @@ FRONTEND_TARGETS = (
 )
 POLICY_TARGETS = (Target("output_throughput", "ratio", ">=", 0.98),)
 # The peer (ours against llama.cpp's server): no target, every figure a ratio ours/llama.cpp.
-PEER_ESTIMATES = (
+PEER_ESTIMATES: tuple[tuple[str, Kind], ...] = (
     ("output_throughput", "ratio"),
     ("ttft_p50_ms", "ratio"),
     ("ttft_p99_ms", "ratio"),

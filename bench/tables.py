@@ -39,7 +39,9 @@ def cell(c: Comparison, metric: str, digits: int) -> str:
     return f"{head}: **{e.fmt()}**" + (f" {verdict}" if verdict else "")
 
 
-def comparison_table(comparisons: Sequence[Comparison], columns=FRONT_COLUMNS, verdicts: bool = True) -> str:
+def comparison_table(
+    comparisons: Sequence[Comparison], columns: Sequence[tuple[str, str, int]] = FRONT_COLUMNS, verdicts: bool = True
+) -> str:
     head = ["comparison", "c", "n", "servers", *(label for _, label, _ in columns)]
     if verdicts:
         head.append("verdict")

@@ -18,9 +18,11 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from bench.context import Context, cache_dir, log
-from bench.output import Output
+from bench.context import Context, cache_dir
+from bench.output import Output, log
+from bench.stats import Comparison, DecodeResult
 from bench.tables import row
 from harness import REPO, ServerProcess, offline_env
 
@@ -38,7 +40,7 @@ INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\
 VLLM_LINE = re.compile(r"\[decorators\.py:\d+\] .*")
 
 
-def read_log(text: str) -> dict:
+def read_log(text: str) -> dict[str, Any]:
     init = INIT_ENGINE.search(text)
     vllm = "\n".join(m[0] for m in VLLM_LINE.finditer(text))
     return {
@@ -52,7 +54,7 @@ def read_log(text: str) -> dict:
 
 def measure(
     model: Path | None, work_dir: Path, settings: dict[str, str] | None = None, ready_timeout: float = 3600
-) -> dict:
+) -> dict[str, Any]:
     """Cold then warm start of `model` (None: the service's default model, as `make serve` starts) with
     torch.compile."""
     cache_dir = work_dir / "cache"
@@ -63,7 +65,7 @@ def measure(
     if model is not None:
         base["SERVICE_MODEL"] = str(model)
     base.update({f"SERVICE_{k.upper()}": v for k, v in (settings or {}).items()})
-    result: dict = {"model": str(model) if model else "default", "loadavg_1m": os.getloadavg()[0]}
+    result: dict[str, Any] = {"model": str(model) if model else "default", "loadavg_1m": os.getloadavg()[0]}
     for phase in ("cold", "warm"):
         log_path = work_dir / f"server-{phase}.log"
         start = time.monotonic()
@@ -98,7 +100,7 @@ def run(ctx: Context, options: None) -> Output:
     return Output(out, summary=tuple(summary_line(w) for w in out))
 
 
-def summary_line(result: dict) -> str:
+def summary_line(result: dict[str, Any]) -> str:
     cold, warm = result["cold"], result["warm"]
     return (
         f"start to ready, {result['name']} model: cold {cold['ready_s']:.0f} s, warm {warm['ready_s']:.0f} s "
@@ -108,7 +110,7 @@ def summary_line(result: dict) -> str:
     )
 
 
-def _stops(result: dict) -> str:
+def _stops(result: dict[str, Any]) -> str:
     """SIGTERM to exit of both starts; runs recorded before the bench timed stops have none."""
     cold, warm = result["cold"], result["warm"]
     if "stop_s" not in cold:
@@ -119,7 +121,7 @@ def _stops(result: dict) -> str:
     )
 
 
-def section(results: dict, comparisons: list, decoded: list) -> list[str]:
+def section(results: dict[str, Any], comparisons: list[Comparison], decoded: list[DecodeResult]) -> list[str]:
     head = ["model", "cold: start to ready", "warm", "vLLM engine init cold", "warm", "warm start", "SIGTERM to exit"]
     lines = [row(head), row(["---"] * len(head))]
     for w in results["warm_start"]:
