@@ -5,6 +5,7 @@ order, A/B and B/A runs by turns on each pair of processes."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -25,6 +26,10 @@ LLAMA_CPP_BIN = (
     Path(os.environ.get("BENCH_LLAMA_CPP_BUILD") or Path(__file__).resolve().parents[1] / ".cache/llama.cpp-build")
     / "bin"
 )
+REPACK_OFF = {"LLAMA_ARG_REPACK": "0"}  # llama.cpp's --no-repack, for its server and its tools
+# Exit codes of a llama.cpp program killed while it loads with repacking on (its AMX path in Intel guests with AMX:
+# `tilezero` raised SIGILL on one, a general protection fault in libggml-cpu on another), and what the bench calls them
+LOAD_CRASHES = {-signal.SIGILL: "SIGILL (an illegal instruction)", -signal.SIGSEGV: "SIGSEGV (a protection fault)"}
 
 
 @dataclass

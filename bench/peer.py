@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import os
 import random
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
@@ -18,7 +17,7 @@ import httpx
 
 from bench import servers as srv
 from bench.context import LLAMA_CPP_BIN as BIN
-from bench.context import Context, cache_dir, ours_ready, start
+from bench.context import LOAD_CRASHES, REPACK_OFF, Context, cache_dir, ours_ready, start
 from bench.load import Workload
 from bench.output import Output, log
 from bench.profile import step_line
@@ -32,9 +31,6 @@ LLAMA_CPP_VERSION = "0.3.36"  # mk/bench.mk's LLAMA_CPP_VERSION
 TREE = REPO / ".cache" / "bench-src" / f"llama_cpp_python-{LLAMA_CPP_VERSION}" / "vendor" / "llama.cpp"
 SERVED = "bench-llama"
 CTX_PER_SLOT = 512  # prompt + answer of every workload here, with room
-REPACK_OFF = {"LLAMA_ARG_REPACK": "0"}  # llama-server's --no-repack
-# Exit codes of a llama-server killed while it loads with repacking on, and what start_llama calls them
-LOAD_CRASHES = {-signal.SIGILL: "SIGILL (an illegal instruction)", -signal.SIGSEGV: "SIGSEGV (a protection fault)"}
 
 # format -> (the service's model: None = the bf16 bench model, GGUF = llama.cpp's own file, else
 #            harness/quantized_models.py's scheme; llama.cpp's GGUF type). Q8_0: int8 blocks of 32 with an fp16

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import subprocess
 from dataclasses import asdict, dataclass
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.context import LLAMA_CPP_BIN as BIN
-from bench.context import Context
+from bench.context import LOAD_CRASHES, REPACK_OFF, Context
 from bench.output import Output, log
 from bench.stats import Comparison, DecodeResult
 from harness import ServerProcess
@@ -40,10 +41,15 @@ class QualityResult:
     transformers_fp32: float
     service: float
     service_dtype: str
+    llama_cpp_repack_off: str | None = None  # why llama-perplexity ran with weight repacking off
 
     def markdown(self) -> str:
         rows = [
-            ("llama.cpp (`llama-perplexity`) on the GGUF file", f"{self.llama_cpp:.3f} +/- {self.llama_cpp_error:.3f}"),
+            (
+                "llama.cpp (`llama-perplexity`) on the GGUF file"
+                + (f" ({self.llama_cpp_repack_off}: LLAMA_ARG_REPACK=0)" if self.llama_cpp_repack_off else ""),
+                f"{self.llama_cpp:.3f} +/- {self.llama_cpp_error:.3f}",
+            ),
             ("transformers fp32 on its dequantized weights", f"{self.transformers_fp32:.3f}"),
             (f"the service (default path, {self.service_dtype})", f"{self.service:.3f}"),
         ]
@@ -70,18 +76,25 @@ def _llama_ids(gguf: Path, text_file: Path) -> list[int]:
     return ids
 
 
-def _llama_perplexity(gguf: Path, text_file: Path, ctx: int, chunks: int, threads: int) -> tuple[float, float]:
-    out = subprocess.run(
-        [str(BIN / "llama-perplexity"), "-m", str(gguf), "-f", str(text_file), "-c", str(ctx)]
-        + ["--chunks", str(chunks), "-t", str(threads), "-b", str(ctx)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+def _llama_perplexity(
+    gguf: Path, text_file: Path, ctx: int, chunks: int, threads: int
+) -> tuple[float, float, str | None]:
+    """The estimate, its +/-, and why repacking was off. One that dies of SIGILL or SIGSEGV with llama.cpp's weight
+    repacking on runs again with it off, as the peer's llama-server does (bench/context.py); a user's own
+    LLAMA_ARG_REPACK is left as it is. Repacking changes ggml's layouts, not the values it computes."""
+    argv = [str(BIN / "llama-perplexity"), "-m", str(gguf), "-f", str(text_file), "-c", str(ctx)]
+    argv += ["--chunks", str(chunks), "-t", str(threads), "-b", str(ctx)]
+    out = subprocess.run(argv, capture_output=True, text=True)
+    repack_off = None
+    if out.returncode in LOAD_CRASHES and "LLAMA_ARG_REPACK" not in os.environ:
+        repack_off = f"it died of {LOAD_CRASHES[out.returncode]} with weight repacking on, so it ran with it off"
+        out = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **REPACK_OFF})
+    if out.returncode != 0:
+        raise subprocess.CalledProcessError(out.returncode, argv, out.stdout, out.stderr)
     found = re.search(r"Final estimate: PPL = ([\d.]+) \+/- ([\d.]+)", out.stdout + out.stderr)
     if not found:
         raise RuntimeError(f"llama-perplexity printed no estimate:\n{(out.stdout + out.stderr)[-3000:]}")
-    return float(found[1]), float(found[2])
+    return float(found[1]), float(found[2]), repack_off
 
 
 def chunks_of(ids: list[int], ctx: int, bos: int | None) -> list[list[int]]:
@@ -134,7 +147,7 @@ def run_quality(out: Path, threads: int = 1, ctx: int = CTX) -> QualityResult:
     bos = theirs[0] if len(theirs) == len(ours) + 1 else None
     same = theirs[1:] == ours if bos is not None else theirs == ours
     chunks = chunks_of(theirs, ctx, bos)
-    llama, error = _llama_perplexity(gguf, text_file, ctx, len(chunks), threads)
+    llama, error, repack_off = _llama_perplexity(gguf, text_file, ctx, len(chunks), threads)
 
     reference = [v for c in chunks for v in second_half(reference_logprobs(fp32, c), ctx)]
     server = ServerProcess({**offline_env(), "SERVICE_KV_CACHE_GIB": "0.5"}, out / "quality-service.log").start()
@@ -147,7 +160,17 @@ def run_quality(out: Path, threads: int = 1, ctx: int = CTX) -> QualityResult:
     finally:
         server.close()
     result = QualityResult(
-        str(gguf), ctx, len(chunks), len(reference), same, llama, error, _ppl(reference), _ppl(served), dtype
+        str(gguf),
+        ctx,
+        len(chunks),
+        len(reference),
+        same,
+        llama,
+        error,
+        _ppl(reference),
+        _ppl(served),
+        dtype,
+        repack_off,
     )
     (out / "quality.json").write_text(json.dumps(asdict(result), indent=2))
     (out / "quality.md").write_text(result.markdown() + "\n")
@@ -171,6 +194,8 @@ def run(ctx: Context, options: QualityOptions) -> Output:
         f"transformers fp32 {result.transformers_fp32:.3f}, the service {result.service:.3f} ({result.service_dtype}); "
         f"same tokens: {'yes' if result.same_tokens else 'NO'}"
     )
+    if result.llama_cpp_repack_off:
+        summary += f"; llama-perplexity: {result.llama_cpp_repack_off}"
     return Output(asdict(result), summary=(summary,))
 
 
