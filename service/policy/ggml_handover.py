@@ -107,16 +107,19 @@ def describe(table: GgmlHandover) -> str:
     return by_rows + (f"; {', '.join(never)} never" if never else "")
 
 
+def tables_for(tables: Mapping[str, GgmlHandover], native_bf16: bool) -> dict[str, GgmlHandover]:
+    """A backend's tables on a CPU: without native bf16 the bf16 table is SOFTWARE_BF16's, whatever the backend."""
+    return {**tables, "bfloat16": SOFTWARE_BF16} if not native_bf16 else dict(tables)
+
+
 def plan_handover(
     backend: str, tables: Mapping[str, GgmlHandover], dtype: str, native_bf16: bool, planned_kernels: str
 ) -> PolicyResult:
-    """The backend's tables (per activation dtype; fp16 takes bf16's, and without native bf16 both take
-    SOFTWARE_BF16), where a ggml kernel runs (`planned_kernels`: KERNELS_ENV's value). The reason gives the engine
-    dtype's table and where it was measured."""
+    """The backend's tables on this CPU (tables_for; fp16 takes bf16's), where a ggml kernel runs
+    (`planned_kernels`: KERNELS_ENV's value). The reason gives the engine dtype's table and where it was measured."""
     if not GGML_CLASSES & set(planned_kernels.split(",")):
         return PolicyResult()
-    if not native_bf16:
-        tables = {**tables, "bfloat16": SOFTWARE_BF16}
+    tables = tables_for(tables, native_bf16)
     table = tables.get(dtype) or tables["bfloat16"]
     why = (
         f"{dtype} activations: ggml's matmul below these rows, dequantize + the {table.gemm} from them: "

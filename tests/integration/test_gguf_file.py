@@ -21,13 +21,13 @@ from openai import OpenAI
 
 from service.facts.gguf import read_gguf
 from service.policy.backends import BACKENDS
-from service.policy.ggml_handover import HANDOVER_ENV, parse_handover
+from service.policy.ggml_handover import HANDOVER_ENV, parse_handover, tables_for
 from service.policy.quant_kernels import KERNELS
 from service.vllm_plugin import STATE_PREFIX
 from tests.integration.conftest import _start
 from tests.integration.test_reference import TEXTS
 from tests.support.gguf_models import tiny_gguf
-from tests.support.live_cpu import expected_backend
+from tests.support.live_cpu import expected_backend, native_bf16
 from tests.support.reference import compare, prompt_ids, query, reference_logprobs
 from tests.support.release import release
 from tests.support.server import MODELS
@@ -148,9 +148,11 @@ def test_a_files_blocks_are_served_on_ggmls_kernel_in_every_vllm_process(case, b
     states = [json.loads(line.split(STATE_PREFIX, 1)[1]) for line in run.log.splitlines() if STATE_PREFIX in line]
     assert {s["process"] for s in states} >= {"MainProcess", "EngineCore"} and len(states) >= 3, states
     assert all(s["linear_kernels"] == {KERNEL: "registered"} for s in states), states
-    # Where the op hands batches to the GEMM: the live backend's tables, read by every vLLM process
+    # Where the op hands batches to the GEMM: the live backend's tables on this CPU (its bf16 one in software
+    # without native bf16, by torch's test), read by every vLLM process
     planned = parse_handover(run.decisions[f"env.{HANDOVER_ENV}"]["value"])
-    assert planned == {dtype: dict(t.rows) for dtype, t in BACKENDS[expected_backend()].ggml_handover.items()}
+    tables = tables_for(BACKENDS[expected_backend()].ggml_handover, native_bf16())
+    assert planned == {dtype: dict(t.rows) for dtype, t in tables.items()}
     assert all(s["ggml_handover"] == planned for s in states), states
     assert f"[service] GGUF blocks: {case.kept} linear layers on ggml's kernel" in run.log
     # The token embedding and the LM head, each on its own blocks: the lookup and ggml's matmul.

@@ -31,3 +31,10 @@ def expected_backend() -> str:
     if torch.cpu._is_amx_tile_supported():
         return "amx"
     return "avx512" if torch.cpu._is_avx512_supported() else "avx2"
+
+
+def native_bf16() -> bool:
+    """torch's own test of AVX-512 BF16 (every CPU with AMX bf16 met so far has it too)."""
+    import torch
+
+    return torch.cpu._is_avx512_bf16_supported()

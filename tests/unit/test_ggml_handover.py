@@ -18,12 +18,13 @@ from service.policy.ggml_handover import (
     FP32_ZEN2,
     HANDOVER_ENV,
     K_QUANTS,
+    SOFTWARE_BF16,
     parse_handover,
 )
 from service.settings import load_settings
 from tests.support.gguf_models import tiny_gguf
 from tests.support.server import MODELS
-from tests.unit.conftest import software
+from tests.unit.conftest import CPUINFO, software
 from tests.unit.test_policy_engine import decision, hw
 from tests.unit.test_quant_policy import AMX, AVX2, AVX512, GGML, W4A16, W8A8_DYNAMIC, ZEN, kernel, quant_plan
 
@@ -114,3 +115,29 @@ def test_a_bf16_engine_without_native_bf16_keeps_ggml_at_every_row_count(tmp_pat
     with_bf16 = quant_plan(W4A16, AVX512, tmp_path, ggml_kernel=GGML, auto_round_lib=None)
     assert parse_handover(with_bf16.env[HANDOVER_ENV])["bfloat16"] == dict(BF16_AVX512.rows)
     assert "not measured on" not in decision(with_bf16, SETTING).reason
+
+
+def _recorded_flags(name: str) -> frozenset[str]:
+    """The first `flags` line of a recording (Arm's have `Features` instead: no x86 flag)."""
+    lines = (CPUINFO / name).read_text().splitlines()
+    return frozenset(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), ()))
+
+
+X86_RECORDINGS = sorted(p.name for p in CPUINFO.glob("*.txt") if "avx2" in _recorded_flags(p.name))
+
+
+@pytest.mark.parametrize("cpu", X86_RECORDINGS)
+def test_every_recorded_cpu_gets_its_backends_bf16_table_only_where_it_computes_bf16(cpu, tmp_path):
+    """The rule the live engine test (test_gguf_file) derives from torch: AVX-512 BF16 or AMX bf16 in the CPU's own
+    flags, or the bf16 table converts in software (Zen 1-3 and the Intel guests without the extension)."""
+    native = bool({"avx512_bf16", "amx_bf16"} & _recorded_flags(cpu))
+    p = quant_plan(W4A16, cpu, tmp_path, ggml_kernel=GGML, int4_kernel="ggml")
+    assert kernel(p) == "ggml-q4_0", cpu
+    backend = BACKENDS[p.backend.name]
+    tables = parse_handover(p.env[HANDOVER_ENV])
+    assert tables["float32"] == dict(backend.ggml_handover["float32"].rows)
+    bf16 = backend.ggml_handover["bfloat16"] if native else SOFTWARE_BF16
+    assert tables["bfloat16"] == dict(bf16.rows), (cpu, backend.name)
+    assert ("bf16 GEMM converted in software" in decision(p, SETTING).reason) == (
+        not native and decision(p, "engine.dtype").value == "bfloat16"
+    )
