@@ -26,4 +26,4 @@ test-kubernetes: setup kubernetes-tools
 	$(PY) -m pytest -q tests/unit/test_kubernetes.py
 
 # The unit tests render the manifests with this kubectl: `make test` and `make test-unit` install it first.
-test test-unit: kubernetes-tools
+test-unit: kubernetes-tools

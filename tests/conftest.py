@@ -7,13 +7,32 @@ from __future__ import annotations
 
 import pytest
 
+from harness import SERVICE_ARGV, ServerProcess
+from tests.support import engines
 from tests.support.release import reap
 
 MARKER = "compile_cache"
+pytest_plugins = ["tests.support.phases"]
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", f"{MARKER}: cold + warm engine start with torch.compile (slowest test)")
+    _count_service_starts()
+
+
+def _count_service_starts() -> None:
+    """Every start of the service by a test counts against its engine's registration (tests/support/engines.py)."""
+    start = ServerProcess.start
+    if getattr(start, "counted", False):
+        return
+
+    def counted_start(self: ServerProcess) -> ServerProcess:
+        if self.argv == SERVICE_ARGV:
+            engines.started(self.name)
+        return start(self)
+
+    counted_start.counted = True  # type: ignore[attr-defined]
+    ServerProcess.start = counted_start  # type: ignore[method-assign]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -22,13 +22,16 @@ import uuid
 
 import pytest
 
+from tests.support import engines
+
 from .conftest import IMAGE, REPO, SCRIPTS, container_env, expected_backend, free_port, podman, tool
 from .test_images import http, kernels_check, preload_check
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(3600)]
 
 PROM_IMAGE = "localhost/cpu-llm-service-prometheus:debian"
-TIMEOUT = float(os.environ.get("CONTAINER_READY_TIMEOUT", "600"))
+# Generous: the stack's first start builds the kernels and compiles the model, beside the host's tests (scripts/test.sh).
+TIMEOUT = float(os.environ.get("CONTAINER_READY_TIMEOUT", "900"))
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +95,7 @@ volumes:
         return res
 
     try:
+        engines.started("compose")
         run("up", "-d")
         yield {
             "project": project,

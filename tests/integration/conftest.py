@@ -40,7 +40,8 @@ class RunningServer:
 def _start(name: str, tmp_root: Path, served: str, api_key: str | None = None, **settings: str) -> RunningServer:
     if api_key:
         settings["api_key"] = api_key
-    return RunningServer(start_service(tmp_root / f"{name}.log", name=name, **settings), served, api_key)
+    log = tmp_root / f"{name.replace('/', '-')}.log"
+    return RunningServer(start_service(log, name=name, **settings), served, api_key)
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,7 @@ def _detect_calibrate(env: dict) -> tuple[dict, str]:
 def _start_calibrated(server_logs, name: str, cache, model: str):
     """A server on `cache`, where `detect --calibrate` stored its timings (a warm start reads them)."""
     return start_service(
-        server_logs / f"{name}.log",
+        server_logs / f"{name.replace('/', '-')}.log",
         extra_env={"SERVICE_CACHE_DIR": str(cache)},
         name=name,
         model=model,
@@ -167,7 +167,7 @@ def test_the_engine_runs_the_backend_and_dtype_the_calibration_chose(tmp_path, s
     if "backend" in questions:
         assert decided["calibration.backend"]["value"] == report["backend"]["name"]
         assert "2 processes: another backend's candidates in their own" in decided["calibration.backend"]["reason"]
-    process = _start_calibrated(server_logs, "calibrated-demo", tmp_path, env["SERVICE_MODEL"])
+    process = _start_calibrated(server_logs, "calibrated/demo", tmp_path, env["SERVICE_MODEL"])
     try:
         served = httpx.get(f"{process.url}/v1/hardware", timeout=30).json()
         log = process.log_tail(10**7)

@@ -107,7 +107,7 @@ def blocks_runs(server_logs):
             path = tiny_gguf(MODELS, case.arch, case.tensor_type)
             served_name = path.stem
             server = _start(
-                f"gguf-blocks-{case.arch}-{case.tensor_type}",
+                f"gguf-blocks/{case.arch}-{case.tensor_type}",
                 server_logs,
                 served_name,
                 model=str(path),

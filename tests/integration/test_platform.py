@@ -23,6 +23,7 @@ from service.patches import PatchStatus, needs_fxgraph_pickle_patch
 from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
 from service.policy.platform import PLATFORM_ENV
 from tests.integration.conftest import _start
+from tests.support import engines
 from tests.support.live_cpu import expected_platform
 from tests.support.server import MODELS, REPO, process_states, service_env
 
@@ -170,6 +171,7 @@ def test_a_forced_patch_is_applied_in_every_process_vllm_starts(tmp_path):
     script.write_text(FORCED_ENGINE)
     # A small KV cache: this engine only has to start, on a machine other test servers share.
     env = service_env(MODELS, kv_cache_gib="0.25", max_model_len="256")
+    engines.started("forced-patch")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     log = out.stdout + out.stderr
     assert out.returncode == 0 and "engine started" in out.stdout, log[-5000:]

@@ -63,7 +63,7 @@ def _serve(name: str, server_logs):
     try:
         # A small KV cache: the demo model needs little, and the build machines are shared.
         server = _start(
-            name,
+            f"quantized/{name}",
             server_logs,
             f"demo-{scheme}",
             model=str(model),
@@ -73,7 +73,7 @@ def _serve(name: str, server_logs):
         )
     except RuntimeError as exc:
         if f"exited with {EXIT_STARTUP_REFUSED}" in str(exc) and REFUSED in str(exc):
-            return Refusal(scheme, (server_logs / f"{name}.log").read_text(errors="replace"))
+            return Refusal(scheme, (server_logs / f"quantized-{name}.log").read_text(errors="replace"))
         raise
     server.scheme, server.model, server.settings = scheme, model, settings
     return server

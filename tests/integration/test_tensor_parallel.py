@@ -53,7 +53,7 @@ EXIT_ENGINE_DIED = 3
 
 def start(log_path: Path) -> ServerProcess:
     env = service_env(MODELS, **TP_SETTINGS) | {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
-    process = ServerProcess(env, log_path)
+    process = ServerProcess(env, log_path, name=f"tensor-parallel/{log_path.stem}")
     try:
         process.start().wait_ready(timeout=900)  # a loaded 2-core box needs minutes
     except BaseException:

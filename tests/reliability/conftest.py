@@ -99,11 +99,12 @@ class Server:
 
 
 def start_server(
-    log_path: Path, api_key: str | None = None, extra_env: dict[str, str] | None = None, **settings: str
+    name: str, log_path: Path, api_key: str | None = None, extra_env: dict[str, str] | None = None, **settings: str
 ) -> Server:
+    """`name`: the engine's, as tests/support/engines.py registers it."""
     if api_key:
         settings["api_key"] = api_key
-    return Server(start_service(log_path, extra_env=CANARIES | (extra_env or {}), **settings), api_key)
+    return Server(start_service(log_path, extra_env=CANARIES | (extra_env or {}), name=name, **settings), api_key)
 
 
 @pytest.fixture(scope="session")
@@ -120,6 +121,7 @@ def api_key() -> str:
 def server(reliability_logs, api_key):
     """The shared server: small capacity so overload is reachable, an API key, a small body limit."""
     srv = start_server(
+        "reliability",
         reliability_logs / "shared.log",
         api_key=api_key,
         max_num_seqs=str(MAX_NUM_SEQS),

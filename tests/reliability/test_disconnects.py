@@ -29,6 +29,7 @@ MIB = 1 << 20
 @pytest.fixture(scope="module")
 def long_server(reliability_logs, api_key):
     srv = start_server(
+        "disconnects",
         reliability_logs / "disconnects.log",
         api_key=api_key,
         max_num_seqs=str(MAX_NUM_SEQS),

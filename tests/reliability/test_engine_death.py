@@ -33,7 +33,7 @@ def engine_core(pid: int) -> psutil.Process:
 
 
 def test_killing_the_engine_core_fails_health_and_exits_non_zero(reliability_logs):
-    server = start_server(reliability_logs / "engine-death.log", max_model_len="1024")
+    server = start_server("engine-death/core", reliability_logs / "engine-death.log", max_model_len="1024")
     try:
         core = engine_core(server.pid)
         # A request in flight when the engine dies must get an answer, not hang.
@@ -72,7 +72,7 @@ def test_an_engine_that_dies_during_the_drain_makes_the_stop_exit_non_zero(relia
     """A SIGTERM, then the engine core dies with a request in flight: that request is answered with an error, and
     the exit says the engine died (was 0: the drain ended once the request was answered, before the watchdog
     looked)."""
-    server = start_server(reliability_logs / "engine-death-draining.log", max_model_len="1024")
+    server = start_server("engine-death/draining", reliability_logs / "engine-death-draining.log", max_model_len="1024")
     try:
         core = engine_core(server.pid)
         client, outcome = _stream_in_flight(server.url)
@@ -103,7 +103,10 @@ def test_a_hung_engine_core_fails_health_answers_its_requests_and_exits_non_zero
     """An engine core that stops answering (SIGSTOP stands for a kernel stuck or a deadlock) stayed alive to vLLM's
     health check: /health 200, every request waiting for ever. Busy, it answers the probe between steps."""
     server = start_server(
-        reliability_logs / "engine-hang.log", max_model_len="1024", engine_stall_seconds=f"{STALL_S:g}"
+        "engine-death/hang",
+        reliability_logs / "engine-hang.log",
+        max_model_len="1024",
+        engine_stall_seconds=f"{STALL_S:g}",
     )
     try:
         core = engine_core(server.pid)
@@ -145,7 +148,9 @@ def test_a_worker_killed_as_the_engine_comes_up_ends_the_start_with_exit_3(relia
     the engine core dies a moment after its handshake, while the service asks it for its tasks. That call waited
     for ever (vLLM fails only the calls made after a death): "starting", with nothing left to wait for."""
     log_path = reliability_logs / "worker-killed-starting.log"
-    process = ServerProcess(service_env(MODELS, max_model_len="1024"), log_path, name="worker-killed-starting").start()
+    process = ServerProcess(
+        service_env(MODELS, max_model_len="1024"), log_path, name="engine-death/worker-killed-starting"
+    ).start()
     try:
         deadline = time.monotonic() + 300
         while "init engine (profile, create kv cache, warmup model) took" not in log_path.read_text():
@@ -178,7 +183,7 @@ def test_a_start_that_hangs_fails_health_and_exits_non_zero(reliability_logs):
     limit is not mistaken for one: the demo model's start makes progress every second."""
     log_path = reliability_logs / "start-hang.log"
     env = service_env(MODELS, max_model_len="1024", engine_stall_seconds=f"{START_STALL_S:g}")
-    process = ServerProcess(env, log_path, name="start-hang").start()
+    process = ServerProcess(env, log_path, name="engine-death/start-hang").start()
     try:
         deadline = time.monotonic() + 300
         while (core := _named(process.pid, "VLLM::EngineCore")) is None:
@@ -266,7 +271,7 @@ def _engine_processes_left(pgid: int) -> list[psutil.Process]:
 
 
 def test_killing_the_api_server_ends_the_engine_processes(reliability_logs):
-    server = start_server(reliability_logs / "server-death.log", max_model_len="1024")
+    server = start_server("engine-death/server", reliability_logs / "server-death.log", max_model_len="1024")
     try:
         engine = [p for p in psutil.Process(server.pid).children(recursive=True) if p.name().startswith("VLLM::")]
         assert {p.name() for p in engine} >= {"VLLM::EngineCore", "VLLM::Worker"}, engine

@@ -107,6 +107,7 @@ def _wait_running(probe: httpx.Client, count: int, timeout: float) -> float:
 
 def _on_a_server_of_its_own(log_path, grace_s: float, scenario) -> None:
     server = start_server(
+        f"graceful-shutdown/{log_path.stem}",
         log_path,
         extra_env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
         shutdown_grace_seconds=str(grace_s),
@@ -265,7 +266,7 @@ def test_a_stop_while_the_engine_starts_ends_the_start_at_once_and_exits_zero(re
     0 at once. It used to wait for the engine to be up (the demo: 41-42 s; a large model: minutes, past a container's
     stop timeout, so the runtime killed it)."""
     log_path = reliability_logs / "stop-while-starting.log"
-    process = ServerProcess(service_env(MODELS), log_path, name="stop-while-starting").start()
+    process = ServerProcess(service_env(MODELS), log_path, name="graceful-shutdown/stop-while-starting").start()
     try:
         deadline = time.monotonic() + 300
         while not any(p.name().startswith("VLLM::EngineCore") for p in _descendants(process.pid)):

@@ -47,10 +47,10 @@ def service_env(cache_dir: Path, **settings: str) -> dict[str, str]:
 
 
 def start_service(
-    log_path: Path, extra_env: dict[str, str] | None = None, name: str = "service", **settings: str
+    log_path: Path, *, name: str, extra_env: dict[str, str] | None = None, **settings: str
 ) -> ServerProcess:
     """`python -m service serve` with `service_env(MODELS, **settings)` (and `extra_env` over it), ready; nothing of
-    it left running when it does not get there."""
+    it left running when it does not get there. `name`: the engine's, as tests/support/engines.py registers it."""
     env = service_env(MODELS, **settings) | (extra_env or {})
     reap()  # its KV cache is sized from the memory free now
     process = ServerProcess(env, log_path, name=name).start()

@@ -20,7 +20,7 @@ RECOMPILED = "Compiling model again due to a load failure"
 def start_and_stop(cache_dir, log_path, **settings: str) -> str:
     env = service_env(cache_dir, enforce_eager="false", **settings)
     env.pop("VLLM_CACHE_ROOT", None)  # the policy decides it under the cache dir
-    server = ServerProcess(env, log_path).start()
+    server = ServerProcess(env, log_path, name=f"compile-cache/{log_path.stem}").start()
     try:
         server.wait_ready(timeout=1800)
     finally:
