@@ -44,6 +44,7 @@ below what a broken kernel does):
 from __future__ import annotations
 
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,33 +252,59 @@ def _serves(report: dict, path: Path_) -> bool:
 
 @pytest.fixture(scope="package")  # as default_server, which it may use
 def measure(request, server_logs, fp32_model, text, chat_ids):
+    """path -> Measured, each path's engine started once. The next path's engine starts while a path is measured and
+    its test computes the reference: an engine start keeps about one core busy, mostly importing."""
     done: dict[str, Measured] = {}
+    starting: dict[str, Future] = {}
+    starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quality-start")
+
+    def on_default_server(path: Path_):
+        """The package's default server (test_real_model.py's), where it serves `path`: the policy's backend and
+        dtype for the default model. That path is measured on it, one engine start less."""
+        default = None if path.scheme else request.getfixturevalue("default_server")
+        return default if default is not None and _serves(_report(default), path) else None
+
+    def start(path: Path_):
+        """(model, the path's running server or the service's refusal)."""
+        model = ensure_quantized(fp32_model, path.scheme) if path.scheme else fp32_model
+        settings = dict(path.settings, kv_cache_gib="0.25", max_model_len="4096")
+        settings["model"] = str(model) if path.scheme else DEFAULT_MODEL
+        try:
+            return model, _start(f"quality/{path.name}", server_logs, SERVED, served_model_name=SERVED, **settings)
+        except RuntimeError as exc:
+            if f"exited with {EXIT_STARTUP_REFUSED}" not in str(exc):
+                raise
+            return model, str(exc)
+
+    def start_next_after(path: Path_) -> None:
+        later = PATHS[PATHS.index(path) + 1 :] if path in PATHS else []
+        upcoming = next((p for p in later if p.name not in done and p.name not in starting), None)
+        if upcoming is not None and on_default_server(upcoming) is None:
+            starting[upcoming.name] = starter.submit(start, upcoming)
 
     def run(path: Path_) -> Measured:
-        if path.name not in done:
-            model = ensure_quantized(fp32_model, path.scheme) if path.scheme else fp32_model
-            # The package's default server (test_real_model.py's) is one of the paths: the policy's backend and dtype
-            # for the default model. That path is measured on it, one engine start less.
-            default = None if path.scheme else request.getfixturevalue("default_server")
-            if default is not None and _serves(_report(default), path):
-                done[path.name] = _measure(path, model, default, chat_ids, text)
-                return done[path.name]
-            settings = dict(path.settings, kv_cache_gib="0.25", max_model_len="4096")
-            settings["model"] = str(model) if path.scheme else DEFAULT_MODEL
-            try:
-                server = _start(f"quality-{path.name}", server_logs, SERVED, served_model_name=SERVED, **settings)
-            except RuntimeError as exc:
-                if f"exited with {EXIT_STARTUP_REFUSED}" not in str(exc):
-                    raise
-                done[path.name] = Measured(path, model, [], [], refused=str(exc))
-                return done[path.name]
-            try:
-                done[path.name] = _measure(path, model, server, chat_ids, text)
-            finally:
-                release(server.process)
+        if path.name in done:
+            return done[path.name]
+        if (default := on_default_server(path)) is not None:
+            done[path.name] = _measure(path, fp32_model, default, chat_ids, text)
+            start_next_after(path)
+            return done[path.name]
+        model, server = (starting.pop(path.name, None) or starter.submit(start, path)).result()
+        start_next_after(path)
+        if isinstance(server, str):
+            done[path.name] = Measured(path, model, [], [], refused=server)
+            return done[path.name]
+        try:
+            done[path.name] = _measure(path, model, server, chat_ids, text)
+        finally:
+            release(server.process)
         return done[path.name]
 
-    return run
+    yield run
+    for future in starting.values():  # started for a path that did not run (a test deselected or failed)
+        if not isinstance(server := future.result()[1], str):
+            release(server.process)
+    starter.shutdown()
 
 
 def _report(server) -> dict:

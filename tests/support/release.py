@@ -25,5 +25,9 @@ def release(process: Closable) -> None:
 
 
 def reap(timeout: float = 120) -> None:
-    while _STOPPING:
-        _STOPPING.pop().join(timeout)
+    while True:
+        try:  # a server may start in another thread (tests/integration/test_real_model_quality.py), reaping too
+            thread = _STOPPING.pop()
+        except IndexError:
+            return
+        thread.join(timeout)
