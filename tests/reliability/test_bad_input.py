@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 
+from tests.reliability import st_hooks
 from tests.reliability.conftest import MAX_MODEL_LEN, MAX_QUEUED, MAX_REQUEST_BYTES, SERVED
 from tests.support.server import REPO
 
@@ -500,6 +501,7 @@ FUZZ_EXAMPLES = 25
 def test_schemathesis_finds_no_server_error_and_only_openai_errors(server, tmp_path):
     """Every operation of /openapi.json, positive and negative data, FUZZ_EXAMPLES per operation, against the
     real engine: no 5xx (not_a_server_error), every error in the OpenAI shape (st_hooks.openai_error_shape)."""
+    assert st_hooks.CONTEXT == MAX_MODEL_LEN  # the lengths the hook cuts are those the server would decode
     env = dict(os.environ, SCHEMATHESIS_HOOKS="tests.reliability.st_hooks", PYTHONPATH=str(REPO), NO_COLOR="1")
     report = tmp_path / "report"
     cmd = [
