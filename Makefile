@@ -58,8 +58,8 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 # container-tools (mk/container.mk): buildah, podman, mmdebstrap, compose and hadolint for the image tests.
-# The suite must stay under 45 minutes on 2 cores: scripts/test.sh runs lint and the tests (the container tests
-# beside the others) and prints each phase's time at the end beside its budget (docs/development.md, "Time budget").
+# The suite must stay under 45 minutes on 2 cores: scripts/test.sh runs lint and the tests in two streams that share
+# the cores and prints each phase's time at the end beside its budget (docs/development.md, "Time budget").
 TEST_PHASES := .cache/test-phases.tsv
 timed = s=$$(date +%s); $(2) || exit $$?; printf '%s\t%s\n' $(1) $$(( $$(date +%s) - s )) >> $(TEST_PHASES)
 
