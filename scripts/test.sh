@@ -3,8 +3,10 @@
 # Two streams of tests, each a pytest of its own, share the 2 cores: an engine start or an image build keeps about
 # one core busy. This one: lint, the unit tests, then the integration tests (and any other test directory). Beside
 # it: the container tests (image builds, the compose stack, each image served), then the reliability tests. Each
-# stream takes about half of the time (docs/development.md, "Time budget"). The container stream runs its first
-# container only once the unit tests are done: they read the live machine's free memory.
+# stream takes about half of the time (docs/development.md, "Time budget"). The second stream's engines compute on
+# the last CPU the machine allows (VLLM_CPU_OMP_THREADS_BIND, which the service keeps as the user's), the one the
+# service's own plan keeps free of this stream's engine threads: two engines computing at once do not share a core.
+# It runs its first container only once the unit tests are done: they read the live machine's free memory.
 # At the end: the second stream's output, then every phase's time beside its budget (tests/support/phases.py).
 set -uo pipefail
 py="${1:?usage: test.sh PYTHON PHASES_FILE STARTED_EPOCH}"; phases="${2:?}"; started="${3:?}"
@@ -14,7 +16,8 @@ beside=(tests/container/ tests/reliability/)
 unit_done=".cache/test-unit-done"; beside_log=".cache/test-beside.log"
 rm -f "${unit_done}"
 
-TEST_CONTAINERS_AFTER="${unit_done}" "${py}" -m pytest -q --durations=15 --basetemp=.cache/pytest-beside \
+last_cpu=$("${py}" -c "import os; print(max(os.sched_getaffinity(0)))")
+VLLM_CPU_OMP_THREADS_BIND="${last_cpu}" TEST_CONTAINERS_AFTER="${unit_done}" "${py}" -m pytest -q --durations=15 --basetemp=.cache/pytest-beside \
   -p no:cacheprovider "${beside[@]}" > "${beside_log}" 2>&1 &
 second=$!
 echo "the container and reliability tests run beside these: ${beside_log}"

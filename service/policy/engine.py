@@ -53,7 +53,7 @@ from service.policy.platform import choose_platform
 from service.policy.preload import choose_preload
 from service.policy.quant import plan_quant
 from service.policy.quant_kernels import KERNELS, KERNELS_ENV
-from service.policy.threads import ThreadPlan, plan_threads, thread_decisions
+from service.policy.threads import BIND_ENV, ThreadPlan, plan_threads, thread_decisions
 from service.settings import Settings
 
 GDN_STATE_REASON = (
@@ -125,6 +125,7 @@ def build_plan(
         settings.tensor_parallel_size,
         settings.reserved_cpus,
         settings.simulate_numa_nodes,
+        environ.get(BIND_ENV),
     )
     # The workers' OpenMP variables follow the runtime that will be preloaded, not this process's.
     results.append(thread_decisions(threads, {**environ, **PolicyResult.merge(results).env}))

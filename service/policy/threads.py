@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from service.cpulist import format_cpulist
+from service.cpulist import CpuListError, format_cpulist, parse_cpulist
 from service.facts.limits import Limits
 from service.facts.topology import Topology
 from service.policy.decision import Decision, PolicyResult, Source, engine, env, record
@@ -23,11 +24,18 @@ class ThreadPlan:
     warnings: tuple[str, ...] = ()
     error: str | None = None
     simulated_nodes: Decision | None = None  # topology.numa_nodes, when the nodes the ranks follow are simulated
+    user_mode: str | None = None  # vLLM's own binding mode (auto, nobind), where the user set one
+    bind_source: Source = "policy"
 
     @property
     def bind(self) -> str:
         """VLLM_CPU_OMP_THREADS_BIND form: one CPU list per rank, separated by '|'."""
-        return "|".join(format_cpulist(r) for r in self.ranks)
+        return self.user_mode or "|".join(format_cpulist(r) for r in self.ranks)
+
+
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+# vLLM's own modes: it then binds from its own reading of the machine, which ignores a container's cpuset.
+VLLM_BIND_MODES = ("auto", "nobind")
 
 
 def _cores_by_node(topology: Topology, allowed: frozenset[int]) -> dict[int, list[int]]:
@@ -126,7 +134,57 @@ def _reserve(ranks: list[list[int]], spare: list[int], count: int) -> tuple[list
 
 
 def plan_threads(
-    topology: Topology, limits: Limits, tp_size: int | None, reserved_cpus: int, simulate_nodes: int | None = None
+    topology: Topology,
+    limits: Limits,
+    tp_size: int | None,
+    reserved_cpus: int,
+    simulate_nodes: int | None = None,
+    user_bind: str | None = None,
+) -> ThreadPlan:
+    """The policy's plan, or the bind lists the user set in VLLM_CPU_OMP_THREADS_BIND (`user_bind`): two instances
+    on one host, say, each on its own cores. A list outside the allowed CPUs refuses the start."""
+    plan = _policy_threads(topology, limits, tp_size, reserved_cpus, simulate_nodes)
+    if not user_bind or plan.error:
+        return plan
+    if user_bind in VLLM_BIND_MODES:
+        warning = (
+            f"{BIND_ENV}={user_bind} set by the user: vLLM binds by its own reading of the machine, which ignores a "
+            f"container's cpuset; the service's plan would bind {plan.bind}"
+        )
+        return dataclasses.replace(plan, user_mode=user_bind, bind_source="user", warnings=(*plan.warnings, warning))
+    return _user_threads(plan, user_bind, limits, tp_size, topology)
+
+
+def _user_threads(plan: ThreadPlan, bind: str, limits: Limits, tp_size: int | None, topology: Topology) -> ThreadPlan:
+    allowed = limits.allowed_cpus & topology.online_cpus
+    try:
+        ranks = [parse_cpulist(cpus) for cpus in bind.split("|")]
+    except CpuListError as exc:
+        return dataclasses.replace(plan, error=f"{BIND_ENV} set by the user: {exc}")
+    outside = set().union(*ranks) - allowed
+    if not all(ranks) or outside:
+        why = f"names CPU(s) {format_cpulist(outside)} outside" if outside else "has an empty rank list, not within"
+        error = f"{BIND_ENV}={bind} set by the user {why} the allowed CPUs {format_cpulist(allowed)}"
+        return dataclasses.replace(plan, error=f"{error} ({limits.allowed_cpus_source})")
+    if tp_size and tp_size != len(ranks):
+        error = f"{BIND_ENV}={bind} set by the user lists {len(ranks)} rank(s), tensor_parallel_size={tp_size}"
+        return dataclasses.replace(plan, error=error)
+    used = set().union(*ranks)
+    return dataclasses.replace(
+        plan,
+        ranks=tuple(tuple(sorted(r)) for r in ranks),
+        reserved=tuple(sorted(allowed - used)),
+        tp_size=len(ranks),
+        tp_reason=f"one rank per CPU list of {BIND_ENV}, set by the user",
+        tp_source="user",
+        reason=f"set by the user ({BIND_ENV}); the service's plan would bind {plan.bind}",
+        bind_source="user",
+        warnings=(),
+    )
+
+
+def _policy_threads(
+    topology: Topology, limits: Limits, tp_size: int | None, reserved_cpus: int, simulate_nodes: int | None
 ) -> ThreadPlan:
     allowed = limits.allowed_cpus & topology.online_cpus
     by_node = _cores_by_node(topology, allowed)
@@ -214,7 +272,7 @@ def thread_decisions(threads: ThreadPlan, environ: Mapping[str, str]) -> PolicyR
     decisions = [
         threads.simulated_nodes,
         engine("tensor_parallel_size", threads.tp_size, threads.tp_reason, threads.tp_source),
-        env("VLLM_CPU_OMP_THREADS_BIND", threads.bind, threads.reason, "policy"),
+        env(BIND_ENV, threads.bind, threads.reason, threads.bind_source),
         env(
             "VLLM_CPU_NUM_OF_RESERVED_CPU",
             str(len(threads.reserved)),

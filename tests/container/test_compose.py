@@ -25,7 +25,7 @@ import pytest
 from tests.support import engines
 
 from .conftest import IMAGE, REPO, SCRIPTS, container_env, expected_backend, free_port, podman, tool
-from .test_images import http, kernels_check, preload_check
+from .test_images import http, kernels_check, passed_on, preload_check
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(3600)]
 
@@ -60,11 +60,12 @@ def stack(images, prometheus_image, cache_volume, tmp_path):
     key.write_text("compose-test-key\n")
     key.chmod(0o644)
     override = tmp_path / "compose.test.yaml"
+    bind = "".join(f'\n      {k}: "{v}"' for k, v in passed_on().items())
     override.write_text(f"""\
 services:
   api:
     environment:
-      HF_HUB_OFFLINE: "1"
+      HF_HUB_OFFLINE: "1"{bind}
   prometheus:
     image: {prometheus_image}
 volumes:

@@ -104,7 +104,7 @@ def running(
         "-e",
         f"SERVICE_API_KEY={API_KEY}",
     ]
-    for k, v in (({"SERVICE_ENFORCE_EAGER": "true"} if eager else {}) | (env or {})).items():
+    for k, v in (({"SERVICE_ENFORCE_EAGER": "true"} if eager else {}) | passed_on() | (env or {})).items():
         args += ["-e", f"{k}={v}"]
     podman(*args, image)
     try:
@@ -112,6 +112,13 @@ def running(
     finally:
         podman("stop", "-t", "30", name, check=False, timeout=90)
         podman("rm", "-f", name, check=False)
+
+
+def passed_on() -> dict[str, str]:
+    """The test run's own engine-thread binding (scripts/test.sh: the container tests compute on a core of their
+    own), passed on to the service in a container as a user's would be."""
+    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    return {"VLLM_CPU_OMP_THREADS_BIND": bind} if bind else {}
 
 
 def logs(name: str) -> str:

@@ -311,3 +311,14 @@ def test_a_kernel_that_holds_quantized_layers_as_blocks_is_read_in_its_block_byt
             assert f"5.0 M quantized weights as {kernel} holds them" in read.reason
         else:
             assert read.value == reads.bytes_in(dtype_bytes) and "3.0 MB of quantized values" in read.reason
+
+
+def test_the_users_own_thread_binding_reaches_vllm_as_theirs():
+    mine = decision(
+        plan(hw("build_machine.txt"), env={"VLLM_CPU_OMP_THREADS_BIND": "1"}), "env.VLLM_CPU_OMP_THREADS_BIND"
+    )
+    assert (mine.value, mine.source) == ("1", "user") and "the service's plan would bind 0" in mine.reason
+    ours = decision(plan(hw("build_machine.txt")), "env.VLLM_CPU_OMP_THREADS_BIND")
+    assert (ours.value, ours.source) == ("0", "policy")
+    refused = plan(hw("build_machine.txt"), env={"VLLM_CPU_OMP_THREADS_BIND": "2"})
+    assert any("names CPU(s) 2 outside the allowed CPUs 0-1" in e for e in refused.errors), refused.errors

@@ -108,3 +108,36 @@ def test_worker_env_follows_the_preloaded_openmp_runtime():
     assert worker_omp_env(plan, "")["OMP_PROC_BIND"] == ["true", "true"]
     assert worker_omp_env(plan, "/usr/lib/libiomp5.so")["KMP_AFFINITY"][1].endswith("proclist=[8,9,10,11,12,13,14]")
     assert worker_omp_env(plan, "/x/libgomp.so.1")["GOMP_CPU_AFFINITY"][0] == "0 1 2 3 4 5 6 7"
+
+
+def test_a_bind_list_the_user_set_is_kept_and_said_to_be_theirs():
+    """Two instances on one host, each on its own cores: VLLM_CPU_OMP_THREADS_BIND as the user wrote it."""
+    topo, limits = _topo_limits("two_socket_smt")
+    plan = plan_threads(topo, limits, None, 1, user_bind="8-11|12-15")
+    assert plan.error is None and plan.bind == "8-11|12-15" and plan.bind_source == "user"
+    assert plan.tp_size == 2 and plan.tp_source == "user"
+    assert "the service's plan would bind 0-7|8-14" in plan.reason
+    assert set(plan.reserved) == set(range(32)) - set(range(8, 16))
+
+
+@pytest.mark.parametrize(
+    ("bind", "tp", "said"),
+    [
+        ("4-6", None, "names CPU(s) 6 outside the allowed CPUs 2-5,18-21"),  # the container's cpuset
+        ("2-3|", None, "has an empty rank list"),
+        ("2-3|x", None, "is not a CPU number"),
+        ("2-3|4-5", 1, "lists 2 rank(s), tensor_parallel_size=1"),
+    ],
+)
+def test_a_bind_list_the_user_set_that_cannot_be_served_refuses_the_start(bind, tp, said):
+    topo, limits = _topo_limits("container_cpuset")
+    plan = plan_threads(topo, limits, tp, 1, user_bind=bind)
+    assert plan.error is not None and said in plan.error, plan.error
+
+
+def test_vllms_own_binding_modes_pass_through_with_a_warning():
+    topo, limits = _topo_limits("container_cpuset")
+    plan = plan_threads(topo, limits, None, 1, user_bind="auto")
+    assert plan.error is None and plan.bind == "auto" and plan.bind_source == "user"
+    assert plan.ranks == plan_threads(topo, limits, None, 1).ranks  # the memory plan follows the service's ranks
+    assert any("ignores a container's cpuset" in w and "would bind 2-4" in w for w in plan.warnings)
