@@ -113,6 +113,12 @@ class Settings(BaseSettings):
         description="GGUF files: serve the quantized linear layers from the file's own blocks on ggml's kernel (on) or "
         "dequantize them to the engine dtype (off); auto: policy (blocks, except for the packaged default model)",
     )
+    gguf_unchecked: Literal["refuse", "serve"] = Field(
+        "refuse",
+        description="GGUF files of an architecture no test checks against a reference (service/policy/"
+        "gguf_architectures.py): refused before the engine starts, or served with a warning that their answers are "
+        "unchecked",
+    )
     build_kernels: Literal["auto", "off"] = Field(
         "auto",
         description="Build the service's kernels (ggml, bf16 weights) for this CPU at start when it has none and the "

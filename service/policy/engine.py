@@ -194,7 +194,15 @@ def build_plan(
             questions += _backend_question(model, backend, backend_decided, dense_env(dtype), dtype, lowered)
         architectures = vllm_names.text_generation_architectures if vllm_names else frozenset()
         source = plan_model_source(
-            model, dtype, settings.cache_dir, software, architectures, settings.served_model_name, known_as, blocks
+            model,
+            dtype,
+            settings.cache_dir,
+            software,
+            architectures,
+            settings.served_model_name,
+            known_as,
+            blocks,
+            serve_unchecked=settings.gguf_unchecked == "serve",
         )
         known_methods = vllm_names.quantization_methods if vllm_names else None
         calibrated = {

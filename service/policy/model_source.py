@@ -19,6 +19,7 @@ from service.facts.model import ModelFacts
 from service.facts.software import KERNELS_NOT_BUILT, SoftwareFacts
 from service.policy.decision import PolicyResult, Source, env, record
 from service.policy.dtype import BYTES
+from service.policy.gguf_architectures import architecture_problem
 from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 
 # Bump when the conversion's output changes for the same inputs (layout, files written, tokenizer rules).
@@ -235,10 +236,12 @@ def plan_model_source(
     served_name: str | None = None,
     known_as: str | None = None,
     blocks: BlocksChoice | None = None,
+    serve_unchecked: bool = False,
 ) -> ModelSourcePlan:
     """`architectures`: the text-generation classes the installed vLLM has (empty: not checked);
     `served_name`: the user's, if set; `known_as`: the name the model was asked for by (the demo's, a hub id);
-    `blocks`: whether a GGUF file's linear layers keep their blocks (choose_blocks; None: dequantized)."""
+    `blocks`: whether a GGUF file's linear layers keep their blocks (choose_blocks; None: dequantized);
+    `serve_unchecked`: serve a GGUF architecture no test checks (gguf_architectures.py), with a warning."""
     gguf = model.gguf
     if gguf is None:
         name = served_name or known_as or Path(model.path).name
@@ -253,6 +256,8 @@ def plan_model_source(
     why_name = "set by the user" if served_name else "the GGUF file's name without its quantization suffix"
     named = record("model", "served_name", name, why_name, "user" if served_name else "default")
     errors = gguf_errors(gguf, architectures, software)
+    unchecked_error, unchecked_warning = architecture_problem(gguf.architecture, serve_unchecked)
+    errors += [f"GGUF file {gguf.path}: {unchecked_error}"] if unchecked_error else []
     converter = converter_key(software)
     key = hashlib.sha256(converter.encode()).hexdigest()[:8]
     kept = blocks.type_name if blocks is not None else None
@@ -302,7 +307,7 @@ def plan_model_source(
         kept,
         tuple(h.name for h in heads),
     )
-    warnings = []
+    warnings = [f"GGUF file {gguf.path}: {unchecked_warning}"] if unchecked_warning else []
     if gguf.split_rules is None:
         warnings.append(
             f"GGUF file {gguf.path}: neither transformers nor the service knows llama.cpp's pre-tokenizer "

@@ -162,3 +162,25 @@ def write_gguf(path: Path, arch: Arch, tensor_type: str, seed: int, cache: Path)
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def relabelled(source: Path, out: Path, architecture: str) -> Path:
+    """`source` (a llama file) with its metadata under another general.architecture (llama.* keys renamed): a file
+    transformers' mapping reads as that architecture, for what the service decides before anything is served."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(source)
+    writer = GGUFWriter(out, architecture)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        key = architecture + name.removeprefix("llama") if name.startswith("llama.") else name
+        sub_type = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub_type)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out

@@ -324,3 +324,41 @@ def test_the_copy_size_is_known_before_converting_and_a_disk_without_room_refuse
     target = ensure_converted(plan.conversion)
     written = sum(f.stat().st_size for f in target.glob("*.safetensors"))
     assert need <= written <= need * 1.01 + 64 * 1024, (need, written)  # the shards' headers on top
+
+
+def test_an_architecture_no_test_checks_is_refused_naming_the_served_ones_unless_the_user_asks():
+    """A gemma3 file transformers' mapping reads served garbage without a word: reading is not serving right."""
+    from service.policy.gguf_architectures import CHECKED
+
+    facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0")))
+    gemma = replace(facts, gguf=replace(facts.gguf, architecture="gemma3"))
+    refused = plan_model_source(gemma, "float32", MODELS, SOFTWARE, ARCHITECTURES).result
+    (error,) = refused.errors
+    assert "'gemma3'" in error and all(name in error for name in CHECKED) and "gguf_unchecked=serve" in error
+    served = plan_model_source(gemma, "float32", MODELS, SOFTWARE, ARCHITECTURES, serve_unchecked=True).result
+    assert not served.errors and any("'gemma3'" in w and "unchecked" in w for w in served.warnings)
+    for architecture in CHECKED:
+        checked = replace(facts, gguf=replace(facts.gguf, architecture=architecture))
+        result = plan_model_source(checked, "float32", MODELS, SOFTWARE, ARCHITECTURES, serve_unchecked=False).result
+        assert not result.errors and not any("unchecked" in w for w in result.warnings)
+
+
+def test_every_checked_architecture_keeps_its_blocks():
+    from service.policy.gguf_architectures import CHECKED
+    from service.policy.model_source import BLOCK_ARCHITECTURES
+
+    assert set(CHECKED) <= set(BLOCK_ARCHITECTURES)
+
+
+@pytest.mark.parametrize("setting", ["refuse", "serve"])
+def test_serve_refuses_an_unchecked_architecture_before_the_engine_or_warns_when_told(setting, tmp_path):
+    from tests.support.gguf_models import relabelled
+
+    path = relabelled(tiny_gguf(MODELS, "llama", "Q8_0"), tmp_path / "tiny-gemma2.Q8_0.gguf", "gemma2")
+    report = build_report(
+        Settings(model=str(path), gguf_unchecked=setting, cache_dir=tmp_path / "cache"),
+        model=choose_model(Settings(model=str(path)), build_demo=False),
+    )
+    named = [m for m in (report.errors if setting == "refuse" else report.warnings) if "'gemma2'" in m]
+    assert len(named) == 1 and "llama, qwen2, qwen3" in named[0], report.errors + report.warnings
+    assert (setting == "serve") == (not [e for e in report.errors if "gemma2" in e])
