@@ -54,7 +54,22 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Bind address (0.0.0.0 in containers)")
     port: int = Field(8000, ge=1, le=65535, description="Port")
     api_key: SecretStr | None = Field(None, description="Bearer key required on all but probes, /version, /metrics")
-    api_key_file: Path | None = Field(None, description="File holding the API key (Docker / Kubernetes secrets)")
+    api_key_file: Path | None = Field(
+        None,
+        description="File holding the API key (Docker / Kubernetes secrets); a missing or empty file, or a key under "
+        "16 characters, refuses the start",
+    )
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Serve on a non-loopback address without a key (only behind a proxy that authenticates); "
+        "without it such a start is refused",
+    )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host names a keyless loopback service answers besides localhost, 127.0.0.1 and [::1], "
+        "comma-separated; other Host headers get 403 (against DNS rebinding)",
+        json_schema_extra={"shown": "unset"},
+    )
     backend: BackendName = Field("auto", description="CPU backend; an explicit one the CPU cannot run is an error")
     dtype: DtypeName = Field("auto", description="Model dtype; auto lets the policy choose")
     max_model_len: int | None = Field(
@@ -213,7 +228,7 @@ class Settings(BaseSettings):
         # Compose passes unset variables as empty strings.
         return None if value == "" else value
 
-    @field_validator("cors_origins", mode="before")
+    @field_validator("cors_origins", "allowed_hosts", mode="before")
     @classmethod
     def _origins(cls, value: Any) -> Any:
         # A variable holds a comma-separated list (or a JSON one); YAML and code give a list.
@@ -243,14 +258,6 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_key_is_unset(cls, value: Any) -> Any:
         return None if value == "" else value
-
-    def resolved_api_key(self) -> str | None:
-        """The key from SERVICE_API_KEY, else from the key file (trailing newline stripped)."""
-        if self.api_key is not None:
-            return self.api_key.get_secret_value()
-        if self.api_key_file is not None:
-            return self.api_key_file.read_text().strip() or None
-        return None
 
     def __init__(self, **values: Any) -> None:
         """Direct construction (tests, embedding code): the given values and SERVICE_* variables are the user's.

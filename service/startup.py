@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from service.demo_model import DEMO_NAME, demo_dir, ensure_demo_model
+from service.facts.api_key import api_key_of
 from service.facts.hardware import read_hardware
 from service.facts.libraries import read_libraries
 from service.facts.model import (
@@ -23,8 +24,10 @@ from service.facts.model import (
 )
 from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
+from service.policy.access import plan_access
 from service.policy.calibration import Mode, Verdict
 from service.policy.engine import build_plan
+from service.policy.telemetry import plan_telemetry
 from service.report import StartupReport
 from service.settings import Settings
 
@@ -113,6 +116,15 @@ def build_report(
     )
     if model_error:
         plan = dataclasses.replace(plan, errors=plan.errors + (model_error,))
+    around = plan_access(
+        settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts
+    ) + plan_telemetry(environ)
+    plan = dataclasses.replace(
+        plan,
+        decisions=plan.decisions + around.decisions,
+        warnings=plan.warnings + around.warnings,
+        errors=plan.errors + around.errors,
+    )
     return StartupReport(hardware=hardware, software=software, model=model_facts, plan=plan)
 
 

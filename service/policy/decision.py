@@ -16,7 +16,9 @@ from typing import Any, Literal
 Source = Literal["default", "policy", "calibration", "user"]
 # engine: a vLLM engine argument; env: set in the service's environment before vLLM spawns (every vLLM process
 # inherits it); worker_env: set by vLLM itself in each worker; the rest are records.
-Kind = Literal["engine", "env", "worker_env", "model", "quant", "preflight", "patch", "topology", "calibration"]
+Kind = Literal[
+    "engine", "env", "worker_env", "model", "quant", "preflight", "patch", "topology", "calibration", "access"
+]
 
 
 @dataclass(frozen=True)

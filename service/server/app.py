@@ -20,12 +20,15 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Match
 from vllm.entrypoints.serve.utils.api_utils import validate_json_request
 
+from service.facts.api_key import api_key_of
+from service.policy.access import checked_host_names
 from service.report import StartupReport
 from service.server.admission import engine_admission
 from service.server.auth import require_api_key
 from service.server.body_limit import BodyLimitMiddleware
 from service.server.engine_responses import engine_endpoint
 from service.server.errors import ServiceError, install_error_handlers
+from service.server.host_check import HostCheckMiddleware
 from service.server.lifecycle import Lifecycle, Phase
 from service.server.lora_routes import OFF, AdapterLoader, lora_handlers
 from service.server.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
@@ -67,7 +70,7 @@ def create_app(
     )
     app.state.args = engine_args  # vLLM's handlers and routes read it
     install_error_handlers(app, on_engine_dead=lifecycle.engine_died)
-    key = settings.resolved_api_key()
+    key = api_key_of(settings).value
     needs_key = Depends(require_api_key(key))
     rank = report.plan.engine_args.get("max_lora_rank")
     loader = None
@@ -130,6 +133,8 @@ def create_app(
 
     Instrumentator(excluded_handlers=list(UNCOUNTED), registry=metrics.registry).instrument(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    if (names := checked_host_names(settings.host, api_key_of(settings), settings.allowed_hosts)) is not None:
+        app.add_middleware(HostCheckMiddleware, names=names)
     app.add_middleware(RequestIdMiddleware)  # outside the body limit: its 413 names the request too
     # Outermost: preflights need no API key, and refusals (401, 413, 503) carry the headers a page needs to read them.
     app.add_middleware(

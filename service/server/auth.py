@@ -13,14 +13,15 @@ from service.server.errors import ServiceError
 
 UNAUTHORIZED = ServiceError(
     HTTPStatus.UNAUTHORIZED,
-    "missing or invalid API key: send 'Authorization: Bearer <key>'",
+    "missing or invalid API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
     "AuthenticationError",
     headers={"WWW-Authenticate": "Bearer"},
 )
 
 
 def require_api_key(key: str | None) -> Callable[[Request], Awaitable[None]]:
-    """A dependency that refuses requests without `Authorization: Bearer <key>` (a no-op without a key).
+    """A dependency that refuses requests without `Authorization: Bearer <key>` or `x-api-key: <key>` (a no-op
+    without a key).
 
     Keys are compared as SHA-256 digests with secrets.compare_digest: the time taken depends neither on how
     much of the key matched nor on its length."""
@@ -30,8 +31,12 @@ def require_api_key(key: str | None) -> Callable[[Request], Awaitable[None]]:
         if digest is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        offered = hashlib.sha256(token.strip().encode()).digest()
-        if not (secrets.compare_digest(offered, digest) and scheme.lower() == "bearer"):
+        bearer = hashlib.sha256(token.strip().encode()).digest()
+        # Anthropic's SDK sends its key as x-api-key; both are compared, whichever is sent, in the same time.
+        x_api_key = hashlib.sha256(request.headers.get("x-api-key", "").strip().encode()).digest()
+        by_bearer = secrets.compare_digest(bearer, digest) and scheme.lower() == "bearer"
+        by_header = secrets.compare_digest(x_api_key, digest)
+        if not (by_bearer | by_header):
             raise UNAUTHORIZED
 
     return check

@@ -21,6 +21,7 @@ import uvloop
 from rich.console import Console
 
 from service.cache_dir import cache_dir_problem
+from service.facts.api_key import api_key_of
 from service.facts.software import KERNEL_SOURCE
 from service.kernels.build_at_start import build_at_start
 from service.report import StartupReport
@@ -235,7 +236,7 @@ async def _serve(
         lifespan="off",
     )
     server = DrainingServer(config, lifecycle, settings.shutdown_grace_seconds)
-    key = settings.resolved_api_key()
+    key = api_key_of(settings).value
     embedding = report.model is not None and report.model.is_embedding
 
     async def bring_up(stack: contextlib.AsyncExitStack) -> None:

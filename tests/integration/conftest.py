@@ -15,7 +15,7 @@ from tests.support.release import release
 from tests.support.server import DEFAULT_MODEL, MODELS, ServerProcess, start_service
 from tests.support.tiny_models import tiny_qwen3_next
 
-API_KEY = "test-key-7f3a9c"
+API_KEY = "test-key-7f3a9c-5e21d0"
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from service.facts.api_key import api_key_of
 from service.settings import Settings, load_settings
 
 
@@ -87,19 +88,19 @@ def test_an_empty_settings_file_is_the_defaults(tmp_path, monkeypatch):
 
 def test_api_key_from_env_or_file(config, monkeypatch, tmp_path):
     key_file = tmp_path / "key"
-    key_file.write_text("from-file\n")
+    key_file.write_text("from-file-0123456789\n")
     monkeypatch.setenv("SERVICE_API_KEY_FILE", str(key_file))
-    assert load_settings(config).resolved_api_key() == "from-file"
-    monkeypatch.setenv("SERVICE_API_KEY", "from-env")
-    assert load_settings(config).resolved_api_key() == "from-env"
-    assert "from-env" not in repr(load_settings(config))
+    assert api_key_of(load_settings(config)).value == "from-file-0123456789"
+    monkeypatch.setenv("SERVICE_API_KEY", "from-env-0123456789")
+    assert api_key_of(load_settings(config)).value == "from-env-0123456789"
+    assert "from-env-0123456789" not in repr(load_settings(config))
 
 
 def test_empty_env_means_unset(config, monkeypatch):
     monkeypatch.setenv("SERVICE_MODEL", "")
     monkeypatch.setenv("SERVICE_API_KEY", "")
     s = load_settings(config)
-    assert s.model is None and s.resolved_api_key() is None
+    assert s.model is None and api_key_of(s).value is None
 
 
 def test_user_source_tracks_explicit_settings(config, monkeypatch):
