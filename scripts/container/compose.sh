@@ -12,14 +12,19 @@ if [ -z "${engine}" ]; then
   if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then engine=docker; else engine=podman; fi
 fi
 
-# The API key secret: create a random one on first `up` (readable by the container's user).
-key_file="${API_KEY_FILE:-./secrets/api_key}"
-if [ "${action}" = up ] && [ ! -s "${key_file}" ]; then
-  mkdir -p "$(dirname "${key_file}")"; chmod 700 "$(dirname "${key_file}")"
-  python3 -c "import secrets; print(secrets.token_urlsafe(32))" > "${key_file}"
-  chmod 644 "${key_file}"
-  echo "created API key in ${key_file}"
-fi
+# The secrets: the API key and Grafana's admin password, random, created on first `up` (readable by the
+# containers' users). An existing file is kept, even an empty one: the service refuses an empty key file, loudly.
+secret() {
+  local file="$1" what="$2"
+  if [ "${action}" = up ] && [ ! -e "${file}" ]; then
+    mkdir -p "$(dirname "${file}")"; chmod 700 "$(dirname "${file}")"
+    python3 -c "import secrets; print(secrets.token_urlsafe(32))" > "${file}"
+    chmod 644 "${file}"
+    echo "created ${what} in ${file}"
+  fi
+}
+secret "${API_KEY_FILE:-./secrets/api_key}" "API key"
+secret "${GRAFANA_PASSWORD_FILE:-./secrets/grafana_admin_password}" "Grafana's admin password"
 
 if [ "${engine}" = docker ]; then
   case "${action}" in

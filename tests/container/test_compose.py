@@ -59,6 +59,8 @@ def stack(images, prometheus_image, cache_volume, tmp_path):
     key = tmp_path / "api_key"
     key.write_text("compose-test-key\n")
     key.chmod(0o644)
+    grafana_password = tmp_path / "grafana_admin_password"
+    grafana_password.write_text("compose-test-grafana\n")
     override = tmp_path / "compose.test.yaml"
     bind = "".join(f'\n      {k}: "{v}"' for k, v in passed_on().items())
     override.write_text(f"""\
@@ -83,6 +85,7 @@ volumes:
         "PROMETHEUS_ADDRESS": "127.0.0.1",
         "PROMETHEUS_PORT": str(prom_port),
         "API_KEY_FILE": str(key),
+        "GRAFANA_PASSWORD_FILE": str(grafana_password),
         # Exercise the optional limits: the service sizes itself to them.
         "API_MEM_LIMIT": "8g",
         "API_SHM_SIZE": "1gb",

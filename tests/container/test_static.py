@@ -172,7 +172,9 @@ def test_dockerignore_keeps_the_context_small():
         assert needed in lines
 
 
-def _compose_config(*files: Path, env: dict | None = None, tmp_path: Path) -> subprocess.CompletedProcess:
+def _compose_config(
+    *files: Path, env: dict | None = None, tmp_path: Path, quiet: bool = True
+) -> subprocess.CompletedProcess:
     import os
 
     key = tmp_path / "api_key"
@@ -180,8 +182,12 @@ def _compose_config(*files: Path, env: dict | None = None, tmp_path: Path) -> su
     args = [tool("docker-compose")]
     for f in files:
         args += ["-f", str(f)]
-    e = {**os.environ, "API_KEY_FILE": str(key), **(env or {})}
-    return subprocess.run([*args, "config", "--quiet"], capture_output=True, text=True, env=e, cwd=REPO)
+    password = tmp_path / "grafana_admin_password"
+    password.write_text("test-password\n")
+    e = {**os.environ, "API_KEY_FILE": str(key), "GRAFANA_PASSWORD_FILE": str(password), **(env or {})}
+    return subprocess.run(
+        [*args, "config", *(quiet and ["--quiet"] or [])], capture_output=True, text=True, env=e, cwd=REPO
+    )
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -211,6 +217,23 @@ def test_compose_api_service_contract():
     svcs = yaml.safe_load(COMPOSE.read_text())["services"]
     assert "9090" in svcs["prometheus"]["ports"][0]
     assert svcs["grafana"]["profiles"] == ["grafana"]
+
+
+def test_compose_exposes_only_the_keyed_api_and_hardens_it_as_the_pod(tmp_path):
+    """As compose resolves the defaults: Prometheus and Grafana (no auth of their own) on loopback, the API with its
+    key on every address; the api container as the pod runs (read-only root, no capability but SYS_NICE)."""
+    res = _compose_config(COMPOSE, env={"COMPOSE_PROFILES": "grafana"}, tmp_path=tmp_path, quiet=False)
+    assert res.returncode == 0, res.stderr
+    services = yaml.safe_load(res.stdout)["services"]
+    published = {name: {p.get("host_ip", "0.0.0.0") for p in svc.get("ports", [])} for name, svc in services.items()}
+    assert published == {"api": {"0.0.0.0"}, "prometheus": {"127.0.0.1"}, "grafana": {"127.0.0.1"}}
+    api = services["api"]
+    assert api["read_only"] is True and api["cap_drop"] == ["ALL"] and api["cap_add"] == ["SYS_NICE"]
+    assert "no-new-privileges:true" in api["security_opt"] and "/tmp" in api["tmpfs"]
+    assert api["environment"]["SERVICE_API_KEY_FILE"] == "/run/secrets/api_key"
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana_admin_password"
 
 
 def test_promtool_check_config():
