@@ -11,10 +11,11 @@ The adapters set at start stay: /v1/hardware's decisions describe them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from collections import defaultdict
-from collections.abc import Callable, Coroutine
+import re
+from collections.abc import AsyncIterator, Callable, Coroutine
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,9 @@ from service.server.routes import LOAD_LORA, UNLOAD_LORA
 
 log = logging.getLogger("service.lora")
 
+# A name clients put in `model`: checked before the service keeps anything for it (a lock per name, once kept for
+# ever, grew by every refused request: 50 of them held 5 MB of names).
+NAME = re.compile(r"[\w.\-/:@+]{1,128}")
 OFF = "loading LoRA adapters while serving is off: set lora_dir (SERVICE_LORA_DIR) to the directory that holds them"
 
 
@@ -62,14 +66,12 @@ class AdapterLoader:
     def __init__(self, lora_dir: Path, model: ModelFacts, max_lora_rank: int) -> None:
         self.lora_dir, self.model, self.max_lora_rank = lora_dir, model, max_lora_rank
         self.fixed = {a.name for a in model.lora_adapters}
-        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # name -> (its lock, [holders and waiters])
 
     async def load(self, models: Any, body: LoadLoRAAdapterRequest, path_param: str) -> AdapterFacts:
         """Raises a ServiceError in the OpenAI shape (400 naming `path_param` for an adapter that cannot be served)."""
         name = body.lora_name
-        path = inside(self.lora_dir, body.lora_path)
-        if path is None:
-            raise _invalid(f"lora_path {body.lora_path!r} is not inside lora_dir ({self.lora_dir})", path_param)
+        path = self.checked(name, body.lora_path, path_param)
         try:
             adapter = await asyncio.to_thread(read_adapter, name, path)  # file reads, off the event loop
         except ValueError as exc:
@@ -80,8 +82,34 @@ class AdapterLoader:
         _raise_refusal(answer, models, name, path_param)
         return adapter
 
-    def lock(self, name: str) -> asyncio.Lock:
-        return self._locks[name]
+    @contextlib.asynccontextmanager
+    async def lock(self, name: str) -> AsyncIterator[None]:
+        """The name's lock, kept only while someone holds or waits for it."""
+        lock, users = self._locks.setdefault(name, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._locks[name]
+
+    def locks_kept(self) -> int:
+        return len(self._locks)
+
+    def checked(self, name: str, lora_path: str, path_param: str) -> Path:
+        """Refusals that need no state: a name clients cannot send as it is, a path outside lora_dir."""
+        if not NAME.fullmatch(name):
+            raise _invalid(
+                f"lora_name must be 1-128 letters, digits or . _ - / : @ +, not {name[:40]!r}"
+                f"{'...' if len(name) > 40 else ''}",
+                "lora_name",
+            )
+        path = inside(self.lora_dir, lora_path)
+        if path is None:
+            raise _invalid(f"lora_path {lora_path[:200]!r} is not inside lora_dir ({self.lora_dir})", path_param)
+        return path
 
     async def load_on_first_use(self, request: Request) -> None:
         """A dependency of the engine routes, after admission has parsed the body. Loading on first use (as vLLM's
@@ -136,6 +164,7 @@ def lora_handlers(loader: AdapterLoader) -> dict[str, Callable[..., Coroutine[An
         if models.is_base_model(name):
             raise _invalid(f"{name!r} is the served model's own name; give the adapter another", "lora_name")
         _kept(name)
+        loader.checked(name, body.lora_path, "lora_path")
         async with loader.lock(name):
             adapter = await loader.load(models, body.model_copy(update={"lora_name": name}), "lora_path")
         card = next(c for c in (await models.show_available_models()).data if c.id == name)

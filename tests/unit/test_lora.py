@@ -408,3 +408,55 @@ def test_the_adapters_slots_are_held_beside_the_weights_in_the_memory_budget(tmp
     assert plan_memory(limits, model, headroom_gib=tight, **common).error is None
     refused = plan_memory(limits, model, headroom_gib=tight, lora_bytes=slots, **common)
     assert refused.error and "+ LoRA slots" in refused.error, refused
+
+
+def test_refused_loads_leave_no_state_and_a_names_lock_lives_only_while_used(tmp_path):
+    """50 refused loads kept 50 locks (5 MB of names) for ever; now names and paths are checked before any lock,
+    and a lock is dropped by its last user."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
+
+    from service.server.errors import ServiceError
+    from service.server.lora_routes import AdapterLoader, lora_handlers
+    from service.server.routes import LOAD_LORA
+
+    model = SimpleNamespace(lora_adapters=())  # refused before the model is read
+    loader = AdapterLoader(tmp_path / "lib", model, 16)
+    models = SimpleNamespace(is_base_model=lambda name: False)
+    request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(openai_serving_models=models)))
+    load = lora_handlers(loader)[LOAD_LORA]
+
+    async def refused() -> list[str]:
+        params = []
+        for i in range(50):
+            for name, path in ((f"n{i}" + "x" * 100_000, "sql"), (f"n{i}", "../../etc"), (f"n{i}\x00", "sql")):
+                with pytest.raises(ServiceError) as refusal:
+                    await load(LoadLoRAAdapterRequest(lora_name=name, lora_path=path), request)
+                params.append(refusal.value.param)
+                assert len(refusal.value.message) < 400
+        return params
+
+    params = asyncio.run(refused())
+    assert set(params) == {"lora_name", "lora_path"} and loader.locks_kept() == 0
+
+    async def shared() -> int:
+        held = asyncio.Event()
+
+        async def first() -> None:
+            async with loader.lock("sql"):
+                held.set()
+                await asyncio.sleep(0.01)
+
+        async def second() -> int:
+            await held.wait()
+            kept_while_waiting = loader.locks_kept()
+            async with loader.lock("sql"):
+                pass
+            return kept_while_waiting
+
+        _, kept = await asyncio.gather(first(), second())
+        return kept
+
+    assert asyncio.run(shared()) == 1 and loader.locks_kept() == 0
