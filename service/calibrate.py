@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from service.atomic_dir import replace_file
 from service.policy.calibration import PREFILL_M, Mode, Question, Timing, Verdict, cache_key, decide
 from service.report import StartupReport
 
@@ -182,9 +183,7 @@ def calibrate(report: StartupReport, cache_dir: Path, mode: Mode | Literal["cach
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.{os.getpid()}")
-    staging.write_text(json.dumps(stored, indent=1))
-    os.replace(staging, path)  # a start cut short leaves no half-written result for the next one to read
+    replace_file(path, json.dumps(stored, indent=1).encode())  # no half-written result for the next start to read
     log.info(
         "calibration: done in %.1f s (read bandwidth %s GB/s before/after), stored in %s",
         stored["seconds"],

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from service.atomic_dir import build_once
+from service.atomic_dir import build_once, finished_problem
 from service.facts.gguf import LINEAR_TENSOR
 from service.facts.gguf_reader import shared_readers
 from service.policy.model_source import BLOCKS_METHOD, GgufConversion
@@ -40,7 +40,7 @@ class ConversionError(RuntimeError):
 def ensure_converted(conversion: GgufConversion) -> Path:
     """The converted model directory, converting first when it is not in the cache yet."""
     target = Path(conversion.target)
-    if (target / PROVENANCE).is_file():
+    if finished_problem(target, PROVENANCE) is None:  # every file at the size its conversion wrote
         log.info("GGUF %s: using the converted copy at %s", conversion.source, target)
         return target
     started = time.monotonic()

@@ -27,7 +27,7 @@ def _count_service_starts() -> None:
         return
 
     def counted_start(self: ServerProcess) -> ServerProcess:
-        if self.argv == SERVICE_ARGV:
+        if self.argv[-len(SERVICE_ARGV) :] == SERVICE_ARGV:  # also under a wrapper (unshare)
             engines.started(self.name)
         return start(self)
 

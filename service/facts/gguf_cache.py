@@ -13,11 +13,11 @@ import functools
 import hashlib
 import importlib.metadata
 import json
-import os
 from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
+from service.atomic_dir import replace_file
 from service.facts import gguf
 from service.facts.gguf import GgufFacts
 
@@ -57,13 +57,8 @@ def load(file: Path) -> GgufFacts | None:
 
 
 def store(file: Path, facts: GgufFacts) -> None:
-    staging = file.with_name(f".{file.name}.{os.getpid()}")
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
+        replace_file(file, _ADAPTER.dump_json(facts))  # unique staging: replicas on one cache write side by side
     except OSError:
         return
-    try:
-        staging.write_bytes(_ADAPTER.dump_json(facts))
-        os.replace(staging, file)  # a start cut short leaves no half-written entry
-    except OSError:
-        staging.unlink(missing_ok=True)

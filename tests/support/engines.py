@@ -50,6 +50,7 @@ ENGINES: dict[str, Engine] = {
     "engine-death": Engine(
         6, "each kills or stops its engine: a dead core, one draining, a hung core, the server, two while starting"
     ),
+    "shared-cache": Engine(2, "two replicas in two pid namespaces on one fresh cache, one conversion stopped mid-way"),
     "graceful-shutdown": Engine(3, "each is stopped by SIGTERM: draining, past the grace, and while it starts"),
     # Containers (tests/container): each runs an image.
     "compose": Engine(1, "the compose stack: the default image and Prometheus"),

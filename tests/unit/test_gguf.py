@@ -148,8 +148,9 @@ def test_a_conversion_runs_once_and_a_failed_one_leaves_nothing(tmp_path, monkey
     monkeypatch.setattr(gguf.quants, "dequantize", failing)
     with pytest.raises(ConversionError, match="simulated"):
         ensure_converted(plan.conversion)
-    assert not target.exists() and list(target.parent.iterdir()) == []
-    # A staging directory left by a killed conversion (its process gone) is cleared by the next one.
+    # Nothing but the build's lock file (service/atomic_dir.py), which replicas on one cache share.
+    assert not target.exists() and [p.name for p in target.parent.iterdir()] == [f".{target.name}.lock"]
+    # A staging directory left by a killed conversion (no build holds the lock) is cleared by the next one.
     leftover = target.parent / f".{target.name}.999999999.partial"
     leftover.mkdir()
     monkeypatch.setattr(gguf.quants, "dequantize", real)
@@ -320,7 +321,8 @@ def test_the_copy_size_is_known_before_converting_and_a_disk_without_room_refuse
     short = replace(plan.conversion, weight_bytes=shutil.disk_usage(tmp_path).free + 1)
     with pytest.raises(ConversionError, match=rf"needs about [\d,]+ MB in {tmp_path}/models/gguf, which has"):
         ensure_converted(short)
-    assert list(Path(plan.conversion.target).parent.iterdir()) == []  # nothing written
+    written = [p for p in Path(plan.conversion.target).parent.iterdir() if not p.name.endswith(".lock")]
+    assert written == []  # nothing but the build's lock file
     target = ensure_converted(plan.conversion)
     written = sum(f.stat().st_size for f in target.glob("*.safetensors"))
     assert need <= written <= need * 1.01 + 64 * 1024, (need, written)  # the shards' headers on top
