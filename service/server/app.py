@@ -32,6 +32,7 @@ from service.server.host_check import HostCheckMiddleware
 from service.server.lifecycle import Lifecycle, Phase
 from service.server.lora_routes import OFF, AdapterLoader, lora_handlers
 from service.server.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
+from service.server.redact import without_paths
 from service.server.request_id import RequestIdMiddleware
 from service.server.routes import ENGINE_ROUTES, LORA_ROUTES, SERVICE_ROUTES, UNCOUNTED, Access, served_engine_route
 from service.settings import Settings
@@ -198,7 +199,7 @@ def _service_handlers(
     async def health() -> Response:
         """Liveness: 200 while the process and the engine are alive (also while loading), 503 once dead."""
         if lifecycle.phase is Phase.DEAD:
-            return JSONResponse({"status": "dead", "reason": lifecycle.reason}, status_code=503)
+            return JSONResponse({"status": "dead", "reason": without_paths(lifecycle.reason)}, status_code=503)
         if lifecycle.engine is not None:
             try:
                 await lifecycle.engine.check_health()
@@ -207,13 +208,15 @@ def _service_handlers(
                     lifecycle.engine_died()
                 else:
                     lifecycle.set_phase(Phase.DEAD, f"engine health check failed: {exc}")
-                return JSONResponse({"status": "dead", "reason": lifecycle.reason}, status_code=503)
+                return JSONResponse({"status": "dead", "reason": without_paths(lifecycle.reason)}, status_code=503)
         return JSONResponse({"status": "alive", "phase": lifecycle.phase.value})
 
     async def ready() -> Response:
         """Readiness: 200 only once the model is loaded and a warm-up generation succeeded."""
         status = 200 if lifecycle.phase is Phase.READY else 503
-        return JSONResponse({"status": lifecycle.phase.value, "reason": lifecycle.reason}, status_code=status)
+        return JSONResponse(
+            {"status": lifecycle.phase.value, "reason": without_paths(lifecycle.reason)}, status_code=status
+        )
 
     async def version() -> dict[str, Any]:
         return versions

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Gauge, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from service.report import StartupReport
+from service.server.redact import without_paths
 
 __all__ = ["ServiceMetrics", "CONTENT_TYPE_LATEST"]
 
@@ -45,11 +46,11 @@ class ServiceMetrics:
         self.info.info(
             {
                 "backend": _label(report.plan.backend.name),
-                "backend_reason": report.plan.backend.reason[:200],
+                "backend_reason": without_paths(report.plan.backend.reason)[:200],
                 "platform": _label(report.plan.backend.platform),
                 "vendor": hw.cpu.vendor,
                 "microarchitecture": hw.cpu.microarchitecture,
-                "model": served_model,
+                "model": without_paths(served_model),
                 "service_version": _label(sw.service),
                 "vllm_version": _label(sw.vllm),
                 "torch_version": _label(sw.torch),
@@ -58,7 +59,8 @@ class ServiceMetrics:
         )
         for d in report.decisions:
             value = d.value if isinstance(d.value, str) else repr(d.value)
-            self.decision.labels(setting=d.setting, value=value[:200], source=d.source).set(1)
+            # No paths: /metrics is open unless metrics_require_auth (cache, model and adapter paths are values).
+            self.decision.labels(setting=d.setting, value=without_paths(value)[:200], source=d.source).set(1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -9,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.support.server import free_port
+from tests.support.server import MODELS, free_port
 
 pytestmark = pytest.mark.engine
 
@@ -100,3 +101,6 @@ def test_metrics_have_no_unbounded_labels(chat_server):
     assert chat_server.api_key not in text
     assert "service_info{" in text and "service_startup_seconds" in text
     assert "service_decision_info{" in text
+    # /metrics is open: no label names a path of the machine (the demo model's directory in the cache was one).
+    paths = re.findall(r'="(~?/[^"]*/[^"]*)"', text)
+    assert paths == [] and str(MODELS) not in text, paths[:5]

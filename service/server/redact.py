@@ -1,0 +1,16 @@
+"""Paths out of what anyone may read: /metrics (open unless metrics_require_auth), /health and /ready (open to
+probes). A decision's value or a failed start's reason names cache, model and adapter paths and cgroup files,
+which tell an unauthenticated reader the layout of the machine; the name at the end of a path is kept, which is
+what tells the reader which thing it is."""
+
+from __future__ import annotations
+
+import re
+
+# An absolute path (or ~/...): its directories go, its last part stays. "/root/.cache/models/gguf/ab12-float32"
+# -> "ab12-float32"; "sql=/srv/adapters/sql" -> "sql=sql".
+_DIRECTORIES = re.compile(r"(?<![\w.:/])~?/(?:[^\s/'\"(),;=]+/)+")
+
+
+def without_paths(text: str) -> str:
+    return _DIRECTORIES.sub("", text)
