@@ -64,6 +64,12 @@ class Settings(BaseSettings):
         description="Serve on a non-loopback address without a key (only behind a proxy that authenticates); "
         "without it such a start is refused",
     )
+    media_domains: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Domains whose media URLs (images, audio, video in multimodal requests) the server may fetch, "
+        "comma-separated; unset: none (inline data: URLs only); redirects are never followed",
+        json_schema_extra={"shown": "unset"},
+    )
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Host names a keyless loopback service answers besides localhost, 127.0.0.1 and [::1], "
@@ -228,7 +234,7 @@ class Settings(BaseSettings):
         # Compose passes unset variables as empty strings.
         return None if value == "" else value
 
-    @field_validator("cors_origins", "allowed_hosts", mode="before")
+    @field_validator("cors_origins", "allowed_hosts", "media_domains", mode="before")
     @classmethod
     def _origins(cls, value: Any) -> Any:
         # A variable holds a comma-separated list (or a JSON one); YAML and code give a list.

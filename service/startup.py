@@ -27,6 +27,7 @@ from service.facts.vllm_source import read_vllm_names
 from service.policy.access import plan_access
 from service.policy.calibration import Mode, Verdict
 from service.policy.engine import build_plan
+from service.policy.media import plan_media
 from service.policy.telemetry import plan_telemetry
 from service.report import StartupReport
 from service.settings import Settings
@@ -116,9 +117,11 @@ def build_report(
     )
     if model_error:
         plan = dataclasses.replace(plan, errors=plan.errors + (model_error,))
-    around = plan_access(
-        settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts
-    ) + plan_telemetry(environ)
+    around = (
+        plan_access(settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts)
+        + plan_telemetry(environ)
+        + plan_media(settings.media_domains)
+    )
     plan = dataclasses.replace(
         plan,
         decisions=plan.decisions + around.decisions,

@@ -17,6 +17,17 @@ from service.server.errors import RETRY_AFTER_SECONDS, ServiceError
 from service.server.lifecycle import Lifecycle
 from service.server.request_checks import CHAT_BATCH, CHECKED_PATHS, COMPLETIONS, check_request, served_as
 
+# Connections (and their tasks) uvicorn holds at once, in multiples of the engine's admitted requests: the engine
+# turns away what it cannot admit in the OpenAI shape with Retry-After, and the reliability tests send 4x the
+# admitted count; past this many, uvicorn's own 503 bounds the tasks and memory a connection flood can take.
+CONNECTIONS_PER_ADMITTED = 8
+CONNECTIONS_SPARE = 64  # probes, /metrics, /v1/models beside a full engine
+
+
+def connection_limit(max_queued: int) -> int | None:
+    """uvicorn's limit_concurrency for a queue limit (max_queued_requests; 0: no cap, and no limit either)."""
+    return CONNECTIONS_PER_ADMITTED * max_queued + CONNECTIONS_SPARE if max_queued else None
+
 
 def sequences_beyond_admission(body: Any, max_queued: int, path: str = "") -> ServiceError | None:
     """vLLM answers 503 (retry later) to a request that needs more sequences than --max-num-queued-reqs,

@@ -206,6 +206,7 @@ async def _serve(
     from vllm.v1.metrics.prometheus import get_prometheus_registry
 
     from service.server import client_error_logs
+    from service.server.admission import connection_limit
     from service.server.app import create_app
     from service.server.engine import (
         EngineConfigRefused,
@@ -233,6 +234,7 @@ async def _serve(
         # Longer than clients' and load balancers' idle timeouts (httpx 5 s, cloud load balancers 60 s): the client
         # then drops an idle connection first, instead of reusing one the server is closing (a reset request).
         timeout_keep_alive=75,
+        limit_concurrency=connection_limit(settings.max_queued_requests),
         lifespan="off",
     )
     server = DrainingServer(config, lifecycle, settings.shutdown_grace_seconds)

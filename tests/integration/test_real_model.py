@@ -84,3 +84,29 @@ def test_a_json_schema_answer_is_valid_and_right(client):
     value = json.loads(answer.choices[0].message.content)
     assert set(value) == {"city", "country"}
     assert value["city"] == "Paris" and value["country"].lower() == "france"
+
+
+def test_as_make_serve_runs_it_a_foreign_host_is_refused_and_probes_stay_open(default_server):
+    """Loopback without a key: a page that rebinds its own name to 127.0.0.1 sends that name as Host."""
+    foreign = {"host": "rebound.attacker.example"}
+    body = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    for method, path in (("GET", "/v1/models"), ("GET", "/v1/hardware"), ("POST", "/v1/chat/completions")):
+        response = httpx.request(method, f"{default_server.url}{path}", headers=foreign, json=body, timeout=30)
+        assert response.status_code == 403 and response.json()["error"]["code"] == 403, (path, response.text)
+    for path in ("/health", "/ready"):
+        assert httpx.get(f"{default_server.url}{path}", headers=foreign, timeout=30).status_code == 200
+    for local in ("localhost", "127.0.0.1", "[::1]"):
+        port = default_server.url.rsplit(":", 1)[1]
+        response = httpx.get(f"{default_server.url}/v1/models", headers={"host": f"{local}:{port}"}, timeout=30)
+        assert response.status_code == 200, (local, response.text)
+
+
+def test_no_vllm_process_sends_usage_statistics(default_server):
+    """Read back from the running engine's processes, not from the plan alone."""
+    import psutil
+
+    engine = psutil.Process(default_server.process.pid).children(recursive=True)
+    assert engine, "vLLM's engine core runs in a child process"
+    for proc in engine:
+        environ = proc.environ()
+        assert environ.get("VLLM_NO_USAGE_STATS") == "1" and environ.get("DO_NOT_TRACK") == "1", proc.name()

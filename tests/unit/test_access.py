@@ -132,3 +132,45 @@ def test_serve_refuses_to_start_open(case, tmp_path):
     )
     assert out.returncode == EXIT_STARTUP_REFUSED, out.stderr[-3000:]
     assert "refusing to start" in out.stderr and ("holds no key" in out.stderr or "without an API key" in out.stderr)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("/root/.cache/cpu-llm-service/models/gguf/ab12-float32", "ab12-float32"),
+        ("sql=/srv/adapters/sql,poet=/srv/adapters/poet", "sql=sql,poet=poet"),
+        ("cannot read /sys/fs/cgroup/cpu.max (Permission denied)", "cannot read cpu.max (Permission denied)"),
+        ("model '/models/x.Q4_0.gguf': not found", "model 'x.Q4_0.gguf': not found"),
+        ("see http://example.com/docs/a and 1/2 of a/b", "see http://example.com/docs/a and 1/2 of a/b"),
+    ],
+)
+def test_what_anyone_may_read_names_no_path(text, shown):
+    from service.server.redact import without_paths
+
+    assert without_paths(text) == shown
+
+
+def test_connections_are_bounded_by_the_queue_limit_with_room_for_the_engines_own_refusals():
+    from service.server.admission import CONNECTIONS_SPARE, connection_limit
+
+    assert connection_limit(0) is None  # no queue cap: no connection cap either
+    for queued in (1, 8, 64):
+        limit = connection_limit(queued)
+        # The reliability suite's overload sends 4x the admitted count: the engine's OpenAI-shaped 503 answers it.
+        assert 4 * queued + CONNECTIONS_SPARE <= limit <= 16 * queued + CONNECTIONS_SPARE
+
+
+def test_no_remote_media_unless_listed_and_never_a_redirect():
+    """vLLM's own media connector with the plan's values: a private address (the cloud metadata service) is refused
+    before any connection; a listed domain is the user's."""
+    from vllm.multimodal.media.connector import MediaConnector
+
+    from service.policy.media import plan_media
+
+    plan = plan_media([])
+    assert plan.env == {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"}
+    connector = MediaConnector(allowed_media_domains=plan.engine_args["allowed_media_domains"])
+    for url in ("http://169.254.169.254/latest/meta-data/", "http://10.0.0.1/x.png", "https://example.com/cat.png"):
+        with pytest.raises(ValueError, match="allowed domains"):
+            connector.fetch_image(url)
+    assert plan_media(["images.example.com"]).engine_args == {"allowed_media_domains": ["images.example.com"]}
