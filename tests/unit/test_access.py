@@ -174,3 +174,14 @@ def test_no_remote_media_unless_listed_and_never_a_redirect():
         with pytest.raises(ValueError, match="allowed domains"):
             connector.fetch_image(url)
     assert plan_media(["images.example.com"]).engine_args == {"allowed_media_domains": ["images.example.com"]}
+
+
+def test_the_env_example_offers_no_literal_key():
+    """`SERVICE_API_KEY=change-me` copied into .env overrode the generated secret with a guessable key."""
+    from pathlib import Path
+
+    example_file = Path(__file__).resolve().parents[2] / ".env.example"
+    if not example_file.is_file():
+        pytest.skip(".env.example is not in the test image's build context")
+    example = example_file.read_text()
+    assert not [line for line in example.splitlines() if line.lstrip("# ").startswith("SERVICE_API_KEY=")]
