@@ -54,16 +54,17 @@ def locked(target: Path) -> Iterator[None]:
         yield
 
 
-def build_once(target: Path, fill: Callable[[Path], None], complete: str = "config.json") -> Path:
-    """`target`, built by `fill(staging)` unless it already holds `complete` (the file a finished build has) and
-    every file of its manifest at its size."""
+def build_once(target: Path, fill: Callable[[Path], None], complete: str = "config.json") -> bool:
+    """`target` built by `fill(staging)` unless it already holds `complete` (the file a finished build has) and
+    every file of its manifest at its size. True when this call built it, False when it was there or another builder
+    finished it while this one waited."""
     if finished_problem(target, complete) is None:
-        return target
+        return False
     target.parent.mkdir(parents=True, exist_ok=True)
     with locked(target):
         problem = finished_problem(target, complete)
         if problem is None:  # another builder finished while this one waited
-            return target
+            return False
         if target.exists():
             log.warning("rebuilding %s: %s", target, problem)
             _remove(target)
@@ -76,7 +77,7 @@ def build_once(target: Path, fill: Callable[[Path], None], complete: str = "conf
             os.rename(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return True
 
 
 def finished_problem(target: Path, complete: str) -> str | None:

@@ -98,7 +98,8 @@ def build_model(directory: Path, build_weights=_build_llama) -> Path:
         build_tokenizer(staging)
         build_weights(staging)
 
-    return build_once(directory, fill)
+    build_once(directory, fill)
+    return directory
 
 
 def ensure_demo_model(cache_dir: Path) -> Path:

@@ -48,10 +48,13 @@ def ensure_converted(conversion: GgufConversion) -> Path:
         "GGUF %s: converting to %s at %s (once; later starts reuse it)", conversion.source, conversion.dtype, target
     )
     try:
-        build_once(target, lambda staging: _convert(conversion, staging), complete=PROVENANCE)
+        built = build_once(target, lambda staging: _convert(conversion, staging), complete=PROVENANCE)
     except Exception as exc:
         raise ConversionError(f"converting {conversion.source} failed: {exc}") from exc
-    log.info("GGUF %s: converted in %.1f s", conversion.source, time.monotonic() - started)
+    if built:
+        log.info("GGUF %s: converted in %.1f s", conversion.source, time.monotonic() - started)
+    else:
+        log.info("GGUF %s: using the copy another start converted at %s", conversion.source, target)
     return target
 
 

@@ -191,7 +191,8 @@ async def warm_up(app: Any, served_name: str, embedding: bool, headers: dict[str
     """One real request through the service's own route, in-process: proves tokenizer, engine and kernels
     work end to end."""
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://warmup", headers=headers) as client:
+    # Host localhost: a keyless service answers only local names (server/host_check.py).
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost", headers=headers) as client:
         if embedding:
             resp = await client.post("/v1/embeddings", json={"model": served_name, "input": "warm up"})
         else:

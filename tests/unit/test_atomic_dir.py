@@ -24,7 +24,8 @@ def _fill(text: str):
 
 
 def test_a_build_records_each_files_size_and_hash(tmp_path):
-    target = build_once(tmp_path / "m", _fill("weights"))
+    target = tmp_path / "m"
+    assert build_once(target, _fill("weights")) is True and build_once(target, _fill("again")) is False
     manifest = json.loads((target / MANIFEST).read_text())
     assert manifest["model.safetensors"][0] == len("weights") and len(manifest["model.safetensors"][1]) == 64
     assert finished_problem(target, "config.json") is None
@@ -32,7 +33,8 @@ def test_a_build_records_each_files_size_and_hash(tmp_path):
 
 
 def test_a_finished_build_whose_file_changed_size_is_rebuilt_not_served(tmp_path):
-    target = build_once(tmp_path / "m", _fill("weights"))
+    target = tmp_path / "m"
+    build_once(target, _fill("weights"))
     (target / "model.safetensors").write_text("cut")
     assert "3 bytes, its build wrote 7" in finished_problem(target, "config.json")
     calls = []
