@@ -74,6 +74,7 @@ def every_process() -> None:
     parent = watch_parent()
     skip_exit_collection()
     from vllm.platforms import current_platform
+    from vllm.usage.usage_lib import is_usage_stats_enabled
 
     running = f"{type(current_platform).__module__}.{type(current_platform).__qualname__}"
     decided = os.environ.get(PLATFORM_ENV)
@@ -90,6 +91,7 @@ def every_process() -> None:
         "lora_rows_fix": lora_rows,
         "amx_tile_state": amx,
         "watched_parent": parent,
+        "usage_stats": is_usage_stats_enabled(),  # vLLM's own verdict: would this process report usage
     }
     healthy = decided in (None, running) and amx != "refused" and all(v == "registered" for v in kernels.values())
     log.log(logging.INFO if healthy else logging.ERROR, "%s%s", STATE_PREFIX, json.dumps(state))

@@ -9,7 +9,8 @@ import re
 
 # An absolute path (or ~/...): its directories go, its last part stays. "/root/.cache/models/gguf/ab12-float32"
 # -> "ab12-float32"; "sql=/srv/adapters/sql" -> "sql=sql".
-_DIRECTORIES = re.compile(r"(?<![\w.:/])~?/(?:[^\s/'\"(),;=]+/)+")
+# A path list ("a.so:/b/c.so") loses each one's directories; a URL ("http://host/a/b") keeps its own.
+_DIRECTORIES = re.compile(r"(?<![\w./])~?/(?!/)(?:[^\s/'\"(),;=:]+/)+")
 
 
 def without_paths(text: str) -> str:

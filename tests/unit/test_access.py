@@ -142,6 +142,7 @@ def test_serve_refuses_to_start_open(case, tmp_path):
         ("cannot read /sys/fs/cgroup/cpu.max (Permission denied)", "cannot read cpu.max (Permission denied)"),
         ("model '/models/x.Q4_0.gguf': not found", "model 'x.Q4_0.gguf': not found"),
         ("see http://example.com/docs/a and 1/2 of a/b", "see http://example.com/docs/a and 1/2 of a/b"),
+        ("/usr/lib/libtcmalloc.so.4:/venv/torch/lib/libgomp.so.1", "libtcmalloc.so.4:libgomp.so.1"),
     ],
 )
 def test_what_anyone_may_read_names_no_path(text, shown):
