@@ -173,7 +173,8 @@ def quantize(source: Path, dest: Path, scheme: Scheme, corrupt_scale: float | No
             {k: v.contiguous() for k, v in out.items()}, str(staging / "model.safetensors"), metadata={"format": "pt"}
         )
 
-    return build_once(dest, fill)
+    build_once(dest, fill)
+    return dest
 
 
 def ensure_quantized(source: Path, scheme: str, corrupt_scale: float | None = None) -> Path:
