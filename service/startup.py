@@ -26,6 +26,7 @@ from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
 from service.policy.access import plan_access
 from service.policy.calibration import Mode, Verdict
+from service.policy.decision import PolicyResult
 from service.policy.engine import build_plan
 from service.policy.media import plan_media
 from service.policy.telemetry import plan_telemetry
@@ -117,11 +118,12 @@ def build_report(
     )
     if model_error:
         plan = dataclasses.replace(plan, errors=plan.errors + (model_error,))
-    around = (
-        plan_access(settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts)
-        + plan_telemetry(environ)
-        + plan_media(settings.media_domains)
-    )
+    # Access is shown here and refused by serve alone (server/run.py): detect describes the machine and the model,
+    # and an image's detect runs without the key its deployment mounts.
+    access = plan_access(settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts)
+    refusals = tuple(f"serve refuses to start: {error}" for error in access.errors)
+    around = PolicyResult(access.decisions, access.warnings + refusals)
+    around += plan_telemetry(environ) + plan_media(settings.media_domains)
     plan = dataclasses.replace(
         plan,
         decisions=plan.decisions + around.decisions,

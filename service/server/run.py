@@ -24,6 +24,7 @@ from service.cache_dir import cache_dir_problem
 from service.facts.api_key import api_key_of
 from service.facts.software import KERNEL_SOURCE
 from service.kernels.build_at_start import build_at_start
+from service.policy.access import plan_access
 from service.report import StartupReport
 from service.self_preload import mapped_files, missing_from, reexec_argv, reexec_environ, restore_user_preload
 from service.server.engine_death import alive, death_cause, oom_note
@@ -138,6 +139,10 @@ def run(settings: Settings) -> int:
     started = time.monotonic()
     if (problem := cache_dir_problem(settings.cache_dir)) is not None:
         log.error("refusing to start: %s", problem)
+        return EXIT_STARTUP_REFUSED
+    access = plan_access(settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts)
+    if access.errors:  # before anything is read or built: a deployment that forgot its key stays closed
+        log.error("refusing to start: %s", "; ".join(access.errors))
         return EXIT_STARTUP_REFUSED
     # Before the facts are read: they find the build this makes (an image's first start on a CPU).
     build_at_start(settings.build_kernels, KERNEL_SOURCE)  # logs what it did

@@ -186,3 +186,13 @@ def test_the_env_example_offers_no_literal_key():
         pytest.skip(".env.example is not in the test image's build context")
     example = example_file.read_text()
     assert not [line for line in example.splitlines() if line.lstrip("# ").startswith("SERVICE_API_KEY=")]
+
+
+def test_detect_shows_what_serve_would_refuse_without_failing(tmp_path):
+    """An image's `detect` runs without the key its deployment mounts: the refusal is serve's, shown as a warning."""
+    from service.settings import Settings
+    from service.startup import build_report
+
+    report = build_report(Settings(host="0.0.0.0", cache_dir=tmp_path), model=None)
+    assert report.ok, report.errors
+    assert any(w.startswith("serve refuses to start: serving on 0.0.0.0 without an API key") for w in report.warnings)
