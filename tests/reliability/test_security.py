@@ -114,8 +114,9 @@ def test_defaults_bind_loopback_and_keep_remote_code_off(monkeypatch):
 
 
 def test_api_key_is_compared_in_constant_time(monkeypatch):
-    """Every check compares two SHA-256 digests (equal length whatever was sent) with
-    secrets.compare_digest: time does not depend on how much of the key matched or on its length."""
+    """Every check compares SHA-256 digests (equal length whatever was sent) with secrets.compare_digest, the
+    Bearer token's and x-api-key's both: time does not depend on how much of the key matched, on its length, or on
+    which header carried it."""
     key = "k-" + secrets.token_hex(16)
     calls: list[tuple[bytes, bytes]] = []
     real = secrets.compare_digest
@@ -144,6 +145,7 @@ def test_api_key_is_compared_in_constant_time(monkeypatch):
             return out
 
     assert asyncio.run(statuses()) == [200, 401, 401, 401, 401, 401]
-    assert len(calls) == 6
+    # Two comparisons per request, whichever header was sent: the Bearer token's and x-api-key's (Anthropic's).
+    assert len(calls) == 12
     assert all(len(a) == len(b) == 32 for a, b in calls)
     assert all(b == hashlib.sha256(key.encode()).digest() for _, b in calls)

@@ -40,6 +40,8 @@ def _replica(tmp_path: Path, cache: Path, name: str) -> ServerProcess:
         gguf_blocks="off",
         build_kernels="off",
         kv_cache_gib="0.25",
+        # Two engines at once beside the other stream's: a 2 MB model needs no more than this kept free.
+        memory_headroom_gib="0.5",
         max_model_len="512",
     )
     # --mount-proc: as in a container, /proc shows the namespace's own pids (vLLM reads /proc/<pid>/status).
