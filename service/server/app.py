@@ -24,6 +24,7 @@ from service.facts.api_key import api_key_of
 from service.policy.access import checked_host_names
 from service.report import StartupReport
 from service.server.admission import engine_admission
+from service.server.anthropic_errors import AnthropicErrorsMiddleware
 from service.server.auth import require_api_key
 from service.server.body_limit import BodyLimitMiddleware
 from service.server.engine_responses import engine_endpoint
@@ -136,7 +137,10 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     if (names := checked_host_names(settings.host, api_key_of(settings), settings.allowed_hosts)) is not None:
         app.add_middleware(HostCheckMiddleware, names=names)
-    app.add_middleware(RequestIdMiddleware)  # outside the body limit: its 413 names the request too
+    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(
+        AnthropicErrorsMiddleware
+    )  # outside every refusal: Anthropic's routes answer in its shape  # outside the body limit: its 413 names the request too
     # Outermost: preflights need no API key, and refusals (401, 413, 503) carry the headers a page needs to read them.
     app.add_middleware(
         CORSMiddleware,

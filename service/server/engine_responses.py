@@ -162,6 +162,29 @@ def _with_adapters(response: JSONResponse, request: Request | None) -> Response:
     return JSONResponse({"error": error | {"message": f"{head}{sep}{names}."}}, status_code=response.status_code)
 
 
+def _unstored(response: Response) -> Response:
+    """vLLM's 404 for a response id ("Response with id 'resp_...' not found.") says why where vLLM keeps no responses:
+    its store (VLLM_ENABLE_RESPONSES_API_STORE) is off unless the user sets it, as it keeps every response in memory
+    for good (vllm/entrypoints/openai/responses/serving.py: "this may cause a memory leak")."""
+    from vllm import envs
+
+    if envs.VLLM_ENABLE_RESPONSES_API_STORE or not isinstance(response, JSONResponse):
+        return response
+    try:
+        error = json.loads(bytes(response.body))["error"]
+        message = str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        return response
+    if not (message.startswith("Response with id") and message.endswith("not found.")):
+        return response
+    why = (
+        f"{message} This service stores no responses (VLLM_ENABLE_RESPONSES_API_STORE is off: vLLM's store keeps "
+        "every response in memory for good): retrieve, cancel and previous_response_id find none; send the earlier "
+        "turns in `input` instead"
+    )
+    return JSONResponse({"error": error | {"message": why}}, status_code=response.status_code)
+
+
 def _request_of(kwargs: dict[str, Any]) -> Request | None:
     return next((value for value in kwargs.values() if isinstance(value, Request)), None)
 
@@ -221,7 +244,7 @@ def engine_endpoint(endpoint: Callable[..., Any], lifecycle: Lifecycle) -> Calla
         if isinstance(response, JSONResponse) and response.status_code == HTTPStatus.BAD_REQUEST:
             return _with_param(response, parsed_body(_request_of(kwargs)))
         if isinstance(response, JSONResponse) and response.status_code == HTTPStatus.NOT_FOUND:
-            return _with_adapters(response, _request_of(kwargs))
+            return _unstored(_with_adapters(response, _request_of(kwargs)))
         return response
 
     return checked

@@ -59,7 +59,13 @@ DETOKENIZE = "/detokenize"
 TOKENIZE = "/tokenize"  # vLLM's: a prompt, or chat messages rendered by the chat template
 INVOCATIONS = "/invocations"  # SageMaker's: vLLM serves a body with messages as a chat request, else as a completion
 RESPONSES = "/v1/responses"  # its input is not chat messages: its strings, its output limit and its JSON schemas
-CHECKED_PATHS = frozenset({CHAT, CHAT_BATCH, COMPLETIONS, DETOKENIZE, TOKENIZE, INVOCATIONS, RESPONSES})
+MESSAGES, COUNT_TOKENS = "/v1/messages", "/v1/messages/count_tokens"  # Anthropic's: its roles and content blocks
+CHECKED_PATHS = frozenset(
+    {CHAT, CHAT_BATCH, COMPLETIONS, DETOKENIZE, TOKENIZE, INVOCATIONS, RESPONSES, MESSAGES, COUNT_TOKENS}
+)
+# What a block of Anthropic's content must carry, as Anthropic's API refuses it without (vLLM served a tool_result
+# without its tool_use_id, 200).
+ANTHROPIC_BLOCK_FIELDS = {"text": ("text",), "tool_use": ("id", "name", "input"), "tool_result": ("tool_use_id",)}
 
 # Roles of OpenAI's chat API (function: deprecated, still accepted by OpenAI).
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -102,6 +108,8 @@ def check_request(
     found = (_lone_surrogate(body) if walk else None) or _scalar_type(path, body)
     if found is not None or path == RESPONSES:
         return found or _responses(body, model)
+    if path in (MESSAGES, COUNT_TOKENS):
+        return _anthropic_messages(body.get("messages"))
     if path == DETOKENIZE:
         return _token_ids(body.get("tokens"), model)
     if path == TOKENIZE:
@@ -163,6 +171,36 @@ def _messages(messages: Any, model: ModelFacts | None) -> RequestProblem | None:
         ):
             if problem is not None:
                 return problem
+    return None
+
+
+def _anthropic_messages(messages: Any) -> RequestProblem | None:
+    """Anthropic's Messages API in its own terms: roles user and assistant only (the system prompt is a field of
+    its own; vLLM served a "system" message, 200), content a non-empty string or list of blocks (an assistant's
+    empty list was served), each block with the fields its type needs."""
+    if not isinstance(messages, list):
+        return None  # vLLM's schema names it
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            return None
+        role, content = message.get("role"), message.get("content")
+        if role not in ("user", "assistant"):
+            why = "the system prompt goes in `system`" if role == "system" else "roles are user and assistant"
+            return RequestProblem(
+                f"messages[{i}].role: {role!r} is not a role of the Messages API ({why})", f"messages[{i}].role"
+            )
+        if content in ("", []):
+            return RequestProblem(
+                f"messages[{i}].content is empty: send text or at least one block", f"messages[{i}].content"
+            )
+        for j, block in enumerate(content if isinstance(content, list) else ()):
+            kind = block.get("type") if isinstance(block, Mapping) else None
+            missing = [f for f in ANTHROPIC_BLOCK_FIELDS.get(kind, ()) if block.get(f) is None]
+            if missing:
+                where = f"messages[{i}].content[{j}].{missing[0]}"
+                return RequestProblem(
+                    f"{where}: Field required (a {kind} block carries {', '.join(ANTHROPIC_BLOCK_FIELDS[kind])})", where
+                )
     return None
 
 

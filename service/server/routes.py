@@ -1,9 +1,9 @@
 """Every path this port serves, in one table: who may call it and what it needs.
 
 vLLM's app defines many more routes (operator controls such as elastic scaling, profiling, sleep, weight
-updates, render/derender; Anthropic's Messages API, whose errors take Anthropic's shape, not the one every
-answer of this service has); only those listed in ENGINE_ROUTES are served, so a new vLLM release cannot
-expose an operator route by default.
+updates, render/derender); only those listed in ENGINE_ROUTES are served, so a new vLLM release cannot expose an
+operator route by default. Anthropic's Messages API answers errors in Anthropic's shape (anthropic_errors.py),
+every other route in OpenAI's.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ ENGINE_ROUTES: frozenset[str] = frozenset(
         "/v1/responses",
         "/v1/responses/{response_id}",
         "/v1/responses/{response_id}/cancel",
+        # Anthropic's Messages API (Claude Code and the anthropic SDK).
+        "/v1/messages",
+        "/v1/messages/count_tokens",
         "/v1/embeddings",
         "/v2/embed",
         "/pooling",

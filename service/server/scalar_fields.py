@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
+from vllm.entrypoints.anthropic.protocol import AnthropicCountTokensRequest, AnthropicMessagesRequest
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
@@ -23,6 +24,8 @@ _MODELS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
     "/v1/responses": ResponsesRequest,
+    "/v1/messages": AnthropicMessagesRequest,
+    "/v1/messages/count_tokens": AnthropicCountTokensRequest,
 }
 _EXPECTED = {int: "an integer", float: "a number", bool: "a boolean"}
 

@@ -285,6 +285,30 @@ def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param)
     assert param in (error["param"] or ""), error
 
 
+ANTHROPIC_HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        # vLLM answered each of these 200, or 500 for the stop sequence.
+        ({"messages": [{"role": "system", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [*ANTHROPIC_HI, {"role": "assistant", "content": []}]}, "messages[1].content"),
+        ({"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "x"}]}]}, "tool_use_id"),
+        ({"messages": ANTHROPIC_HI, "stop_sequences": ["\ud800"]}, "stop_sequences[0]"),
+        ({"messages": ANTHROPIC_HI, "max_tokens": "4"}, "max_tokens"),
+        ({"messages": ANTHROPIC_HI, "stream": "yes"}, "stream"),
+    ],
+)
+def test_anthropic_strict_cases_are_400_in_anthropics_shape(server, body, param):
+    """The Messages API in its own terms: what Anthropic's API refuses, with Anthropic's error shape."""
+    response = post(server, "/v1/messages", json_body={"model": SERVED, "max_tokens": 2, **body})
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", error
+    assert param in error["error"]["message"], error
+
+
 def test_detokenize_still_answers_ids_inside_the_vocabulary(server):
     ids = post(server, "/tokenize", json_body={"model": SERVED, "prompt": "hello world"}).json()["tokens"]
     resp = post(server, "/detokenize", json_body={"model": SERVED, "tokens": ids})
