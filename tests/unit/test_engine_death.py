@@ -192,6 +192,10 @@ def test_a_spawned_child_counts_as_an_engine_process_before_vllm_names_it():
     spawned.start()
     other = subprocess.Popen(["sleep", "60"])
     try:
+        # start() returns once forked; the exec that names the child comes after (seconds later in a busy image).
+        deadline = time.monotonic() + 30
+        while not _is_vllm_process(psutil.Process(spawned.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert _is_vllm_process(psutil.Process(spawned.pid))
         assert not _is_vllm_process(psutil.Process(other.pid))
     finally:
