@@ -276,6 +276,12 @@ async def _serve(
                 cause = death_cause(exc.engine, lifecycle.engine_processes, lifecycle.oom_kills_since_start())
                 reason = f"engine failed to start: {exc}: {cause}"
                 log.error("%s", reason)
+            elif gone := [proc for proc in lifecycle.engine_processes if not alive(proc)]:
+                # vLLM's start failed on a call the dead process could not answer ("Call to get_supported_tasks
+                # method failed: cancelled"): the process that ended is the cause.
+                cause = death_cause(None, gone, lifecycle.oom_kills_since_start())
+                reason = f"engine failed to start: {exc}: {cause}"
+                log.error("%s", reason)
             else:
                 oom = oom_note(lifecycle.oom_kills_since_start())  # a process killed by SIGKILL logs nothing
                 reason = f"engine failed to start: {exc}" + (f" ({oom})" if oom else "")
