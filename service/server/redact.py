@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-# An absolute path (or ~/...): its directories go, its last part stays. "/root/.cache/models/gguf/ab12-float32"
+# An absolute path (or ~/...): its directories go, its last part stays. "/srv/cache/models/gguf/ab12-float32"
 # -> "ab12-float32"; "sql=/srv/adapters/sql" -> "sql=sql".
 # A path list ("a.so:/b/c.so") loses each one's directories; a URL ("http://host/a/b") keeps its own.
 _DIRECTORIES = re.compile(r"(?<![\w./])~?/(?!/)(?:[^\s/'\"(),;=:]+/)+")

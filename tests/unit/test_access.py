@@ -137,7 +137,7 @@ def test_serve_refuses_to_start_open(case, tmp_path):
 @pytest.mark.parametrize(
     ("text", "shown"),
     [
-        ("/root/.cache/cpu-llm-service/models/gguf/ab12-float32", "ab12-float32"),
+        ("/srv/cache/cpu-llm-service/models/gguf/ab12-float32", "ab12-float32"),
         ("sql=/srv/adapters/sql,poet=/srv/adapters/poet", "sql=sql,poet=poet"),
         ("cannot read /sys/fs/cgroup/cpu.max (Permission denied)", "cannot read cpu.max (Permission denied)"),
         ("model '/models/x.Q4_0.gguf': not found", "model 'x.Q4_0.gguf': not found"),
