@@ -16,6 +16,20 @@ setup: kernels
 $(GGML_STAMP): service/kernels/ggml_linear.cpp service/kernels/bf16_linear.cpp service/kernels/ggml_build.py mk/kernels.mk $(LLAMA_CPP_SOURCE) | $(STAMP)
 	$(PY) -m service.kernels.ggml_build $(LLAMA_CPP_TREE)/vendor/llama.cpp "ggml from llama-cpp-python $(LLAMA_CPP_VERSION)"
 
+# llama.cpp's own library (libllama), from the kernels' build tree above (ggml is built there already; the rest of
+# llama.cpp's source compiles in about a minute on 2 cores): the reference the GGUF architecture tests check the
+# service's answers against (tests/support/llama_cpp.py). Part of `make test-tools`.
+#   make llama-lib
+.PHONY: llama-lib
+LLAMA_LIB := $(GGML_DIR)/build/bin/libllama.so
+
+llama-lib: $(LLAMA_LIB)
+
+test-tools: llama-lib
+
+$(LLAMA_LIB): $(GGML_STAMP)
+	$(dir $(PY))ninja -C $(GGML_DIR)/build llama >/dev/null
+
 # The AVX2-only code paths on a CPU with AVX-512 (tests/support/avx2_emulation: vLLM's _C_AVX2 build, torch and
 # oneDNN at AVX2, the service's kernels built for haswell and the CPU read as AVX2-only), for the integration tests
 # whose paths differ there. Not part of `make test`: on an AVX2-only CPU that is these paths already.

@@ -1,20 +1,21 @@
-"""Which GGUF architectures the service serves: those a test has checked, end to end, against a reference on the
-same file. transformers' GGUF mapping reads more (gemma2/3, phi3, stablelm, ...), but reading is not serving right:
-a gemma3 file it maps served garbage without a word (its norms stored plus one, soft-capping and sliding-window
-settings the mapping drops). An architecture outside this table is refused before the engine starts, unless the user
+"""Which GGUF architectures the service serves: those a test has checked against llama.cpp on the same file.
+transformers' GGUF mapping reads more (gemma2/3, phi3, stablelm, ...), but reading is not serving right: a gemma3
+file it maps served garbage without a word (its norms stored plus one, soft-capping and sliding-window settings the
+mapping drops). An architecture outside this table is refused before the engine starts, unless the user
 asks for it (gguf_unchecked=serve), and then the report warns that its answers are unchecked."""
 
 from __future__ import annotations
 
-# general.architecture -> the tests that check a file of it (greedy tokens and logprobs against the reference).
+# general.architecture -> the tests that check a file of it against llama.cpp on the same file (greedy tokens and
+# logprobs): every one in tests/integration/test_gguf_llama_cpp.py, a tiny file written by llama.cpp's converter.
+_TINY = "tests/integration/test_gguf_llama_cpp.py (a tiny file from llama.cpp's converter)"
 CHECKED = {
     "llama": (
-        "tests/integration/test_real_model_quality.py (SmolLM2-135M-Instruct's own Q4_1/Q8_0 file against "
-        "transformers' fp32 forward), tests/integration/test_gguf_file.py (a mistral file, stored as llama, on its "
-        "blocks)"
+        f"{_TINY}, tests/integration/test_real_model_quality.py (SmolLM2-135M-Instruct's own Q4_1/Q8_0 file served "
+        "on its blocks)"
     ),
-    "qwen2": "tests/unit/test_gguf.py (a qwen2 file's logits against transformers' on the file)",
-    "qwen3": "tests/integration/test_gguf_file.py (a qwen3 K-quant file served, against transformers' fp32 forward)",
+    "qwen2": _TINY,
+    "qwen3": _TINY,
 }
 
 

@@ -1,0 +1,158 @@
+"""Every GGUF architecture the service serves (service/policy/gguf_architectures.CHECKED) answers as llama.cpp does on
+the same file. The file is a tiny random-weight model of that architecture written by llama.cpp's own converter
+(convert_hf_to_gguf.py: its tensor edits, its metadata, a gpt2 BPE tokenizer), so the service reads what users'
+files hold, not what the tests' own writer (tests/support/gguf_models.py) thinks they hold. The service converts it as
+it converts any file; its tokenizer and its weights, computed in fp32 by the architecture's transformers model, are
+checked against llama.cpp's tokenizer and forward on the file (tests/support/llama_cpp.py). The engine's own path is
+checked against llama.cpp on the default model's real file in test_real_model_quality.py."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from service.facts.model import inspect_model
+from service.facts.software import read_software
+from service.gguf_convert import ensure_converted
+from service.policy.gguf_architectures import CHECKED
+from service.policy.model_source import plan_model_source
+from tests.integration.test_reference import TEXTS
+from tests.support import llama_cpp
+from tests.support.reference import Served, compare
+from tests.support.server import MODELS
+
+VERSION = "v1"  # bump when the recipe changes, so cached files rebuild
+GREEDY = 24  # continuation tokens per text: with the prompts', a few dozen positions each
+# fp32 against fp32 (llama.cpp with an fp32 KV cache, no flash attention): summation order only. Measured on a Zen 4
+# guest (2026-12-04): logprob max 1.0e-05, mean 2.1e-06 at most over the architectures, against max 2.1-6.7 and mean
+# 0.62-1.9 with layer 0's norm off by one (the control below).
+MAX_DIFF, MEAN_DIFF, TIE = 1e-3, 1e-4, 1e-3
+# llama.cpp's BPE pre-tokenizer whose split rules the demo tokenizer's byte-level splitting (GPT-2's) follows.
+PRE = "gpt-2"
+# architecture -> transformers config class: the converter's input, with the architecture's own traits (qwen2's q/k/v
+# biases, qwen3's q/k norms, llama's Q/K rows that the converter permutes).
+CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
+
+
+def _hf_checkpoint(architecture: str, out: Path) -> None:
+    """A 2-layer random model of the architecture with the demo tokenizer; its initialisation scaled up (0.1) so
+    that its next-token distributions are peaked and a conversion error moves tokens, not only decimals."""
+    import transformers
+
+    from service.demo_model import build_tokenizer
+
+    config = getattr(transformers, CONFIGS[architecture])(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        initializer_range=0.1,
+        tie_word_embeddings=architecture != "qwen3",
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    with torch.no_grad():  # norms away from 1, so a norm stored with an offset changes the answers
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.uniform_(0.5, 1.5)
+    model.save_pretrained(out)
+    build_tokenizer(out)
+
+
+def llama_cpp_file(architecture: str) -> Path:
+    """`MODELS/gguf/llama-cpp-<architecture>-<version>.gguf`, written once by llama.cpp's converter."""
+    path = MODELS / "gguf" / f"llama-cpp-{architecture}-{VERSION}.gguf"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as staging:
+            _hf_checkpoint(architecture, Path(staging) / "hf")
+            written = llama_cpp.convert(Path(staging) / "hf", Path(staging) / path.name, PRE)
+            os.replace(written, path)  # whole or absent, for a session killed mid-way
+    return path
+
+
+def _converted(gguf: Path) -> Path:
+    plan = plan_model_source(inspect_model(str(gguf)), "float32", MODELS, read_software(), frozenset())
+    assert not plan.result.errors, plan.result.errors
+    return ensure_converted(plan.conversion)
+
+
+def _served(model_dir: Path, prompts: list[list[int]], tokens: list[tuple[int, ...]] | None = None, corrupt=None):
+    """The converted model in fp32: each prompt's greedy continuation (or the given `tokens`, teacher-forced) and
+    every position's logprob, as the service's answers are recorded (tests/support/reference.Served)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    served = []
+    with torch.no_grad():
+        if corrupt is not None:
+            corrupt(model)
+        for i, prompt in enumerate(prompts):
+            sequence = list(prompt) + list(tokens[i] if tokens else ())
+            while len(sequence) < len(prompt) + GREEDY:
+                sequence.append(int(model(torch.tensor([sequence])).logits[0, -1].argmax()))
+            rows = torch.log_softmax(model(torch.tensor([sequence])).logits[0].double(), dim=-1)
+            picked = [rows[j, t].item() for j, t in enumerate(sequence[1:])]
+            n = len(prompt)
+            served.append(Served(tuple(prompt), tuple(picked[: n - 1]), tuple(sequence[n:]), tuple(picked[n - 1 :])))
+    return served
+
+
+def _norm_plus_one(model) -> None:
+    """Gemma's trap: a norm stored as w - 1 (or read without the + 1) in layer 0."""
+    model.model.layers[0].input_layernorm.weight.add_(1.0)
+
+
+@pytest.fixture(scope="module", params=sorted(CHECKED))
+def checked(request):
+    gguf = llama_cpp_file(request.param)
+    converted = _converted(gguf)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(converted)
+    return request.param, gguf, converted, tokenizer
+
+
+def test_every_served_architecture_has_a_llama_cpp_check():
+    assert set(CHECKED) <= set(CONFIGS), f"served but not checked against llama.cpp: {set(CHECKED) - set(CONFIGS)}"
+
+
+def test_the_file_is_llama_cpps_own(checked):
+    from gguf import GGUFReader
+
+    architecture, gguf, _, _ = checked
+    fields = GGUFReader(gguf).fields
+    assert bytes(fields["general.architecture"].parts[-1]).decode() == architecture
+    assert bytes(fields["tokenizer.ggml.pre"].parts[-1]).decode() == PRE
+
+
+def test_the_tokens_are_llama_cpps(checked):
+    _, gguf, _, tokenizer = checked
+    texts = [*TEXTS, "Numbers 12345 and   spaces,\tpunctuation!? and 'quotes' don't", "<|im_start|>user\nhi"]
+    assert [tokenizer(t).input_ids for t in texts] == llama_cpp.tokenize(gguf, texts)
+
+
+def test_the_answers_are_llama_cpps(checked):
+    architecture, gguf, converted, tokenizer = checked
+    served = _served(converted, [tokenizer(t).input_ids for t in TEXTS])
+    reference = llama_cpp.logprobs(gguf, [s.prompt + s.tokens for s in served])
+    result = compare(served, reference, TIE, 0.0)
+    print(f"\n{architecture}: the service's conversion against llama.cpp on {gguf.name}: {result}")
+    assert result.greedy == GREEDY * len(TEXTS) and result.top1_equal == result.greedy, result
+    assert result.passes(MAX_DIFF, MEAN_DIFF), result
+    prompts, tokens = [list(s.prompt) for s in served], [s.tokens for s in served]
+    wrong = compare(_served(converted, prompts, tokens, _norm_plus_one), reference, TIE, 0.0)
+    print(f"with layer 0's norm off by one: {wrong}")
+    assert not wrong.passes(MAX_DIFF, MEAN_DIFF), wrong

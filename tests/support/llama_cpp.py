@@ -1,0 +1,165 @@
+"""llama.cpp itself, the reference a GGUF file's answers are checked against: its library (libllama, built by
+`make llama-lib` from the same llama.cpp source as the service's kernels, in their build tree) through
+llama-cpp-python's own ctypes bindings from that source's sdist, and its converter (convert_hf_to_gguf.py).
+Each call runs in a process of its own (`python -m tests.support.llama_cpp`): a crash in native code fails the test
+that asked, not the session.
+
+- `convert(hf_dir, out, pre)`: llama.cpp's converter on a Hugging Face checkpoint, in F32, as users' files are made
+  (the architecture's own tensor edits: llama's Q/K rows permuted, Gemma's norms stored plus one, ...). `pre` names
+  the BPE pre-tokenizer, which the converter otherwise recognises only by a hash of a known model's tokenizer.
+- `logprobs(gguf, sequences)`: llama.cpp's log-softmax at every position of each sequence (a `Reference` of
+  tests/support/reference.py, row j scoring token j+1), in fp32 with one thread.
+- `tokenize(gguf, texts)`: llama.cpp's token ids for each text, with the BOS the file asks for."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from service.facts.software import GGML_KERNEL_DIR
+
+REPO = Path(__file__).resolve().parents[2]
+# mk/bench.mk's LLAMA_CPP_SDIST, extracted by `make setup` (the kernels are built from it).
+SOURCE = REPO / ".cache" / "bench-src" / "llama_cpp_python-0.3.36"
+TREE = SOURCE / "vendor" / "llama.cpp"
+LIBRARY_DIR = GGML_KERNEL_DIR / "build" / "bin"  # mk/kernels.mk's LLAMA_LIB
+
+
+def _run(*args: str, timeout: float = 600) -> str:
+    env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(LIBRARY_DIR), "NO_LOCAL_GGUF": ""}
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.support.llama_cpp", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"llama.cpp ({args[0]}) exited with {out.returncode}:\n{out.stderr[-4000:]}")
+    return out.stdout
+
+
+def convert(hf_dir: Path, out: Path, pre: str) -> Path:
+    _run("convert", str(hf_dir), str(out), pre)
+    return out
+
+
+def logprobs(gguf: Path, sequences: list[tuple[int, ...]]):
+    """llama.cpp's log-softmax over the vocabulary at every position of each sequence."""
+    import numpy as np
+    import torch
+
+    from tests.support.reference import Reference
+
+    with tempfile.TemporaryDirectory() as scratch:
+        request = Path(scratch) / "sequences.json"
+        request.write_text(json.dumps([list(s) for s in sequences]))
+        _run("logprobs", str(gguf), str(request), scratch)
+        rows = [np.load(Path(scratch) / f"{i}.npy") for i in range(len(sequences))]
+    return [Reference(torch.from_numpy(r), torch.full((r.shape[0],), torch.inf)) for r in rows]
+
+
+def tokenize(gguf: Path, texts: list[str]) -> list[list[int]]:
+    return json.loads(_run("tokenize", str(gguf), json.dumps(texts)))
+
+
+# --- in the child process -------------------------------------------------------------------------------------------
+
+
+def _bindings():
+    """llama-cpp-python's ctypes module alone: its package __init__ imports the high-level API (and diskcache)."""
+    import importlib.util
+    import types
+
+    package = types.ModuleType("llama_cpp")
+    package.__path__ = [str(SOURCE / "llama_cpp")]
+    sys.modules["llama_cpp"] = package
+    spec = importlib.util.spec_from_file_location("llama_cpp.llama_cpp", SOURCE / "llama_cpp" / "llama_cpp.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    module.llama_backend_init()
+    module._quiet = module.llama_log_callback(lambda level, text, data: None)  # kept: C holds the pointer
+    module.llama_log_set(module._quiet, None)
+    return module
+
+
+def _model(lib, path: str):
+    params = lib.llama_model_default_params()
+    params.use_mmap = False
+    model = lib.llama_model_load_from_file(path.encode(), params)
+    if not model:
+        raise SystemExit(f"llama.cpp could not load {path}")
+    return model
+
+
+def _child_convert(hf_dir: str, out: str, pre: str) -> None:
+    import runpy
+
+    sys.path[:0] = [str(TREE), str(TREE / "gguf-py")]
+    from conversion.base import TextModel  # type: ignore[import-not-found]
+
+    TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+    sys.argv = ["convert_hf_to_gguf.py", hf_dir, "--outtype", "f32", "--outfile", out]
+    runpy.run_path(str(TREE / "convert_hf_to_gguf.py"), run_name="__main__")
+
+
+def _child_logprobs(path: str, request: str, out_dir: str) -> None:
+    import ctypes
+
+    import numpy as np
+
+    lib = _bindings()
+    model = _model(lib, path)
+    vocab = lib.llama_model_get_vocab(model)
+    n_vocab = lib.llama_vocab_n_tokens(vocab)
+    sequences = json.loads(Path(request).read_text())
+    longest = max(len(s) for s in sequences)
+    params = lib.llama_context_default_params()
+    params.n_ctx = params.n_batch = params.n_ubatch = longest + 8
+    params.n_threads = params.n_threads_batch = 1
+    params.type_k = params.type_v = 0  # GGML_TYPE_F32: an fp32 KV cache, as the service's fp32 engine keeps
+    params.flash_attn_type = 0  # off: its CPU path rounds Q and K to fp16
+    context = lib.llama_init_from_model(model, params)
+    for i, tokens in enumerate(sequences):
+        lib.llama_memory_clear(lib.llama_get_memory(context), True)
+        batch = lib.llama_batch_init(len(tokens), 0, 1)
+        for j, token in enumerate(tokens):
+            batch.token[j], batch.pos[j], batch.n_seq_id[j], batch.logits[j] = token, j, 1, True
+            batch.seq_id[j][0] = 0
+        batch.n_tokens = len(tokens)
+        if lib.llama_decode(context, batch) != 0:
+            raise SystemExit(f"llama_decode failed on sequence {i}")
+        logits = lib.llama_get_logits(context)
+        scores = np.ctypeslib.as_array(ctypes.cast(logits, ctypes.POINTER(ctypes.c_float)), (len(tokens), n_vocab))
+        scores = scores.astype(np.float64)
+        top = scores.max(axis=-1, keepdims=True)
+        np.save(Path(out_dir) / f"{i}.npy", scores - top - np.log(np.exp(scores - top).sum(axis=-1, keepdims=True)))
+        lib.llama_batch_free(batch)
+    lib.llama_free(context)
+    lib.llama_model_free(model)
+
+
+def _child_tokenize(path: str, texts: str) -> None:
+    lib = _bindings()
+    model = _model(lib, path)
+    vocab = lib.llama_model_get_vocab(model)
+    result = []
+    for text in json.loads(texts):
+        raw = text.encode()
+        room = len(raw) + 8
+        ids = (lib.llama_token * room)()
+        n = lib.llama_tokenize(vocab, raw, len(raw), ids, room, True, False)  # add_special, no special parsing
+        result.append(list(ids[:n]))
+    lib.llama_model_free(model)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    command, *arguments = sys.argv[1:]
+    {"convert": _child_convert, "logprobs": _child_logprobs, "tokenize": _child_tokenize}[command](*arguments)
