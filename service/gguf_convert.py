@@ -94,7 +94,9 @@ def _check_free_space(conversion: GgufConversion, out: Path) -> None:
 
 def tokenizer_of(conversion: GgufConversion) -> Any:
     """transformers' tokenizer from the file's metadata, splitting text as llama.cpp does where transformers has no
-    rule for the file's pre-tokenizer (service/facts/gguf.py LLAMA_CPP_SPLITS)."""
+    rule for the file's pre-tokenizer (service/facts/gguf.py LLAMA_CPP_SPLITS), and with a BOS before a text where
+    llama.cpp puts one (transformers reads only the file's key; llama.cpp defaults by vocabulary: a SentencePiece
+    file without the key lost its BOS)."""
     from tokenizers import Regex, pre_tokenizers
     from transformers import AutoTokenizer
 
@@ -105,6 +107,8 @@ def tokenizer_of(conversion: GgufConversion) -> Any:
             [pre_tokenizers.Split(Regex(rule), behavior="isolated") for rule in conversion.split_rules]
             + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
         )
+    if tokenizer.add_bos_token != conversion.adds_bos:
+        tokenizer.add_bos_token = conversion.adds_bos  # its setter rebuilds the post-processor
     return tokenizer
 
 

@@ -39,6 +39,14 @@ LLAMA_CPP_SPLITS: dict[str, tuple[str, ...]] = {
 }
 # Names for GPT-2's own split, which transformers' byte-level GGUF tokenizer applies by default.
 GPT2_SPLIT_NAMES = frozenset({"default", "gpt2", "gpt-2", "mpt", "olmo", "jais", "trillion", "granite-docling"})
+# Where a file does not say (tokenizer.ggml.add_bos_token), llama.cpp puts a BOS before a text for SentencePiece and
+# WordPiece vocabularies and for these BPE pre-tokenizers (src/llama-vocab.cpp, llama.cpp as llama-cpp-python 0.3.36
+# vendors it); transformers' mapping adds none then.
+LLAMA_CPP_BOS_VOCABULARIES = frozenset({"llama", "bert"})
+LLAMA_CPP_BOS_PRE_TOKENIZERS = frozenset(
+    {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano", "tekken"}
+    | {"chameleon"}
+)
 
 
 class GgufError(ValueError):
@@ -85,6 +93,7 @@ class GgufFacts:
     linear_elements: int = 0
     linear_type_elements: tuple[tuple[str, int], ...] = ()  # (type name, elements) of those weights, per type
     heads: tuple[HeadTensor, ...] = ()  # the token embedding and the output head, where the file has them
+    adds_bos: bool = False  # whether llama.cpp puts a BOS before a text: the file's key, else llama.cpp's default
 
     @property
     def served_name(self) -> str:
@@ -191,6 +200,7 @@ def _facts(path: Path, size: int, reader: Any) -> GgufFacts:
             for t in reader.tensors
             if t.name in (_EMBEDDING, _OUTPUT)
         ),
+        adds_bos=_adds_bos(_field(reader, "tokenizer.ggml.add_bos_token"), tokenizer),
     )
 
 
@@ -226,6 +236,14 @@ def _tokenizer_error(architecture: str, tokenizer: dict[str, Any]) -> str | None
     except ValueError as exc:
         return str(exc)
     return None
+
+
+def _adds_bos(stored: Any, tokenizer: dict[str, Any]) -> bool:
+    if stored is not None:
+        return bool(stored)
+    vocabulary = tokenizer.get("tokenizer_type")
+    pre = tokenizer.get("pre_tokenizer_type")
+    return vocabulary in LLAMA_CPP_BOS_VOCABULARIES or (vocabulary == "gpt2" and pre in LLAMA_CPP_BOS_PRE_TOKENIZERS)
 
 
 def _split_rules(tokenizer: dict[str, Any]) -> tuple[str, ...] | None:

@@ -23,7 +23,7 @@ from service.policy.gguf_architectures import architecture_problem
 from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 
 # Bump when the conversion's output changes for the same inputs (layout, files written, tokenizer rules).
-CONVERTER_VERSION = "4"
+CONVERTER_VERSION = "5"
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class GgufConversion:
     weight_bytes: int  # what the copy's weights take on disk (converted_bytes)
     blocks: str | None = None  # the ggml types whose blocks the linear layers keep, "+"-joined (None: all dequantized)
     heads: tuple[str, ...] = ()  # the token embedding and output tensors that keep their blocks (kept_heads)
+    adds_bos: bool = False  # the converted tokenizer puts a BOS before a text, as llama.cpp does on the file
 
 
 @dataclass(frozen=True)
@@ -306,6 +307,7 @@ def plan_model_source(
         converted_bytes(gguf, dtype, kept),
         kept,
         tuple(h.name for h in heads),
+        gguf.adds_bos,
     )
     warnings = [f"GGUF file {gguf.path}: {unchecked_warning}"] if unchecked_warning else []
     if gguf.split_rules is None:

@@ -1,6 +1,6 @@
 """Every GGUF architecture the service serves (service/policy/gguf_architectures.CHECKED) answers as llama.cpp does on
 the same file. The file is a tiny random-weight model of that architecture written by llama.cpp's own converter
-(convert_hf_to_gguf.py: its tensor edits, its metadata, a gpt2 BPE tokenizer), so the service reads what users'
+(convert_hf_to_gguf.py: its tensor edits, its metadata, a byte-level BPE or a SentencePiece tokenizer), so the service reads what users'
 files hold, not what the tests' own writer (tests/support/gguf_models.py) thinks they hold. The service converts it as
 it converts any file; its tokenizer and its weights, computed in fp32 by the architecture's transformers model, are
 checked against llama.cpp's tokenizer and forward on the file (tests/support/llama_cpp.py). The engine's own path is
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -33,20 +34,68 @@ GREEDY = 24  # continuation tokens per text: with the prompts', a few dozen posi
 MAX_DIFF, MEAN_DIFF, TIE = 1e-3, 1e-4, 1e-3
 # llama.cpp's BPE pre-tokenizer whose split rules the demo tokenizer's byte-level splitting (GPT-2's) follows.
 PRE = "gpt-2"
-# architecture -> transformers config class: the converter's input, with the architecture's own traits (qwen2's q/k/v
-# biases, qwen3's q/k norms, llama's Q/K rows that the converter permutes).
-CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
 
 
-def _hf_checkpoint(architecture: str, out: Path) -> None:
-    """A 2-layer random model of the architecture with the demo tokenizer; its initialisation scaled up (0.1) so
-    that its next-token distributions are peaked and a conversion error moves tokens, not only decimals."""
+@dataclass(frozen=True)
+class Case:
+    architecture: str  # general.architecture
+    config: str  # transformers config class: the converter's input, with the architecture's own traits
+    tokenizer: str  # tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece, as Llama 2, Mistral 7B)
+    tied: bool = True
+
+
+# Qwen2's q/k/v biases, Qwen3's q/k norms and untied head, llama's Q/K rows that the converter permutes.
+CASES = {
+    "llama": Case("llama", "LlamaConfig", "gpt2"),
+    "llama-spm": Case("llama", "LlamaConfig", "llama"),
+    "qwen2": Case("qwen2", "Qwen2Config", "gpt2"),
+    "qwen3": Case("qwen3", "Qwen3Config", "gpt2", tied=False),
+}
+
+
+def _sentencepiece(out: Path) -> int:
+    """A small SentencePiece BPE model (byte fallback, as Llama 2's) trained on the demo corpus, as tokenizer.model in
+    `out`: what llama.cpp's converter reads for a "llama" vocabulary. Its vocabulary size."""
+    import io
+
+    import sentencepiece
+
+    from service.demo_model import _corpus
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(_corpus()),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=1024,
+        hard_vocab_limit=False,
+        byte_fallback=True,
+        character_coverage=1.0,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        minloglevel=2,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tokenizer.model").write_bytes(model.getvalue())
+    return sentencepiece.SentencePieceProcessor(model_proto=model.getvalue()).vocab_size()
+
+
+def _hf_checkpoint(case: Case, out: Path) -> None:
+    """A 2-layer random model of the case's architecture and tokenizer; its initialisation scaled up (0.1) so that
+    its next-token distributions are peaked and a conversion error moves tokens, not only decimals."""
     import transformers
 
     from service.demo_model import build_tokenizer
 
-    config = getattr(transformers, CONFIGS[architecture])(
-        vocab_size=2048,
+    if case.tokenizer == "llama":
+        vocab = _sentencepiece(out)
+    else:
+        build_tokenizer(out)
+        vocab = 2048
+    config = getattr(transformers, case.config)(
+        vocab_size=vocab,
         hidden_size=256,
         intermediate_size=512,
         num_hidden_layers=2,
@@ -57,9 +106,10 @@ def _hf_checkpoint(architecture: str, out: Path) -> None:
         rms_norm_eps=1e-6,
         rope_theta=10000.0,
         initializer_range=0.1,
-        tie_word_embeddings=architecture != "qwen3",
+        tie_word_embeddings=case.tied,
         bos_token_id=1,
         eos_token_id=2,
+        pad_token_id=2,
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
@@ -68,16 +118,15 @@ def _hf_checkpoint(architecture: str, out: Path) -> None:
             if name.endswith("norm.weight"):
                 parameter.uniform_(0.5, 1.5)
     model.save_pretrained(out)
-    build_tokenizer(out)
 
 
-def llama_cpp_file(architecture: str) -> Path:
-    """`MODELS/gguf/llama-cpp-<architecture>-<version>.gguf`, written once by llama.cpp's converter."""
-    path = MODELS / "gguf" / f"llama-cpp-{architecture}-{VERSION}.gguf"
+def llama_cpp_file(name: str) -> Path:
+    """`MODELS/gguf/llama-cpp-<case>-<version>.gguf`, written once by llama.cpp's converter."""
+    path = MODELS / "gguf" / f"llama-cpp-{name}-{VERSION}.gguf"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as staging:
-            _hf_checkpoint(architecture, Path(staging) / "hf")
+            _hf_checkpoint(CASES[name], Path(staging) / "hf")
             written = llama_cpp.convert(Path(staging) / "hf", Path(staging) / path.name, PRE)
             os.replace(written, path)  # whole or absent, for a session killed mid-way
     return path
@@ -115,27 +164,28 @@ def _norm_plus_one(model) -> None:
     model.model.layers[0].input_layernorm.weight.add_(1.0)
 
 
-@pytest.fixture(scope="module", params=sorted(CHECKED))
+@pytest.fixture(scope="module", params=sorted(CASES))
 def checked(request):
     gguf = llama_cpp_file(request.param)
     converted = _converted(gguf)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(converted)
-    return request.param, gguf, converted, tokenizer
+    return CASES[request.param], gguf, converted, tokenizer
 
 
 def test_every_served_architecture_has_a_llama_cpp_check():
-    assert set(CHECKED) <= set(CONFIGS), f"served but not checked against llama.cpp: {set(CHECKED) - set(CONFIGS)}"
+    unchecked = set(CHECKED) - {case.architecture for case in CASES.values()}
+    assert not unchecked, f"served but not checked against llama.cpp: {unchecked}"
 
 
 def test_the_file_is_llama_cpps_own(checked):
     from gguf import GGUFReader
 
-    architecture, gguf, _, _ = checked
+    case, gguf, _, _ = checked
     fields = GGUFReader(gguf).fields
-    assert bytes(fields["general.architecture"].parts[-1]).decode() == architecture
-    assert bytes(fields["tokenizer.ggml.pre"].parts[-1]).decode() == PRE
+    assert bytes(fields["general.architecture"].parts[-1]).decode() == case.architecture
+    assert bytes(fields["tokenizer.ggml.model"].parts[-1]).decode() == case.tokenizer
 
 
 def test_the_tokens_are_llama_cpps(checked):
@@ -145,11 +195,11 @@ def test_the_tokens_are_llama_cpps(checked):
 
 
 def test_the_answers_are_llama_cpps(checked):
-    architecture, gguf, converted, tokenizer = checked
+    case, gguf, converted, tokenizer = checked
     served = _served(converted, [tokenizer(t).input_ids for t in TEXTS])
     reference = llama_cpp.logprobs(gguf, [s.prompt + s.tokens for s in served])
     result = compare(served, reference, TIE, 0.0)
-    print(f"\n{architecture}: the service's conversion against llama.cpp on {gguf.name}: {result}")
+    print(f"\n{case}: the service's conversion against llama.cpp on {gguf.name}: {result}")
     assert result.greedy == GREEDY * len(TEXTS) and result.top1_equal == result.greedy, result
     assert result.passes(MAX_DIFF, MEAN_DIFF), result
     prompts, tokens = [list(s.prompt) for s in served], [s.tokens for s in served]

@@ -364,3 +364,20 @@ def test_serve_refuses_an_unchecked_architecture_before_the_engine_or_warns_when
     named = [m for m in (report.errors if setting == "refuse" else report.warnings) if "'gemma2'" in m]
     assert len(named) == 1 and "llama, qwen2, qwen3" in named[0], report.errors + report.warnings
     assert (setting == "serve") == (not [e for e in report.errors if "gemma2" in e])
+
+
+@pytest.mark.parametrize(
+    ("stored", "vocabulary", "pre", "adds"),
+    [
+        (None, "llama", None, True),  # SentencePiece (Llama 2, Mistral 7B): llama.cpp adds one
+        (None, "gpt2", "llama-bpe", True),  # Llama 3's BPE
+        (None, "gpt2", "qwen2", False),
+        (None, "gpt2", "smollm", False),
+        (False, "llama", None, False),  # the file's key wins
+        (True, "gpt2", "qwen2", True),
+    ],
+)
+def test_a_bos_is_put_before_a_text_where_llama_cpp_puts_one(stored, vocabulary, pre, adds):
+    from service.facts.gguf import _adds_bos
+
+    assert _adds_bos(stored, {"tokenizer_type": vocabulary, "pre_tokenizer_type": pre}) is adds
