@@ -94,6 +94,10 @@ class GgufFacts:
     linear_type_elements: tuple[tuple[str, int], ...] = ()  # (type name, elements) of those weights, per type
     heads: tuple[HeadTensor, ...] = ()  # the token embedding and the output head, where the file has them
     adds_bos: bool = False  # whether llama.cpp puts a BOS before a text: the file's key, else llama.cpp's default
+    # llama.cpp's per-dimension rope frequency divisors (rope_freqs.weight: Llama 3.1's "llama3" scaling, stored as
+    # its computed factors), which transformers' mapping drops
+    rope_freqs: tuple[float, ...] | None = None
+    longrope_tensors: tuple[str, ...] = ()  # rope_factors_long/short: Phi-3's LongRoPE factors, dropped too
 
     @property
     def served_name(self) -> str:
@@ -201,7 +205,19 @@ def _facts(path: Path, size: int, reader: Any) -> GgufFacts:
             if t.name in (_EMBEDDING, _OUTPUT)
         ),
         adds_bos=_adds_bos(_field(reader, "tokenizer.ggml.add_bos_token"), tokenizer),
+        rope_freqs=_rope_freqs(reader),
+        longrope_tensors=tuple(t.name for t in reader.tensors if t.name.startswith("rope_factors_")),
     )
+
+
+def _rope_freqs(reader: Any) -> tuple[float, ...] | None:
+    import numpy as np
+    from gguf.quants import dequantize
+
+    found = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if found is None:
+        return None
+    return tuple(float(v) for v in np.asarray(dequantize(found.data, found.tensor_type)).reshape(-1))
 
 
 def _elements_by_type(tensors: list[Any]) -> Counter[str]:

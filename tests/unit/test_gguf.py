@@ -345,15 +345,22 @@ def test_an_architecture_no_test_checks_is_refused_naming_the_served_ones_unless
         assert not result.errors and not any("unchecked" in w for w in result.warnings)
 
 
-def test_every_checked_architecture_keeps_its_blocks():
+def test_a_checked_architecture_keeps_its_blocks_or_says_it_is_served_dequantized():
     from service.policy.gguf_architectures import CHECKED
     from service.policy.model_source import BLOCK_ARCHITECTURES
 
-    assert set(CHECKED) <= set(BLOCK_ARCHITECTURES)
+    facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0"))).gguf
+    for architecture in CHECKED:
+        choice = choose_blocks(replace(facts, architecture=architecture), "auto", False, "ggml", default_model=False)
+        if architecture in BLOCK_ARCHITECTURES:
+            assert choice.type_name == "Q8_0", (architecture, choice)
+        else:
+            assert choice.type_name is None and f"not {architecture!r}" in choice.reason, (architecture, choice)
 
 
 @pytest.mark.parametrize("setting", ["refuse", "serve"])
 def test_serve_refuses_an_unchecked_architecture_before_the_engine_or_warns_when_told(setting, tmp_path):
+    from service.policy.gguf_architectures import CHECKED
     from tests.support.gguf_models import relabelled
 
     path = relabelled(tiny_gguf(MODELS, "llama", "Q8_0"), tmp_path / "tiny-gemma2.Q8_0.gguf", "gemma2")
@@ -362,7 +369,7 @@ def test_serve_refuses_an_unchecked_architecture_before_the_engine_or_warns_when
         model=choose_model(Settings(model=str(path)), build_demo=False),
     )
     named = [m for m in (report.errors if setting == "refuse" else report.warnings) if "'gemma2'" in m]
-    assert len(named) == 1 and "llama, qwen2, qwen3" in named[0], report.errors + report.warnings
+    assert len(named) == 1 and ", ".join(CHECKED) in named[0], report.errors + report.warnings
     assert (setting == "serve") == (not [e for e in report.errors if "gemma2" in e])
 
 
@@ -381,3 +388,19 @@ def test_a_bos_is_put_before_a_text_where_llama_cpp_puts_one(stored, vocabulary,
     from service.facts.gguf import _adds_bos
 
     assert _adds_bos(stored, {"tokenizer_type": vocabulary, "pre_tokenizer_type": pre}) is adds
+
+
+def test_rope_scaling_tensors_are_carried_or_the_file_is_refused():
+    from service.policy.gguf_rope import rope_config
+
+    facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0"))).gguf
+    assert rope_config(facts) == ({}, None, None)
+    entries, why, error = rope_config(replace(facts, rope_freqs=(1.0, 2.5, 8.0)))
+    scaling = entries["rope_scaling"]
+    assert scaling["rope_type"] == "longrope" and scaling["short_factor"] == scaling["long_factor"] == [1.0, 2.5, 8.0]
+    assert scaling["original_max_position_embeddings"] == facts.config["max_position_embeddings"]  # one range
+    assert error is None and "rope_freqs" in why
+    _, _, error = rope_config(
+        replace(facts, longrope_tensors=("rope_factors_long.weight", "rope_factors_short.weight"))
+    )
+    assert "LongRoPE factors (rope_factors_long.weight, rope_factors_short.weight)" in error
