@@ -98,6 +98,9 @@ class GgufFacts:
     # its computed factors), which transformers' mapping drops
     rope_freqs: tuple[float, ...] | None = None
     longrope_tensors: tuple[str, ...] = ()  # rope_factors_long/short: Phi-3's LongRoPE factors, dropped too
+    # The file's scalar "<architecture>.*" keys, by name without the prefix: what llama.cpp reads and transformers'
+    # mapping may not (Gemma 2's soft-capping)
+    architecture_keys: tuple[tuple[str, Any], ...] = ()
 
     @property
     def served_name(self) -> str:
@@ -207,7 +210,14 @@ def _facts(path: Path, size: int, reader: Any) -> GgufFacts:
         adds_bos=_adds_bos(_field(reader, "tokenizer.ggml.add_bos_token"), tokenizer),
         rope_freqs=_rope_freqs(reader),
         longrope_tensors=tuple(t.name for t in reader.tensors if t.name.startswith("rope_factors_")),
+        architecture_keys=_architecture_keys(reader, architecture),
     )
+
+
+def _architecture_keys(reader: Any, architecture: str) -> tuple[tuple[str, Any], ...]:
+    prefix = f"{architecture}."
+    found = ((name.removeprefix(prefix), _field(reader, name)) for name in reader.fields if name.startswith(prefix))
+    return tuple(sorted((k, v) for k, v in found if isinstance(v, (int, float, str, bool))))
 
 
 def _rope_freqs(reader: Any) -> tuple[float, ...] | None:

@@ -14,6 +14,7 @@ CHECKED = {
         f"{_TINY}, tests/integration/test_real_model_quality.py (SmolLM2-135M-Instruct's own Q4_1/Q8_0 file served "
         "on its blocks)"
     ),
+    "gemma2": f"{_TINY}, with the settings service/policy/gguf_config.py mends",
     "phi3": f"{_TINY}; a file with LongRoPE factors is refused (service/policy/gguf_rope.py)",
     "qwen2": _TINY,
     "qwen3": _TINY,

@@ -20,11 +20,12 @@ from service.facts.software import KERNELS_NOT_BUILT, SoftwareFacts
 from service.policy.decision import PolicyResult, Source, env, record
 from service.policy.dtype import BYTES
 from service.policy.gguf_architectures import architecture_problem
+from service.policy.gguf_config import config_mends
 from service.policy.gguf_rope import rope_config
 from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 
 # Bump when the conversion's output changes for the same inputs (layout, files written, tokenizer rules).
-CONVERTER_VERSION = "6"
+CONVERTER_VERSION = "7"
 
 
 @dataclass(frozen=True)
@@ -261,6 +262,7 @@ def plan_model_source(
     unchecked_error, unchecked_warning = architecture_problem(gguf.architecture, serve_unchecked)
     errors += [f"GGUF file {gguf.path}: {unchecked_error}"] if unchecked_error else []
     rope_entries, rope_why, rope_error = rope_config(gguf)
+    mended, mend_why = config_mends(gguf)
     errors += [rope_error] if rope_error else []
     converter = converter_key(software)
     key = hashlib.sha256(converter.encode()).hexdigest()[:8]
@@ -292,6 +294,8 @@ def plan_model_source(
     decided = [named, source]
     if rope_why:
         decided.append(record("model", "gguf_rope", "rope_freqs as LongRoPE factors", rope_why, "policy"))
+    if mend_why:
+        decided.append(record("model", "gguf_config", mended, mend_why, "policy"))
     if blocks is not None:
         decided.append(record("model", "gguf_blocks", kept or "dequantized", blocks.reason, blocks.source))
     if kept:
@@ -307,7 +311,7 @@ def plan_model_source(
         str(target),
         converter,
         gguf.architecture,
-        {**gguf.config, **rope_entries},
+        {**gguf.config, **rope_entries, **mended},
         gguf.split_rules or (),
         converted_bytes(gguf, dtype, kept),
         kept,

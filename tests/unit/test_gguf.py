@@ -363,14 +363,14 @@ def test_serve_refuses_an_unchecked_architecture_before_the_engine_or_warns_when
     from service.policy.gguf_architectures import CHECKED
     from tests.support.gguf_models import relabelled
 
-    path = relabelled(tiny_gguf(MODELS, "llama", "Q8_0"), tmp_path / "tiny-gemma2.Q8_0.gguf", "gemma2")
+    path = relabelled(tiny_gguf(MODELS, "llama", "Q8_0"), tmp_path / "tiny-gemma3.Q8_0.gguf", "gemma3")
     report = build_report(
         Settings(model=str(path), gguf_unchecked=setting, cache_dir=tmp_path / "cache"),
         model=choose_model(Settings(model=str(path)), build_demo=False),
     )
-    named = [m for m in (report.errors if setting == "refuse" else report.warnings) if "'gemma2'" in m]
+    named = [m for m in (report.errors if setting == "refuse" else report.warnings) if "'gemma3'" in m]
     assert len(named) == 1 and ", ".join(CHECKED) in named[0], report.errors + report.warnings
-    assert (setting == "serve") == (not [e for e in report.errors if "gemma2" in e])
+    assert (setting == "serve") == (not [e for e in report.errors if "gemma3" in e])
 
 
 @pytest.mark.parametrize(
@@ -404,3 +404,23 @@ def test_rope_scaling_tensors_are_carried_or_the_file_is_refused():
         replace(facts, longrope_tensors=("rope_factors_long.weight", "rope_factors_short.weight"))
     )
     assert "LongRoPE factors (rope_factors_long.weight, rope_factors_short.weight)" in error
+
+
+def test_gemma2_settings_the_mapping_leaves_at_defaults_come_from_the_metadata_as_llama_cpp_reads_them():
+    from service.policy.gguf_config import config_mends
+
+    facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0"))).gguf
+    config = {"num_attention_heads": 16, "hidden_size": 2304, "head_dim": 256, "num_hidden_layers": 26}
+    keys = (("attn_logit_softcapping", 20.0), ("final_logit_softcapping", 10.0))
+    gemma = replace(facts, architecture="gemma2", config=config, architecture_keys=keys)
+    entries, why = config_mends(gemma)
+    assert entries == {"attn_logit_softcapping": 20.0, "final_logit_softcapping": 10.0, "query_pre_attn_scalar": 256}
+    assert "gemma2.cpp" in why
+    # The 27B (46 layers) scales queries by hidden / heads; absent caps are llama.cpp's defaults.
+    big = replace(gemma, config={**config, "num_hidden_layers": 46, "hidden_size": 4608, "num_attention_heads": 32})
+    assert config_mends(replace(big, architecture_keys=()))[0] == {
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "query_pre_attn_scalar": 144,
+    }
+    assert config_mends(facts) == ({}, None)
