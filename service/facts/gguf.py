@@ -98,7 +98,7 @@ class GgufFacts:
     # its computed factors), which transformers' mapping drops
     rope_freqs: tuple[float, ...] | None = None
     longrope_tensors: tuple[str, ...] = ()  # rope_factors_long/short: Phi-3's LongRoPE factors, dropped too
-    # The file's scalar "<architecture>.*" keys, by name without the prefix: what llama.cpp reads and transformers'
+    # The file's scalar (and short list) "<architecture>.*" keys, by name without the prefix: what llama.cpp reads and transformers'
     # mapping may not (Gemma 2's soft-capping)
     architecture_keys: tuple[tuple[str, Any], ...] = ()
 
@@ -217,7 +217,14 @@ def _facts(path: Path, size: int, reader: Any) -> GgufFacts:
 def _architecture_keys(reader: Any, architecture: str) -> tuple[tuple[str, Any], ...]:
     prefix = f"{architecture}."
     found = ((name.removeprefix(prefix), _field(reader, name)) for name in reader.fields if name.startswith(prefix))
-    return tuple(sorted((k, v) for k, v in found if isinstance(v, (int, float, str, bool))))
+    # Scalars, and short lists (a per-layer pattern): not the token tables
+    return tuple(
+        sorted(
+            (k, tuple(v) if isinstance(v, list) else v)
+            for k, v in found
+            if isinstance(v, (int, float, str, bool)) or (isinstance(v, list) and len(v) <= 1024)
+        )
+    )
 
 
 def _rope_freqs(reader: Any) -> tuple[float, ...] | None:

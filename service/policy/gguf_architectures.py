@@ -15,6 +15,7 @@ CHECKED = {
         "on its blocks)"
     ),
     "gemma2": f"{_TINY}, with the settings service/policy/gguf_config.py mends",
+    "gemma3": f"{_TINY}, with the settings service/policy/gguf_config.py mends",
     "phi3": f"{_TINY}; a file with LongRoPE factors is refused (service/policy/gguf_rope.py)",
     "qwen2": _TINY,
     "qwen3": _TINY,

@@ -10,20 +10,51 @@ from typing import Any
 from service.facts.gguf import GgufFacts
 
 
-def _gemma2(keys: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """gemma2.cpp: soft-capping from the metadata (llama.cpp's defaults 50 and 30 where absent), and queries scaled
-    by 1/sqrt(head_dim), or by 1/sqrt(hidden / heads) for the 46-layer 27B; transformers' default scalar is 256."""
+def _query_scalar(config: dict[str, Any], big_layers: int) -> int:
+    """Gemma's queries are scaled by 1/sqrt(head_dim), or by 1/sqrt(hidden / heads) for the 27B (llama.cpp tells it
+    by its layer count); transformers' default scalar is 256."""
     heads = int(config["num_attention_heads"])
-    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
-    big = int(config["num_hidden_layers"]) == 46
+    if int(config["num_hidden_layers"]) == big_layers:
+        return int(config["hidden_size"]) // heads
+    return int(config.get("head_dim") or config["hidden_size"] // heads)
+
+
+def _gemma2(keys: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """gemma2.cpp: soft-capping from the metadata (llama.cpp's defaults 50 and 30 where absent); the 27B has 46
+    layers."""
     return {
         "attn_logit_softcapping": float(keys.get("attn_logit_softcapping", 50.0)),
         "final_logit_softcapping": float(keys.get("final_logit_softcapping", 30.0)),
-        "query_pre_attn_scalar": int(config["hidden_size"]) // heads if big else head_dim,
+        "query_pre_attn_scalar": _query_scalar(config, 46),
     }
 
 
-MENDS = {"gemma2": _gemma2}
+def _gemma3(keys: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """gemma3.cpp: sliding-window layers only where the file has a window, by the file's pattern (a list, or every
+    n-th layer full, 6 where absent: llama_model_base::load_swa_pattern); the full layers' rope base and linear
+    scaling (Gemma 3 4B-27B: 8), the sliding ones' own base (10000 where absent) and no scaling; final soft-capping
+    only where the file has it; the 27B has 62 layers."""
+    layers = int(config["num_hidden_layers"])
+    pattern = keys.get("attention.sliding_window_pattern", 6)
+    if not keys.get("attention.sliding_window"):
+        sliding = [False] * layers
+    elif isinstance(pattern, tuple):
+        sliding = [bool(p) for p in pattern]
+    else:
+        sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+    full: dict[str, Any] = {"rope_type": "default", "rope_theta": float(keys.get("rope.freq_base", 10000.0))}
+    if keys.get("rope.scaling.type") == "linear" and keys.get("rope.scaling.factor"):
+        full.update(rope_type="linear", factor=float(keys["rope.scaling.factor"]))
+    local = {"rope_type": "default", "rope_theta": float(keys.get("rope.freq_base_swa", 10000.0))}
+    return {
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+        "rope_parameters": {"full_attention": full, "sliding_attention": local},
+        "final_logit_softcapping": keys.get("final_logit_softcapping"),
+        "query_pre_attn_scalar": _query_scalar(config, 62),
+    }
+
+
+MENDS = {"gemma2": _gemma2, "gemma3": _gemma3}
 
 
 def config_mends(gguf: GgufFacts) -> tuple[dict[str, Any], str | None]:

@@ -424,3 +424,34 @@ def test_gemma2_settings_the_mapping_leaves_at_defaults_come_from_the_metadata_a
         "query_pre_attn_scalar": 144,
     }
     assert config_mends(facts) == ({}, None)
+
+
+def test_gemma3_layers_and_rope_follow_llama_cpps_reading_of_the_metadata():
+    from service.policy.gguf_config import config_mends
+
+    facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0"))).gguf
+    config = {"num_attention_heads": 4, "hidden_size": 640, "head_dim": 256, "num_hidden_layers": 8}
+    keys = {
+        "attention.sliding_window": 512,
+        "rope.freq_base": 1e6,
+        "rope.scaling.type": "linear",
+        "rope.scaling.factor": 8.0,
+    }
+    entries, _ = config_mends(
+        replace(facts, architecture="gemma3", config=config, architecture_keys=tuple(keys.items()))
+    )
+    assert entries["layer_types"] == ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 2
+    assert entries["rope_parameters"] == {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    }
+    assert entries["query_pre_attn_scalar"] == 256 and entries["final_logit_softcapping"] is None
+    # A pattern the file lists, layer by layer; no window: every layer full.
+    listed = {**keys, "attention.sliding_window_pattern": (True, False) * 4}
+    entries, _ = config_mends(
+        replace(facts, architecture="gemma3", config=config, architecture_keys=tuple(listed.items()))
+    )
+    assert entries["layer_types"] == ["sliding_attention", "full_attention"] * 4
+    windowless = tuple((k, v) for k, v in keys.items() if k != "attention.sliding_window")
+    entries, _ = config_mends(replace(facts, architecture="gemma3", config=config, architecture_keys=windowless))
+    assert entries["layer_types"] == ["full_attention"] * 8
