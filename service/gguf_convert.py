@@ -147,9 +147,8 @@ def _write_weights(conversion: GgufConversion, config: Any, out: Path) -> int:
         values = dequantize(tensor.data, tensor.tensor_type)
         result = processor.process(weights=values, name=tensor.name, tensor_key_mapping=names, parsed_parameters=stash)
         if result.name is not None and result.name in names:
-            shards.add(
-                names[result.name], torch.from_numpy(np.require(result.weights, requirements=("C", "W"))).to(dtype)
-            )
+            value = torch.from_numpy(np.require(result.weights, requirements=("C", "W"))).to(dtype)
+            shards.add(names[result.name], _unit_dims_as(value, shapes.get(names[result.name])))
         elif result.name is not None:
             skipped.append(tensor.name)
         done += int(tensor.n_bytes)
@@ -203,6 +202,16 @@ def _block_rows(tensor: Any, kept: str, processor: Any, names: dict[str, str], s
     if result.name not in names or order.shape != (n,) or not np.array_equal(np.sort(order), np.arange(n)):
         raise ConversionError(f"{tensor.name}: transformers' mapping does more than reorder its rows")
     return result.name, np.ascontiguousarray(rows[order])
+
+
+def _unit_dims_as(value: Any, shape: tuple[int, ...] | None) -> Any:
+    """`value` in the model's shape where the two differ only by dimensions of 1: Qwen2-MoE's shared-expert gate,
+    one row in the file, came out of transformers' mapping as [1, 1, hidden] for a [1, hidden] weight."""
+    if shape is None or tuple(value.shape) == shape:
+        return value
+    if [d for d in value.shape if d != 1] == [d for d in shape if d != 1]:
+        return value.reshape(shape)
+    return value
 
 
 def _check_shape(name: str, found: tuple[int, ...], expected: tuple[int, ...]) -> None:

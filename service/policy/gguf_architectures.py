@@ -18,7 +18,9 @@ CHECKED = {
     "gemma3": f"{_TINY}, with the settings service/policy/gguf_config.py mends",
     "phi3": f"{_TINY}; a file with LongRoPE factors is refused (service/policy/gguf_rope.py)",
     "qwen2": _TINY,
+    "qwen2moe": f"{_TINY}, with the settings service/policy/gguf_config.py mends",
     "qwen3": _TINY,
+    "qwen3moe": f"{_TINY}, with the settings service/policy/gguf_config.py mends",
 }
 
 

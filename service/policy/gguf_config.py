@@ -5,6 +5,7 @@ vendors it); tests/integration/test_gguf_llama_cpp.py checks the result against 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from service.facts.gguf import GgufFacts
@@ -54,7 +55,23 @@ def _gemma3(keys: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-MENDS = {"gemma2": _gemma2, "gemma3": _gemma3}
+def _qwen_moe(normalised: bool) -> Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]:
+    """qwen2moe.cpp / qwen3moe.cpp: the experts' sizes and counts from the metadata, and whether the chosen experts'
+    weights are renormalised (Qwen3-MoE's are, Qwen2-MoE's are not; transformers' default for both: not)."""
+
+    def mend(keys: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+        sizes = {
+            "num_experts": "expert_count",
+            "num_experts_per_tok": "expert_used_count",
+            "moe_intermediate_size": "expert_feed_forward_length",
+            "shared_expert_intermediate_size": "expert_shared_feed_forward_length",
+        }
+        return {name: int(keys[key]) for name, key in sizes.items() if key in keys} | {"norm_topk_prob": normalised}
+
+    return mend
+
+
+MENDS = {"gemma2": _gemma2, "gemma3": _gemma3, "qwen2moe": _qwen_moe(False), "qwen3moe": _qwen_moe(True)}
 
 
 def config_mends(gguf: GgufFacts) -> tuple[dict[str, Any], str | None]:

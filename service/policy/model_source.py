@@ -25,7 +25,7 @@ from service.policy.gguf_rope import rope_config
 from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 
 # Bump when the conversion's output changes for the same inputs (layout, files written, tokenizer rules).
-CONVERTER_VERSION = "8"
+CONVERTER_VERSION = "10"
 
 
 @dataclass(frozen=True)

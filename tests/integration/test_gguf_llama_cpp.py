@@ -65,6 +65,9 @@ _LONGROPE_FACTORS = {
     "original_max_position_embeddings": 1024,
 }
 _LONGROPE = (("max_position_embeddings", 8192), ("rope_scaling", _LONGROPE_FACTORS))
+_EXPERTS = (("num_experts", 4), ("num_experts_per_tok", 2), ("moe_intermediate_size", 128))
+_SHARED_EXPERT = (("shared_expert_intermediate_size", 256),)
+_NORMALISED = (("norm_topk_prob", True),)
 
 
 # Qwen2's q/k/v biases, Qwen3's q/k norms and untied head, llama's Q/K rows that the converter permutes.
@@ -115,6 +118,10 @@ CASES = {
         mean_diff=2e-3,
     ),
     "qwen2": Case("qwen2", "Qwen2Config", "gpt2"),
+    # Experts: 2 of 4 per token, renormalised on Qwen3-MoE (as llama.cpp always does there), with a gated shared
+    # expert on Qwen2-MoE.
+    "qwen2moe": Case("qwen2moe", "Qwen2MoeConfig", "gpt2", tied=False, config_extra=_EXPERTS + _SHARED_EXPERT),
+    "qwen3moe": Case("qwen3moe", "Qwen3MoeConfig", "gpt2", tied=False, config_extra=_EXPERTS + _NORMALISED),
     "qwen3": Case("qwen3", "Qwen3Config", "gpt2", tied=False),
 }
 

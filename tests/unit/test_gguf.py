@@ -329,16 +329,17 @@ def test_the_copy_size_is_known_before_converting_and_a_disk_without_room_refuse
 
 
 def test_an_architecture_no_test_checks_is_refused_naming_the_served_ones_unless_the_user_asks():
-    """A gemma3 file transformers' mapping reads served garbage without a word: reading is not serving right."""
+    """An architecture no test checks (a gemma3 file, before its settings were mended, served garbage without a word):
+    reading a file is not serving it right."""
     from service.policy.gguf_architectures import CHECKED
 
     facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0")))
-    gemma = replace(facts, gguf=replace(facts.gguf, architecture="gemma3"))
-    refused = plan_model_source(gemma, "float32", MODELS, SOFTWARE, ARCHITECTURES).result
+    unchecked = replace(facts, gguf=replace(facts.gguf, architecture="stablelm"))
+    refused = plan_model_source(unchecked, "float32", MODELS, SOFTWARE, ARCHITECTURES).result
     (error,) = refused.errors
-    assert "'gemma3'" in error and all(name in error for name in CHECKED) and "gguf_unchecked=serve" in error
-    served = plan_model_source(gemma, "float32", MODELS, SOFTWARE, ARCHITECTURES, serve_unchecked=True).result
-    assert not served.errors and any("'gemma3'" in w and "unchecked" in w for w in served.warnings)
+    assert "'stablelm'" in error and all(name in error for name in CHECKED) and "gguf_unchecked=serve" in error
+    served = plan_model_source(unchecked, "float32", MODELS, SOFTWARE, ARCHITECTURES, serve_unchecked=True).result
+    assert not served.errors and any("'stablelm'" in w and "unchecked" in w for w in served.warnings)
     for architecture in CHECKED:
         checked = replace(facts, gguf=replace(facts.gguf, architecture=architecture))
         result = plan_model_source(checked, "float32", MODELS, SOFTWARE, ARCHITECTURES, serve_unchecked=False).result
@@ -363,14 +364,14 @@ def test_serve_refuses_an_unchecked_architecture_before_the_engine_or_warns_when
     from service.policy.gguf_architectures import CHECKED
     from tests.support.gguf_models import relabelled
 
-    path = relabelled(tiny_gguf(MODELS, "llama", "Q8_0"), tmp_path / "tiny-gemma3.Q8_0.gguf", "gemma3")
+    path = relabelled(tiny_gguf(MODELS, "llama", "Q8_0"), tmp_path / "tiny-stablelm.Q8_0.gguf", "stablelm")
     report = build_report(
         Settings(model=str(path), gguf_unchecked=setting, cache_dir=tmp_path / "cache"),
         model=choose_model(Settings(model=str(path)), build_demo=False),
     )
-    named = [m for m in (report.errors if setting == "refuse" else report.warnings) if "'gemma3'" in m]
+    named = [m for m in (report.errors if setting == "refuse" else report.warnings) if "'stablelm'" in m]
     assert len(named) == 1 and ", ".join(CHECKED) in named[0], report.errors + report.warnings
-    assert (setting == "serve") == (not [e for e in report.errors if "gemma3" in e])
+    assert (setting == "serve") == (not [e for e in report.errors if "stablelm" in e])
 
 
 @pytest.mark.parametrize(
@@ -455,3 +456,28 @@ def test_gemma3_layers_and_rope_follow_llama_cpps_reading_of_the_metadata():
     windowless = tuple((k, v) for k, v in keys.items() if k != "attention.sliding_window")
     entries, _ = config_mends(replace(facts, architecture="gemma3", config=config, architecture_keys=windowless))
     assert entries["layer_types"] == ["full_attention"] * 8
+
+
+def test_qwen_moe_expert_sizes_and_renormalising_follow_llama_cpp():
+    from service.policy.gguf_config import config_mends
+
+    facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0"))).gguf
+    keys = (("expert_count", 128), ("expert_used_count", 8), ("expert_feed_forward_length", 768))
+    entries, _ = config_mends(replace(facts, architecture="qwen3moe", architecture_keys=keys))
+    assert entries == {
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": True,
+    }
+    shared = (*keys, ("expert_shared_feed_forward_length", 5632))
+    entries, _ = config_mends(replace(facts, architecture="qwen2moe", architecture_keys=shared))
+    assert entries["shared_expert_intermediate_size"] == 5632 and entries["norm_topk_prob"] is False
+
+
+def test_a_tensor_differing_only_by_unit_dimensions_takes_the_models_shape():
+    from service.gguf_convert import _unit_dims_as
+
+    assert _unit_dims_as(torch.zeros(1, 1, 8), (1, 8)).shape == (1, 8)
+    assert _unit_dims_as(torch.zeros(2, 8), (1, 16)).shape == (2, 8)  # not a unit-dimension difference: left to fail
+    assert _unit_dims_as(torch.zeros(8), None).shape == (8,)
