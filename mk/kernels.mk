@@ -18,14 +18,15 @@ $(GGML_STAMP): service/kernels/ggml_linear.cpp service/kernels/bf16_linear.cpp s
 
 # llama.cpp's own library (libllama), from the kernels' build tree above (ggml is built there already; the rest of
 # llama.cpp's source compiles in about a minute on 2 cores): the reference the GGUF architecture tests check the
-# service's answers against (tests/support/llama_cpp.py). Part of `make test-tools`.
+# service's answers against (tests/support/llama_cpp.py). `make test` builds it beside lint and the unit tests
+# (scripts/test.sh), `make test-integration` before them.
 #   make llama-lib
 .PHONY: llama-lib
 LLAMA_LIB := $(GGML_DIR)/build/bin/libllama.so
 
 llama-lib: $(LLAMA_LIB)
 
-test-tools: llama-lib
+test-integration: llama-lib
 
 $(LLAMA_LIB): $(GGML_STAMP)
 	$(dir $(PY))ninja -C $(GGML_DIR)/build llama >/dev/null
