@@ -23,11 +23,6 @@ second=$!
 echo "the container and reliability tests run beside these: ${beside_log}"
 stop_second() { kill -INT "${second}" 2>/dev/null; wait "${second}" 2>/dev/null; }
 
-# llama.cpp's library, the integration tests' reference (mk/kernels.mk), compiles while lint and the unit tests run:
-# they keep about one core busy.
-make --no-print-directory llama-lib > .cache/llama-lib.log 2>&1 &
-lib=$!
-
 s=$(date +%s)
 if ! make --no-print-directory lint; then stop_second; exit 1; fi
 printf 'lint\t%s\n' $(( $(date +%s) - s )) >> "${phases}"
@@ -38,11 +33,7 @@ host=()
 for dir in tests/*/; do
   case " tests/unit/ ${beside[*]} " in *" ${dir} "*) ;; *) host+=("${dir}") ;; esac
 done
-if wait "${lib}"; then
-  "${py}" -m pytest -q --durations=20 "${host[@]}"; rest=$?
-else
-  echo "make llama-lib failed (.cache/llama-lib.log):"; tail -n 30 .cache/llama-lib.log; rest=1
-fi
+"${py}" -m pytest -q --durations=20 "${host[@]}"; rest=$?
 wait "${second}"; beside_rc=$?
 
 echo "=== the container and reliability tests (${beside_log}) ==="
