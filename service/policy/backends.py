@@ -20,6 +20,7 @@ from service.facts.kernels import AMX, X86, ZEN, BackendKernels
 from service.facts.software import SoftwareFacts
 from service.policy.decision import PolicyResult, Source, env
 from service.policy.ggml_handover import BF16_AMX, BF16_AVX512, BF16_ZEN4, FP32_AVX512, FP32_ZEN2, GgmlHandover
+from service.policy.measurement_store import cite
 from service.policy.quant_kernels import (
     FP8_AMX,
     FP8_TORCH,
@@ -70,16 +71,14 @@ class KernelOrder:
     measured: tuple[str, ...] = ()  # the kernels whose measurements on this backend the reason cites
 
 
-# Measured on an AMX guest (quant_measurements.py): vLLM's AMX W4A8 decoded W4A16 x1.43 of auto-round-lib's kernel and
-# x1.86 of the service's ggml one, and prefilled faster than both.
+# Measured on an AMX guest (the quant rows of service/measurements/ the reason cites).
 AMX_INT4 = KernelOrder(
     ("vllm",),
     "vLLM's AMX W4A8 kernel by default: it decoded and prefilled faster than auto-round-lib's and the service's ggml "
     "kernel on an AMX CPU",
     ("amx-w4a8", "auto-round", "ggml-q4_0"),
 )
-# Measured on an Intel Emerald Rapids guest without AMX or AVX-512 BF16 (quant_measurements.py): auto-round-lib's
-# kernel decoded W4A16 x1.20 of ggml's and x3.4 of vLLM's cpu_gemm_wna16, and prefilled x10 / x4.3 (a bf16 engine).
+# Measured on an Intel Emerald Rapids guest without AMX or AVX-512 BF16 (the quant rows the reason cites).
 AVX512_INT4 = KernelOrder(
     ("auto-round", "ggml", "vllm"),
     "auto-round-lib's kernel by default: it decoded and prefilled faster than the service's ggml kernel and vLLM's "
@@ -238,7 +237,7 @@ BACKENDS: dict[str, Backend] = {
             int4_w4a8=Int4Default(
                 True,
                 frozenset({"compressed-tensors", "gptq", "awq"}),
-                "vLLM's default (AMX W4A8 for bf16 activations): it decoded x3.7 of the weight-only cpu_gemm_wna16",
+                "vLLM's default (AMX W4A8 for bf16 activations): it decoded faster than the weight-only cpu_gemm_wna16",
                 ("amx-w4a8", "wna16-amx"),
             ),
             int4_kernel=AMX_INT4,
@@ -257,14 +256,10 @@ BACKENDS: dict[str, Backend] = {
             int4_kernel=AVX512_INT4,
             bf16_weights="on AVX-512 without its bf16 extension, where the service computes in fp32, linear weights "
             "that are bf16 values stay bf16 (half the bytes a decode step reads), widened to fp32 in registers by the "
-            "service's kernel: an fp32 engine on them decoded x1.55 (10.1 vs 6.5 tok/s) and prefilled x0.90 (131 vs "
-            "146 tok/s) of fp32 weights on an Intel Emerald Rapids guest without AMX or AVX-512 BF16 (python "
-            "bench/quant_kernels.py --formats bf16,fp32 --reps 3, 2026-11-26; docs/performance.md)",
+            "service's kernel: " + cite("claim/bf16-weights-engine/emeraldrapids"),
             bf16_engine="on AVX-512 without its bf16 extension vLLM's bf16 GEMM converts bf16 in software; the "
-            "service's kernel widens the bf16 weights and activations and sums in fp32: a bf16 engine on it decoded "
-            "x0.97 (10.2 vs 10.5 tok/s, level) and prefilled x4.2 (131 vs 31 tok/s) of vLLM's GEMM on an Intel "
-            "Emerald Rapids guest without AMX or AVX-512 BF16, with the KV cache still bf16 (python "
-            "bench/quant_kernels.py --formats bf16 --reps 3, 2026-11-27; docs/performance.md)",
+            "service's kernel widens the bf16 weights and activations and sums in fp32: "
+            + cite("claim/bf16-engine-kernel/emeraldrapids"),
         ),
         Backend(
             "avx2",
@@ -287,21 +282,21 @@ BACKENDS: dict[str, Backend] = {
             },  # bf16 here only where the user asks: not measured
             int4_kernel=KernelOrder(
                 ("ggml", "auto-round"),
-                "vLLM has no int4 kernel in its AVX2 build (_C_AVX2 lacks cpu_gemm_wna16): the service's ggml kernel "
-                "(llama.cpp's AVX2 Q4_0 GEMV: 49% of the read ceiling, llama.cpp 51%, on a Zen 2, python -m bench --only-peer "
-                "--peer-format q4_0, 2026-12-02), else auto-round-lib's",
+                "vLLM has no int4 kernel in its AVX2 build (_C_AVX2 lacks cpu_gemm_wna16): the service's ggml kernel ("
+                + cite("claim/int4-ggml-read/zen2")
+                + "), else auto-round-lib's",
             ),
             bf16_weights="on AVX2, where the service computes in fp32, linear weights that are bf16 values stay bf16 "
-            "(half the bytes a decode step reads), widened to fp32 in registers by the service's kernel: its GEMV ran "
-            "x2.27 (1 thread) and x3.63 (2 threads) faster than fp32 weights in an AVX2-only run (python -m "
-            "bench.bf16_weights), and an fp32 engine decoded x1.57 faster, prefilled x0.87 as fast, on a Zen 4 "
-            "(python bench/quant_kernels.py --formats fp32; docs/performance.md)",
+            "(half the bytes a decode step reads), widened to fp32 in registers by the service's kernel: "
+            + cite("claim/bf16-weights-gemv/avx2")
+            + "; "
+            + cite("claim/bf16-weights-engine/zen4"),
             int8_kernel=KernelOrder(
                 ("ggml", "vllm"),
-                "the service's ggml kernel (llama.cpp's Q8_0 dot products) by default: vLLM's int8 kernel on AVX2 "
-                "(oneDNN, no VNNI) decoded W8A8 at 3% of the read ceiling, 768 ms per token, where llama.cpp's Q8_0 "
-                "ran at 69%, 40 ms (AMD EPYC Zen 3 guest, python -m bench --only-peer --peer-format q8_0, issue 32); ggml's "
-                "decoded it at 57-59%, 59 ms, on a Zen 2 (same command, 2026-12-02; docs/bench-history.md)",
+                "the service's ggml kernel (llama.cpp's Q8_0 dot products) by default: "
+                + cite("claim/int8-onednn-avx2/zen3")
+                + "; "
+                + cite("claim/int8-ggml-read/zen2"),
             ),
         ),
     )

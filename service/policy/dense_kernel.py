@@ -10,15 +10,13 @@ from service.facts.quantization import QuantFacts
 from service.facts.software import KERNELS_NOT_BUILT
 from service.policy.backends import Backend
 from service.policy.decision import PolicyResult, Source, env, record
+from service.policy.measurement_store import cite
 from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 from service.settings import Settings
 
 KERNEL = KERNELS["bf16-weights"]
-# Where a backend keeps fp32 weights by default, what the other choice measured (docs/performance.md).
-MEASURED = (
-    "an fp32 engine on bf16 weights decoded x1.57 and prefilled x0.87 as fast on a Zen 4, "
-    "python bench/quant_kernels.py --formats fp32"
-)
+# Where a backend keeps fp32 weights by default, what the other choice measured.
+MEASURED = cite("claim/bf16-weights-engine/zen4")
 
 
 # The bf16 engine's two choices on a CPU without native bf16: the weights are bf16 either way, the kernel differs.

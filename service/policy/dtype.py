@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from service.facts.cpu import Isa
 from service.policy.backends import Backend
 from service.policy.decision import PolicyResult, engine
+from service.policy.measurement_store import cite, row
 
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -37,39 +38,28 @@ class Measurement:
         )
 
 
-# One entry per dtype class of the backend registry, from `python -m bench.dtype` (or `python -m bench --dtype`).
-MEASUREMENTS: dict[str, Measurement] = {
-    # bf16 runs torch's reference GEMM there (oneDNN refuses a bf16 matmul without AVX-512), fp32 oneDNN's.
-    "avx2": Measurement(
-        "an AMD EPYC Zen 1 KVM guest",
-        0.900,
-        0.836,
-        0.969,
-        "python -m bench.dtype --repetitions 3 --requests 3 --max-tokens 32, 2026-11-24",
-        prefill="x0.16 [0.15, 0.16]",
-    ),
-    # AVX-512 without its bf16 extension (vLLM's _C_AVX512): both engines' linear layers on the service's bf16 kernel
-    # (bf16's replaces vLLM's software-converted GEMM, which prefilled ~4x slower). Decode level, prefill close, and
-    # an fp32 engine's KV cache takes twice the bytes per token (docs/performance.md): bf16 stays.
-    "avx512": Measurement(
-        "an Intel Xeon Emerald Rapids KVM guest without AMX or AVX-512 BF16, both on the service's bf16 kernel",
-        1.007,
-        0.972,
-        1.043,
-        "python -m bench.dtype --repetitions 3, 2026-11-27 01:37; fp32's KV cache is twice bf16's per token",
-        prefill="x0.81 [0.69, 0.95]",
-    ),
-}
+def _measured(dtype_class: str) -> Measurement:
+    decode, prefill = row(f"dtype/{dtype_class}/decode"), row(f"dtype/{dtype_class}/prefill")
+    assert decode.value is not None and decode.interval is not None
+    return Measurement(
+        decode.machine,
+        decode.value,
+        *decode.interval,
+        f"measured: {decode.key}; {decode.command}; {decode.date}" + (f"; {decode.says}" if decode.says else ""),
+        prefill=prefill.figure(),
+    )
+
+
+# One entry per dtype class of the backend registry, from `python -m bench.dtype` (service/measurements/dtype.yaml).
+MEASUREMENTS: dict[str, Measurement] = {c: _measured(c) for c in ("avx2", "avx512")}
 
 
 # The packaged default model (SmolLM2-135M-Instruct, a Q4_1 GGUF) is there to answer right out of the box. In fp32
 # its dequantized weights are exact and it answers; in bf16 the rounding decides near-ties of its first token.
 DEFAULT_MODEL_FP32 = (
-    "the default model is served in fp32 for its answers: its dequantized Q4_1 weights are exact in fp32, and its "
-    "top two first tokens for 'What is the capital of France?' are 0.10 nat apart in transformers' fp32 forward, "
-    'inside bf16\'s rounding (bf16 answered "L\'Étoile...", fp32 "The capital of France is Paris." on an AMD '
-    "EPYC Zen 4 guest, zentorch); bf16 decoded it 1.7x faster there (45.6 vs 27.3 tok/s, 6 alternating runs): "
-    "set dtype bfloat16 for speed"
+    "the default model is served in fp32 for its answers: its dequantized Q4_1 weights are exact in fp32, and "
+    + cite("claim/default-model-fp32/zen4")
+    + ": set dtype bfloat16 for speed"
 )
 
 

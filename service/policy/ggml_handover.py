@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from service.policy.decision import PolicyResult, env
+from service.policy.measurement_store import cite, row
 from service.policy.quant_kernels import KERNELS
 
 HANDOVER_ENV = "SERVICE_GGML_HANDOVER"
@@ -29,48 +30,23 @@ class GgmlHandover:
     rows: Mapping[str, int]  # ggml type -> the first row count where the GEMM won; a type left out: never (0)
     gemm: str  # the GEMM it was measured against
     backend: str  # the service backend of the machine it was measured on
-    measured: str  # machine, date, what else it showed
+    measured: str  # the store's row, as cited: what else it showed, command, machine, date
 
     def row(self, type_name: str) -> int:
         return self.rows.get(type_name, 0)
 
 
-BF16_ZEN4 = GgmlHandover(
-    {"Q4_0": 128, "Q4_1": 128, "Q5_0": 128, "Q5_1": 32, "Q8_0": 64},
-    "AVX-512 BF16 GEMM",
-    "zen",
-    "AMD EPYC Zen 4 KVM guest, 2026-11-26 (Q4_1 as repacked Q4_0 plus offsets: 2026-12-01); the K-quants stayed with "
-    "ggml up to 512 rows",
-)
-FP32_ZEN2 = GgmlHandover(
-    {"Q4_0": 512, "Q4_1": 256, "Q5_0": 128, "Q5_1": 64, "Q8_0": 256},
-    "AVX2 fp32 GEMM",
-    "avx2",
-    "AMD EPYC Zen 2 KVM guest, --dtype float32, 2026-12-02; the K-quants, which stayed with ggml in bf16 on a Zen 4, "
-    "not measured",
-)
-BF16_AMX = GgmlHandover(
-    {"Q4_0": 64, "Q4_1": 64, "Q5_0": 64, "Q5_1": 32, "Q8_0": 32, "Q2_K": 256, "Q3_K": 256, "Q4_K": 128}
-    | {"Q5_K": 128, "Q6_K": 256},
-    "AMX bf16 GEMM",
-    "amx",
-    "Intel Xeon KVM guest with AMX, 2026-12-03: at 512 rows the GEMM ran x4.7 (Q4_0), x7.0 (Q8_0) and x2.2-2.9 "
-    "(K-quants) as fast as ggml",
-)
-BF16_AVX512 = GgmlHandover(
-    {"Q5_0": 256, "Q5_1": 64, "Q8_0": 512},
-    "AVX-512 BF16 GEMM (no AMX)",
-    "avx512",
-    "the Intel Xeon AMX guest with oneDNN held to AVX-512 BF16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16: what it runs on "
-    "these CPUs' guests that hide AMX), 2026-12-03: Q4_0 x0.78, Q4_1 x0.93 and the K-quants x0.45-0.50 of the GEMM "
-    "path's time at 512 rows",
-)
-FP32_AVX512 = GgmlHandover(
-    {"Q4_0": 256, "Q4_1": 256, "Q5_0": 256, "Q5_1": 64, "Q8_0": 128},
-    "AVX-512 fp32 GEMM",
-    "amx",
-    "Intel Xeon KVM guest with AMX, --dtype float32, 2026-12-03; the K-quants stayed with ggml up to 512 rows",
-)
+def _table(key: str) -> GgmlHandover:
+    r = row(key)
+    return GgmlHandover(dict(r.params["rows"]), r.params["gemm"], r.params["backend"], cite(key))
+
+
+# The tables, each measured on one machine (service/measurements/ggml_handover.yaml)
+BF16_ZEN4 = _table("ggml-handover/zen4/bfloat16")
+FP32_ZEN2 = _table("ggml-handover/zen2/float32")
+BF16_AMX = _table("ggml-handover/xeon-amx/bfloat16")
+BF16_AVX512 = _table("ggml-handover/xeon-amx-as-avx512-bf16/bfloat16")
+FP32_AVX512 = _table("ggml-handover/xeon-amx/float32")
 
 
 # The service's kernels that run the ggml op (their vLLM class names, as KERNELS_ENV lists them)
@@ -79,15 +55,7 @@ GGML_CLASSES = frozenset(KERNELS[k].vllm_class for k in ("ggml-q4_0", "ggml-q4_1
 
 # A bf16 engine on a CPU without native bf16 (no AVX-512 BF16 or AMX: the avx512 backend's Intel guests without the
 # extension, a bf16 engine the user asks for on AVX2): torch's bf16 GEMM converts in software, and ggml stays ahead.
-SOFTWARE_BF16 = GgmlHandover(
-    {},
-    "bf16 GEMM converted in software",
-    "avx512",
-    "the Intel Xeon AMX guest with oneDNN held to AVX-512 without its bf16 instructions (ONEDNN_MAX_CPU_ISA="
-    "AVX512_CORE), 2026-12-03: ggml's matmul ran x1.05-20 as fast as dequantize + that GEMM at every row count up to "
-    "512 (Q4_0, Q4_1, Q5_1, Q8_0); on an Emerald Rapids guest without AVX-512 BF16 ggml's int4 kernel prefilled 30 "
-    "tok/s through it, 2026-11-26",
-)
+SOFTWARE_BF16 = _table("ggml-handover/xeon-amx-as-avx512/bfloat16")
 
 
 def handover_env(tables: Mapping[str, Mapping[str, int]]) -> str:
@@ -123,8 +91,7 @@ def plan_handover(
     table = tables.get(dtype) or tables["bfloat16"]
     why = (
         f"{dtype} activations: ggml's matmul below these rows, dequantize + the {table.gemm} from them: "
-        f"{describe(table)}. Measured ({table.measured}; python -m bench.ggml_prefill, the first row count where the "
-        "GEMM ran faster)"
+        f"{describe(table)}. The first row count where the GEMM ran faster: {table.measured}"
     )
     if table.backend != backend:
         why += f"; not measured on {backend}: the {table.backend} machine's {table.gemm} is the nearest measured"

@@ -12,18 +12,16 @@ from service.facts.cpu import Isa
 from service.facts.model import ModelFacts
 from service.policy.decision import PolicyResult, Source, engine
 from service.policy.dtype import BYTES
+from service.policy.measurement_store import cite
 
 # vLLM's names; "fp8" is e4m3 there.
 FP8 = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 # vLLM's CPU attention stores fp8 in blocks of 32 values of a head.
 FP8_HEAD_MULTIPLE = 32
 # What fp8 cost in perplexity, per CPU attention kernel: SmolLM2-135M-Instruct on 2 047 tokens of the Apache-2.0
-# text, prefilled in 256-token chunks so that attention reads the cache (docs/performance.md, "fp8 KV cache";
+# text, prefilled in 256-token chunks so that attention reads the cache (docs/lab/performance.md, "fp8 KV cache";
 # Intel Xeon guest with AMX). The AMX kernel runs bf16 models; the vec kernel the rest.
-MEASURED_COST = {
-    "amx": "perplexity x1.14 (e4m3) / x1.13 (e5m2) on the AMX bf16 kernel, measured on SmolLM2-135M",
-    "vec": "perplexity x1.04 (e4m3) on the fp32 vec kernel, measured on SmolLM2-135M",
-}
+MEASURED_COST = {kernel: cite(f"claim/kv-fp8-cost/{kernel}") for kernel in ("amx", "vec")}
 
 
 def plan_kv_cache_dtype(

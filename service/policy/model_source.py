@@ -22,6 +22,7 @@ from service.policy.dtype import BYTES
 from service.policy.gguf_architectures import architecture_problem
 from service.policy.gguf_config import config_mends
 from service.policy.gguf_rope import rope_config
+from service.policy.measurement_store import cite
 from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 
 # Bump when the conversion's output changes for the same inputs (layout, files written, tokenizer rules).
@@ -61,18 +62,11 @@ BLOCK_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 BLOCKS_KERNEL = KERNELS["ggml-gguf"]
 BLOCKS_METHOD = "service_gguf"  # the converted checkpoint's quantization_config.quant_method
 # What keeping blocks rests on: ggml's kernel against the dequantized engine on the same CPU (docs/quantization.md).
-BLOCKS_MEASURED = (
-    "on a Zen 4 the bench model decoded at 45.4 tok/s on ggml's Q4_0 kernel and 10.7 tok/s dequantized to fp32 "
-    "(two runs: python bench/quant_kernels.py --formats w4a16 --reps 3, then --formats fp32 --reps 3)"
-)
+BLOCKS_MEASURED = cite("claim/gguf-blocks-dequantized/zen4")
 
 
 # What keeping the LM head's blocks rests on: ggml's matmul on them against the head dequantized to the engine dtype.
-HEAD_MEASURED = (
-    "ggml's matmul on the head's blocks took x0.26-0.42 of the dequantized head's time for one sequence and "
-    "x0.28-0.39 for four, in bf16 and fp32 (SmolLM2's Q8_0 head 49152x576; a Q6_K head 151936x1024; 2 threads, "
-    "Emerald Rapids guest without AVX-512 BF16: python -m bench.lm_head, and --type Q6_K --vocab 151936 --hidden 1024)"
-)
+HEAD_MEASURED = cite("claim/lm-head-blocks/emeraldrapids")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from service.facts.quantization import LinearShape, QuantFacts
+from service.policy.measurement_store import cite
 
 # The format families a quantized checkpoint falls in (QuantFacts.key); every backend says for each what runs it
 # or why nothing does.
@@ -274,9 +275,9 @@ FP8_TORCH = (Rule((), "torch-fp8"),)
 # Zen 2 guest (docs/quality.md).
 SATURATES_WITHOUT_VNNI: dict[str, str] = {
     "onednn-w8a8": "vLLM's oneDNN int8 GEMM on a CPU without VNNI (AVX-512 VNNI, AVX-VNNI or AMX int8) multiplies "
-    "through vpmaddubsw, whose pair sums saturate at int16 on full-range int8 weights: its answers are off (the "
-    "default model's W8A8 copy: perplexity x1.041 of an exact int8 reference, chosen-token logprobs 0.39 nat off on "
-    "average, on an AMD EPYC Zen 2); the service's ggml kernel (int8_kernel=ggml) computes int8 exactly here",
+    "through vpmaddubsw, whose pair sums saturate at int16 on full-range int8 weights: its answers are off ("
+    + cite("claim/onednn-int8-saturates/zen2")
+    + "); the service's ggml kernel (int8_kernel=ggml) computes int8 exactly here",
 }
 
 # Kernels that run but are a fallback the user should know about (a warning, not a refusal).

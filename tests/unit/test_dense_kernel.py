@@ -24,7 +24,10 @@ BF16_ENGINE_MEASURED = "python bench/quant_kernels.py --formats bf16"
 FP32_LLAMA = {**LLAMA, "torch_dtype": "bfloat16"}
 
 
-@pytest.mark.parametrize("cpu,measured", [(AVX2, "x2.27"), (AVX512, "x1.55")])
+@pytest.mark.parametrize(
+    "cpu,measured",
+    [(AVX2, "measured: claim/bf16-weights-gemv/avx2"), (AVX512, "measured: claim/bf16-weights-engine/emeraldrapids")],
+)
 def test_fp32_engines_keep_bf16_weights_where_the_kernel_is_built(tmp_path, cpu, measured):
     p = quant_plan(FP32_LLAMA, cpu, tmp_path, ggml_kernel=BUILT, dtype="float32")
     d = decision(p, "engine.linear_weights")
@@ -52,7 +55,7 @@ def test_other_backends_keep_fp32_weights_unless_asked(tmp_path):
         p = quant_plan(FP32_LLAMA, cpu, tmp_path, ggml_kernel=BUILT, dtype="float32")
         kept = decision(p, "engine.linear_weights")
         assert kept.value == "fp32" and "SERVICE_LINEAR_KERNELS" not in p.env
-        assert "decoded x1.57 and prefilled x0.87" in kept.reason  # what the other choice measured
+        assert "measured: claim/bf16-weights-engine/zen4" in kept.reason  # what the other choice measured
         asked = quant_plan(FP32_LLAMA, cpu, tmp_path, ggml_kernel=BUILT, dtype="float32", bf16_weights="on")
         assert (decision(asked, "engine.linear_weights").value, asked.env["SERVICE_LINEAR_KERNELS"]) == (
             "bf16",
