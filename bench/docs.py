@@ -1,0 +1,176 @@
+"""`make docs`: the documents' measured tables, rendered from the measurement store (service/measurements/).
+
+Each rendered block sits between `<!-- rendered: NAME (make docs) -->` and `<!-- end NAME -->` in README.md or docs/;
+`python -m bench.docs` rewrites the blocks, `--check` exits 1 naming the files whose blocks differ from the store."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from service.policy.measurement_store import Row, Store, store
+
+REPO = Path(__file__).resolve().parents[1]
+DOCUMENTS = (REPO / "README.md", REPO / "docs" / "benchmarks.md")
+
+CPUS = {
+    "zen5": "AMD EPYC Zen 5",
+    "zen4": "AMD EPYC Zen 4",
+    "zen2": "AMD EPYC Zen 2 (AVX2 only)",
+    "emeraldrapids-nobf16": "Intel Xeon, AVX-512 without BF16 or AMX",
+    "xeon-amx": "Intel Xeon with AMX",
+}
+FORMATS = {
+    "q8_0": "8-bit (W8A8 vs Q8_0)",
+    "q4_0": "4-bit (W4A16 vs Q4_0)",
+    "bf16": "bf16",
+    "q4_k_m-gguf": "a Q4_K_M file, both sides",
+    "q4_0-gguf": "a Q4_0 file, both sides",
+    "q4_1-gguf": "a Q4_1 file, both sides",
+    "q8_0-gguf": "a Q8_0 file, both sides",
+    "smollm2-q4_1": "SmolLM2-135M's Q4_1 file, both sides",
+}
+PICK_FORMATS = ("q8_0", "q4_0", "bf16", "q4_k_m-gguf", "smollm2-q4_1")
+
+
+def _label(table: dict[str, str], key: str) -> str:
+    return table.get(key, key)
+
+
+def _ordered(keys: list[str], table: dict[str, str]) -> list[str]:
+    known = [k for k in table if k in keys]
+    return known + sorted(k for k in keys if k not in table)
+
+
+def _ratio(r: Row) -> str:
+    if r.interval is None:
+        return f"x{r.value:.2f}"
+    bold = r.interval[0] > 1 or r.interval[1] < 1
+    figure = f"x{r.value:.2f}"
+    return f"{'**' + figure + '**' if bold else figure} [{r.interval[0]:.2f}, {r.interval[1]:.2f}]"
+
+
+def _verdict(r: Row) -> str:
+    """Output throughput ours / llama.cpp: whose side the whole interval is on."""
+    low, high = r.interval or (r.value, r.value)
+    assert low is not None and high is not None
+    return "this service" if low > 1 else "llama.cpp" if high < 1 else "either"
+
+
+def _peer(s: Store, cpu: str, fmt: str, c: int, metric: str) -> Row | None:
+    return s.rows.get(f"peer/{cpu}/{fmt}/c{c}/{metric}")
+
+
+def which_to_pick(s: Store) -> list[str]:
+    """One row per CPU class, one column per format: whose output throughput the interval favours, at one stream
+    and at 16."""
+    peers = s.of_kind("peer")
+    cpus = _ordered(sorted({r.cpu for r in peers}), CPUS)
+    lines = [
+        "| CPU | " + " | ".join(FORMATS[f] for f in PICK_FORMATS) + " |",
+        "| --- |" + " --- |" * len(PICK_FORMATS),
+    ]
+    for cpu in cpus:
+        cells = []
+        for fmt in PICK_FORMATS:
+            one, many = _peer(s, cpu, fmt, 1, "output"), _peer(s, cpu, fmt, 16, "output")
+            if one is None or many is None:
+                cells.append("not measured")
+                continue
+            a, b = _verdict(one), _verdict(many)
+            cells.append(
+                f"{a} (x{one.value:.2f})"
+                if a == b
+                else f"1 stream: {a} (x{one.value:.2f}); 16: {b} (x{many.value:.2f})"
+            )
+        lines.append(f"| {_label(CPUS, cpu)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def peer_tables(s: Store) -> list[str]:
+    """Per CPU class: every format and concurrency measured, ratios with their intervals, and where each comes from."""
+    peers = s.of_kind("peer")
+    out: list[str] = []
+    for cpu in _ordered(sorted({r.cpu for r in peers}), CPUS):
+        rows = [r for r in peers if r.cpu == cpu]
+        out += [f"### {_label(CPUS, cpu)}", "", f"Machine: {rows[0].machine}.", ""]
+        out += ["| weights | c | output tok/s | TTFT p50 | TPOT p50 |", "| --- | --- | --- | --- | --- |"]
+        fmts = _ordered(list(dict.fromkeys(r.params["format"] for r in rows)), FORMATS)
+        for fmt in fmts:
+            cs = sorted({r.params["concurrency"] for r in rows if r.params["format"] == fmt})
+            for c in cs:
+                cells = [_peer(s, cpu, fmt, c, m) for m in ("output", "ttft", "tpot")]
+                out.append(
+                    f"| {_label(FORMATS, fmt)} | {c} | " + " | ".join(_ratio(x) if x else "" for x in cells) + " |"
+                )
+        out.append("")
+        sources = dict.fromkeys(
+            (r.params["format"], r.command, r.date, r.params.get("repetitions"), r.run, r.says) for r in rows
+        )
+        for fmt, command, date, n, run, says in sources:
+            where = f", `{run}`" if run else ""
+            note = f"; {says}" if says else ""
+            out.append(f"- {_label(FORMATS, fmt)}: `{command}`, {date}, n={n}{where}{note}")
+        out.append("")
+    return out[:-1]
+
+
+def quant_tables(s: Store) -> list[str]:
+    """Per machine run: each quantized format's kernel candidates, decode and prefill at batch 1."""
+    quant = s.of_kind("quant")
+    out: list[str] = []
+    runs = list(dict.fromkeys(r.key.split("/")[1] for r in quant))
+    for run in runs:
+        rows = [r for r in quant if r.key.split("/")[1] == run]
+        first = rows[0]
+        out += [f"**{first.machine}**, backend `{first.params['backend']}` (`{first.command}`, {first.date}):", ""]
+        out += ["| format | kernel | knobs | decode tok/s | prefill tok/s |", "| --- | --- | --- | --- | --- |"]
+        for d in (r for r in rows if r.params["metric"] == "decode"):
+            p = s.rows.get(d.key.removesuffix("/decode") + "/prefill")
+            knobs = f"`{d.params['knobs']}`" if d.params["knobs"] else ""
+            out.append(
+                f"| {d.params['format']} | `{d.params['kernel']}` | {knobs} | {d.figure().removesuffix(' tok/s')} | "
+                f"{p.figure() if p else 'n/a'} |".replace(" tok/s", "")
+            )
+        out.append("")
+    return out[:-1]
+
+
+RENDERERS: dict[str, Callable[[Store], list[str]]] = {
+    "which-to-pick": which_to_pick,
+    "peer-tables": peer_tables,
+    "quant-tables": quant_tables,
+}
+BLOCK = re.compile(r"(<!-- rendered: (?P<name>[\w-]+) \(make docs\) -->\n)(?P<body>.*?)(<!-- end (?P=name) -->)", re.S)
+
+
+def render(text: str, s: Store) -> str:
+    def one(m: re.Match[str]) -> str:
+        body = "\n".join(RENDERERS[m["name"]](s)) + "\n"
+        return m.group(1) + body + m.group(4)
+
+    return BLOCK.sub(one, text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--check", action="store_true", help="exit 1 if a document differs from what the store renders")
+    args = parser.parse_args()
+    stale = []
+    for path in DOCUMENTS:
+        text = path.read_text()
+        new = render(text, store())
+        if new != text:
+            stale.append(path.relative_to(REPO))
+            if not args.check:
+                path.write_text(new)
+    if args.check and stale:
+        sys.exit(f"rendered from an older store: {', '.join(map(str, stale))} (run `make docs`)")
+    print(("rewrote " + ", ".join(map(str, stale))) if stale else "documents match the store")
+
+
+if __name__ == "__main__":
+    main()
