@@ -22,7 +22,7 @@ class BenchOptions:
     # Pairs of runs per concurrency on each pair of server processes, 1-3 s a run, A/B and B/A by turns: this
     # machine's speed drifts over seconds (one server's API CPU per request: autocorrelation 0.71 between
     # consecutive requests, 0.33 ten requests apart), and back-to-back runs of ~8 s differed by 6.8% (sd). With
-    # short alternating runs (and the CPU counted to the ns) the c=4/16 intervals narrowed 2-6x (docs/bench.md).
+    # short alternating runs (and the CPU counted to the ns) the c=4/16 intervals narrowed 2-6x (docs/benchmarks.md).
     rounds: int = 16
     input_len: int = 128
     output_len: int = 64

@@ -1,4 +1,4 @@
-# The benchmark (docs/bench.md): a tool beside the service, `python -m bench`; results under bench/results/<stamp>/.
+# The benchmark (docs/benchmarks.md): a tool beside the service, `python -m bench`; results under bench/results/<stamp>/.
 #   make bench              front end vs vLLM's server at c=1,4,16, policy vs defaults, decode vs bandwidth, native
 #                           preload, cold/warm start, the quantized kernels per format, and the llama.cpp peer
 #                           (builds it first with bench-tools; BENCH_PEER=0 skips both)

@@ -20,7 +20,7 @@ def _deltas(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, 
     """Each token's input times its adapter's weights, zero for a token without one (-1): one matmul per adapter in the
     batch, none for a batch without adapters. vLLM's ops gather a copy of the weights for every token and multiply
     them one by one: x19-34 the time of this at a 256-token prefill, x2-5 at a decode step of 1-4 tokens
-    (docs/performance.md)."""
+    (docs/lab/performance.md)."""
     if weights.dim() == 4:
         weights = weights.squeeze(dim=1)
     x = inputs.to(dtype=dtype)

@@ -2,7 +2,7 @@
 executes itself once more with it, because LD_PRELOAD acts only when a process starts.
 
 Why: under load at c=16, glibc's malloc and free took 7.7-8.8% of the API process's CPU cycles (perf) against
-tcmalloc's 2.6-3.4% in vLLM's own server, whose API process the same variable preloads (docs/bench.md).
+tcmalloc's 2.6-3.4% in vLLM's own server, whose API process the same variable preloads (docs/benchmarks.md).
 The re-executed process keeps its pid (exec), arguments and environment; the user's own LD_PRELOAD travels beside it
 in REEXEC_ENV so the policy decides from what the user set, not from the last start.
 """

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("service.vllm_plugin.bf16_weights")
 KERNEL = KERNELS["bf16-weights"]
 # From this many rows on, the weight is widened chunk by chunk and multiplied by torch's fp32 GEMM: the first row
-# count where that won on 1 and 2 threads (docs/performance.md, "bf16 weights in an fp32 engine"). With bf16
+# count where that won on 1 and 2 threads (docs/lab/performance.md, "bf16 weights in an fp32 engine"). With bf16
 # activations the GEMV won up to 8 rows and the GEMM from 16 (level at 2 threads): `python -m bench.bf16_weights
 # --activations bf16`, Emerald Rapids guest without AVX-512 BF16.
 DENSE_FROM_ROWS = {"float32": 8, "bfloat16": 16}  # per activation dtype

@@ -167,7 +167,7 @@ async def serving_lifespan(app: Any) -> AsyncIterator[int]:
     the engine's stats every VLLM_LOG_STATS_INTERVAL seconds (the "Avg prompt throughput ... Running: N reqs"
     line), shuts the audio serving objects down at the end, and freezes the start-up heap out of the garbage
     collector. Without the freeze a full collection walked the ~700 000 objects torch, transformers and vLLM left at
-    start-up while serving: a 0.5 s pause, +2 ms API CPU per request in the c=16 load it fell in (docs/bench.md).
+    start-up while serving: a 0.5 s pause, +2 ms API CPU per request in the c=16 load it fell in (docs/benchmarks.md).
     Yields the frozen object count."""
     import gc
 
@@ -180,7 +180,7 @@ async def serving_lifespan(app: Any) -> AsyncIterator[int]:
 def cache_vllm_environment() -> None:
     """From here on vLLM reads its environment variables from a cache, as its engine-core and worker processes do
     once started: uncached, every read parses os.environ again, and the API process reads one (whether to count NaNs
-    in logits) for every token and every engine step (docs/performance.md). The service sets its
+    in logits) for every token and every engine step (docs/lab/performance.md). The service sets its
     environment before the engine starts and never after."""
     from vllm import envs
 

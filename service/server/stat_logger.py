@@ -5,7 +5,7 @@ ten counter increments and six gauge sets, and while decoding most are increment
 queries, preemptions) or sets to the value already there (running and waiting requests). vLLM builds these metrics
 from `PrometheusStatLogger._counter_cls` / `_gauge_cls` (the extension point its Ray logger uses), and its
 StatLoggerManager takes a PrometheusStatLogger subclass in place of its default one: the same metric names, labels,
-help and values, scraped exactly as before; only the no-op writes are gone (docs/performance.md).
+help and values, scraped exactly as before; only the no-op writes are gone (docs/lab/performance.md).
 """
 
 from __future__ import annotations
