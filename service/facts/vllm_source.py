@@ -1,5 +1,5 @@
 """Names the installed vLLM registers, read from its source: importing vLLM takes seconds, reading a few files
-does not. The tool-call and reasoning parsers, the generative model architectures, the quantization methods."""
+does not. The tool-call and reasoning parsers, the model architectures, the quantization methods."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ class VllmNames:
     reasoning_parsers: frozenset[str]  # --reasoning-parser names
     text_generation_architectures: frozenset[str]  # model classes vLLM generates text with (its own implementations)
     quantization_methods: frozenset[str]  # values of --quantization / a config's quant_method it knows
+    # Every model class vLLM can load: its registry's tables, and transformers' auto classes, which vLLM's Transformers
+    # backend runs where it has no implementation of its own (empty: not read)
+    model_architectures: frozenset[str] = frozenset()
 
     @property
     def installed(self) -> bool:
@@ -63,4 +66,35 @@ def read_vllm_names() -> VllmNames:
         quantization_methods=_literal_values(
             root / "model_executor" / "layers" / "quantization" / "__init__.py", "QuantizationMethods"
         ),
+        model_architectures=_registry_tables(root / "model_executor" / "models" / "registry.py")
+        | _transformers_auto_classes(),
     )
+
+
+def _registry_tables(source: Path) -> frozenset[str]:
+    """The keys of every `_..._MODELS = {...}` table of vLLM's model registry."""
+    tree = ast.parse(source.read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        value = getattr(node, "value", None)
+        if getattr(target, "id", "").endswith("_MODELS") and isinstance(value, ast.Dict):
+            names |= {str(k.value) for k in value.keys if isinstance(k, ast.Constant)}
+    return frozenset(names)
+
+
+def _transformers_auto_classes() -> frozenset[str]:
+    """The class names of transformers' auto mappings (MODEL_..._MAPPING_NAMES), from its source: importing it takes
+    seconds."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return frozenset()
+    source = Path(next(iter(spec.submodule_search_locations))) / "models" / "auto" / "modeling_auto.py"
+    if not source.is_file():
+        return frozenset()
+    names: set[str] = set()
+    for node in ast.parse(source.read_text()).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else None
+        if getattr(target, "id", "").endswith("_MAPPING_NAMES"):
+            names |= {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return frozenset(names)

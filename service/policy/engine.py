@@ -203,6 +203,8 @@ def build_plan(
             known_as,
             blocks,
             serve_unchecked=settings.gguf_unchecked == "serve",
+            # a model that ships its own code names a class neither knows: trust_remote_code loads it
+            loadable=vllm_names.model_architectures if vllm_names and not settings.trust_remote_code else frozenset(),
         )
         known_methods = vllm_names.quantization_methods if vllm_names else None
         calibrated = {
