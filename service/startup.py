@@ -1,5 +1,5 @@
-"""The startup hook: which model -> facts -> policy -> report; then (serve only) apply the environment and prepare the
-model (build the demo, convert a GGUF file) before vLLM spawns."""
+"""The startup hook: which model (fetched from the hub or found in Ollama's store) -> facts -> policy -> report; then
+(serve only) apply the environment and prepare the model (build the demo, convert a GGUF file) before vLLM spawns."""
 
 from __future__ import annotations
 
@@ -22,12 +22,15 @@ from service.facts.model import (
     inspect_model,
     packaged_default_model_path,
 )
+from service.facts.ollama_store import PREFIX as OLLAMA_PREFIX
+from service.facts.ollama_store import OllamaModelNotFound, find_ollama_model, models_dir
 from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
 from service.policy.access import plan_access
 from service.policy.calibration import Mode, Verdict
-from service.policy.decision import PolicyResult
+from service.policy.decision import PolicyResult, record
 from service.policy.engine import build_plan
+from service.policy.gguf_architectures import architecture_problem
 from service.policy.media import plan_media
 from service.policy.telemetry import plan_telemetry
 from service.report import StartupReport
@@ -49,7 +52,9 @@ class ModelChoice:
     kind: ModelKind
     location: str | None  # a directory, a GGUF file or a hub id; None when it cannot be had (see error)
     error: str | None = None
-    name: str | None = None  # the name a built-in model is served under
+    name: str | None = None  # the name it is served under where it is not a path: the demo's, a hub id, Ollama's
+    fetched: str | None = None  # where it came from when not a path the user gave: the hub, Ollama's store
+    weight_bytes: int | None = None  # what the hub says its weights take, before they are fetched (the pre-flight)
 
     @property
     def demo(self) -> bool:
@@ -71,12 +76,60 @@ def choose_model(settings: Settings, *, build_demo: bool) -> ModelChoice:
         if not (path / "config.json").is_file():
             return ModelChoice("demo", None, name=DEMO_NAME)  # not built yet: nothing to inspect
         return ModelChoice("demo", str(path), name=DEMO_NAME)
+    if settings.model and settings.model.startswith(OLLAMA_PREFIX):
+        name = settings.model.removeprefix(OLLAMA_PREFIX)
+        try:
+            found = find_ollama_model(name, models_dir())
+        except (OllamaModelNotFound, OSError, ValueError) as exc:
+            return ModelChoice("configured", None, str(exc), name=name)
+        where = f"Ollama's store: manifest {found.manifest}, model blob {found.blob}, served in place"
+        return ModelChoice("configured", str(found.blob), name=name, fetched=where)
     if settings.model:
         return ModelChoice("configured", settings.model)
     packaged = packaged_default_model_path()
     if packaged is None:
         return ModelChoice("default", None, NO_DEFAULT_MODEL)
     return ModelChoice("default", str(packaged))
+
+
+def fetch_model(choice: ModelChoice, settings: Settings, *, download: bool) -> ModelChoice:
+    """A Hugging Face id that is not a path: its snapshot (or, with a :TAG, its GGUF file) in the HF cache, downloaded
+    first when `download` (serve, pull; not detect), settings.download is auto and HF_HUB_OFFLINE is unset. A
+    checkpoint is pre-flighted on its metadata (the report this start would build) before its weights come."""
+    from huggingface_hub import constants
+
+    from service.hub_download import DownloadRefused, fetch, parse_hub_id
+
+    asked = choice.location
+    if choice.kind != "configured" or asked is None or Path(asked).expanduser().exists():
+        return choice
+    spec = parse_hub_id(asked)
+    if spec is None:
+        return choice  # not a hub id: the facts say the path does not exist
+    online = download and settings.download == "auto" and not constants.HF_HUB_OFFLINE
+
+    def preflight(directory: Path, weight_bytes: int) -> list[str]:
+        probe = dataclasses.replace(choice, location=str(directory), name=asked, weight_bytes=weight_bytes)
+        return list(build_report(settings, model=probe).errors)
+
+    def gguf_check(architecture: str) -> str | None:
+        return architecture_problem(architecture, settings.gguf_unchecked == "serve")[0]
+
+    cache = Path(constants.HF_HUB_CACHE)
+    try:
+        fetched = fetch(spec, cache, preflight, offline=not online, gguf_check=gguf_check)
+    except DownloadRefused as exc:
+        return ModelChoice("configured", None, f"model {asked!r}: {exc}", name=asked)
+    except Exception as exc:  # the hub unreachable, a repo or revision it does not have, a gated repo: said as is
+        if not online:
+            raise
+        log.warning("could not reach the hub for %s (%s): looking in the cache", asked, exc)
+        try:
+            fetched = fetch(spec, cache, preflight, offline=True)
+        except DownloadRefused:
+            return ModelChoice("configured", None, f"model {asked!r}: {type(exc).__name__}: {exc}", name=asked)
+    log.info("model %s: %s (%s)", asked, fetched.path, fetched.why)
+    return ModelChoice("configured", str(fetched.path), name=asked, fetched=fetched.why)
 
 
 def build_report(
@@ -104,6 +157,9 @@ def build_report(
             )
         except (ModelNotFound, OSError, ValueError) as exc:
             model_error = f"model {model.location!r}: {exc}"
+        if model_facts is not None and model.weight_bytes and not model_facts.weight_bytes:
+            # the hub's figure, where only the metadata is here yet (a single safetensors file has no index)
+            model_facts = dataclasses.replace(model_facts, weight_bytes=model.weight_bytes)
     plan = build_plan(
         hardware,
         model_facts,
@@ -118,6 +174,9 @@ def build_report(
     )
     if model_error:
         plan = dataclasses.replace(plan, errors=plan.errors + (model_error,))
+    if model and model.fetched and model.location:
+        fetched = record("model", "fetched", model.location, model.fetched, "user")
+        plan = dataclasses.replace(plan, decisions=(fetched, *plan.decisions))
     # Access is shown here and refused by serve alone (server/run.py): detect describes the machine and the model,
     # and an image's detect runs without the key its deployment mounts.
     access = plan_access(settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts)

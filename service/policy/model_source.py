@@ -234,11 +234,13 @@ def plan_model_source(
     known_as: str | None = None,
     blocks: BlocksChoice | None = None,
     serve_unchecked: bool = False,
+    loadable: frozenset[str] = frozenset(),
 ) -> ModelSourcePlan:
     """`architectures`: the text-generation classes the installed vLLM has (empty: not checked);
     `served_name`: the user's, if set; `known_as`: the name the model was asked for by (the demo's, a hub id);
     `blocks`: whether a GGUF file's linear layers keep their blocks (choose_blocks; None: dequantized);
-    `serve_unchecked`: serve a GGUF architecture no test checks (gguf_architectures.py), with a warning."""
+    `serve_unchecked`: serve a GGUF architecture no test checks (gguf_architectures.py), with a warning;
+    `loadable`: every model class vLLM can load, its own or through transformers (empty: not checked)."""
     gguf = model.gguf
     if gguf is None:
         name = served_name or known_as or Path(model.path).name
@@ -246,11 +248,23 @@ def plan_model_source(
         decision = record("model", "served_name", name, why, "user" if served_name else "default")
         problems = "; ".join(model.weight_problems)
         errors = [f"the weights in {model.path} cannot be loaded: {problems}. Copy or download them again"]
-        result = PolicyResult.of(decision, errors=errors if problems else ())
+        errors = errors if problems else []
+        if loadable and model.architecture and model.architecture not in loadable:
+            errors.append(
+                f"the model's architecture {model.architecture!r} is neither in vLLM's model registry nor one of "
+                "transformers' classes (which vLLM runs through its Transformers backend): it cannot be served"
+            )
+        result = PolicyResult.of(decision, errors=errors)
         return ModelSourcePlan(model.path, name, result)
 
-    name = served_name or gguf.served_name
-    why_name = "set by the user" if served_name else "the GGUF file's name without its quantization suffix"
+    name = served_name or known_as or gguf.served_name
+    why_name = (
+        "set by the user"
+        if served_name
+        else "the name it was asked for by"
+        if known_as
+        else "the GGUF file's name without its quantization suffix"
+    )
     named = record("model", "served_name", name, why_name, "user" if served_name else "default")
     errors = gguf_errors(gguf, architectures, software)
     unchecked_error, unchecked_warning = architecture_problem(gguf.architecture, serve_unchecked)

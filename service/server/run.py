@@ -32,7 +32,7 @@ from service.server.engine_probe import HangProbe
 from service.server.lifecycle import Lifecycle, Phase
 from service.server.start_watch import StartWatch, process_usage
 from service.settings import Settings
-from service.startup import apply, build_report, calibrated_report, choose_model, prepare_model
+from service.startup import apply, build_report, calibrated_report, choose_model, fetch_model, prepare_model
 
 log = logging.getLogger("service")
 EXIT_STARTUP_REFUSED = 2
@@ -146,7 +146,7 @@ def run(settings: Settings) -> int:
         return EXIT_STARTUP_REFUSED
     # Before the facts are read: they find the build this makes (an image's first start on a CPU).
     build_at_start(settings.build_kernels, KERNEL_SOURCE)  # logs what it did
-    choice = choose_model(settings, build_demo=True)
+    choice = fetch_model(choose_model(settings, build_demo=True), settings, download=True)
     try:
         report = build_report(settings, model=choice)
     except (OSError, ValueError) as exc:  # a cgroup or sysfs file that does not parse: `detect` says the same

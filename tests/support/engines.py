@@ -36,6 +36,7 @@ ENGINES: dict[str, Engine] = {
     "chat-template": Engine(1, "a model served with a chat template file the user gives"),
     "gguf-file": Engine(1, "a GGUF file dequantized (gguf_blocks=off)"),
     "gguf-blocks": Engine(1, "a GGUF file's own blocks on ggml's kernel"),
+    "hub": Engine(1, "a hub id downloaded on first start from a loopback hub, then served"),
     "gguf-llama3-rope": Engine(1, "a Llama 3.x file from llama.cpp's converter, its answers against llama.cpp's"),
     "lora": Engine(1, "LoRA adapters: an engine built with LoRA slots"),
     "bf16-weights": Engine(1, "the service's bf16-weight kernel on an fp32 engine"),

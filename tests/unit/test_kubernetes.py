@@ -276,3 +276,19 @@ def test_autoscalers_target_the_deployment(rendered):
         assert (target["kind"], target["name"]) == ("Deployment", name)
     budget = one(rendered["keda"], "PodDisruptionBudget")["spec"]["selector"]["matchLabels"]
     assert budget == one(rendered["keda"], "Deployment")["spec"]["selector"]["matchLabels"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_pull_init_container_fetches_the_model_the_api_serves(rendered, overlay):
+    """`python -m service pull` fills the cache volume before the server starts: the same image, model and volume."""
+    spec = pod_spec(rendered[overlay])
+    (pull,) = spec["initContainers"]
+    (api,) = spec["containers"]
+
+    def env(container: dict) -> dict[str, str]:
+        return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+    assert pull["command"] == ["python", "-m", "service", "pull"] and pull["image"] == api["image"]
+    assert env(pull)["SERVICE_MODEL"] == env(api)["SERVICE_MODEL"]
+    cache = next(m for m in api["volumeMounts"] if m["name"] == "cache")
+    assert cache in pull["volumeMounts"]

@@ -1,0 +1,335 @@
+"""Hub ids downloaded on first start, as `vllm serve` and llama.cpp's `-hf` do, into the Hugging Face cache (HF_HOME).
+
+- `org/name[@revision]`: a Hugging Face checkpoint, only the files serving needs (config, tokenizer, chat template,
+  safetensors; never `*.bin` or `original/`). Its metadata comes first, and `preflight` (the start-up's full check:
+  architecture, memory fit, kernels, quantization method) runs on it before any weight is fetched.
+- `org/name[@revision]:TAG`: the one GGUF file of a GGUF repo whose name carries TAG (case-insensitive), as
+  `llama-server -hf org/name:Q4_K_M`; no tag on a GGUF-only repo picks what llama.cpp picks.
+
+Through huggingface_hub: HF_TOKEN for gated models, HF_ENDPOINT for mirrors, HF_HUB_OFFLINE, its cache layout. The
+weight files come through `_resumable` rather than hf_hub_download, whose partial files are unique per process
+(huggingface_hub 2.x, PR 4228): a killed start would fetch gigabytes again. Ours keep one `.part` per blob, resumed
+with a Range request on the next start, under a lock, so that two replicas on one cache fetch a file once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import fnmatch
+import hashlib
+import logging
+import os
+import re
+import shutil
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("service.hub_download")
+
+# `org/name`, then `@revision`, then `:TAG` (a GGUF quant tag)
+_SPEC = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)(?:@(?P<revision>[\w.-]+))?(?::(?P<tag>[\w.-]+))?$")
+SERVING_FILES = ("*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "*.jinja", "merges.txt", "vocab.txt")
+NEVER = ("original/*", "*.bin", "*.pt", "*.pth", "*.onnx", "*.msgpack", "*.h5", "*.gguf")
+# llama.cpp's choice (common/download.cpp find_best_model): the tag, or without one Q4_K_M, then Q8_0, else the
+# first model file; a tag matches as `TAG[.-]` anywhere in the path, case-insensitive; mmproj, imatrix and draft
+# files are not models.
+DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
+NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+PROGRESS_SECONDS = 5.0
+
+
+class DownloadRefused(ValueError):
+    """A model that cannot be served, or does not fit, refused before its weights are fetched."""
+
+
+@dataclass(frozen=True)
+class HubSpec:
+    repo: str
+    revision: str | None = None
+    tag: str | None = None
+
+    def __str__(self) -> str:
+        return self.repo + (f"@{self.revision}" if self.revision else "") + (f":{self.tag}" if self.tag else "")
+
+
+@dataclass(frozen=True)
+class Fetched:
+    path: Path  # a snapshot directory, or a GGUF file in the cache
+    why: str  # what was fetched, or found in the cache, and why that file
+
+
+def parse_hub_id(model: str) -> HubSpec | None:
+    m = _SPEC.match(model)
+    return HubSpec(m["repo"], m["revision"], m["tag"]) if m else None
+
+
+def pick_gguf(files: list[str], tag: str | None) -> tuple[str, str]:
+    """The file of `tag` among a repo's GGUF files (case-insensitive, as a name part), or llama.cpp's default."""
+    ggufs = [f for f in files if f.endswith(".gguf") and not any(n in f.rsplit("/", 1)[-1] for n in NOT_MODELS)]
+    if not ggufs:
+        raise DownloadRefused("the repo has no GGUF file")
+
+    def tagged(t: str) -> list[str]:
+        pattern = re.compile(re.escape(t) + "[.-]", re.I)
+        return [f for f in ggufs if pattern.search(f) and not _later_part(f)]
+
+    if tag:
+        found = tagged(tag)
+        if not found:
+            raise DownloadRefused(f"no GGUF file tagged {tag!r}; the repo has: {', '.join(tags_of(ggufs))}")
+        why = f"the file tagged {tag}"
+    else:
+        found = next((tagged(t) for t in DEFAULT_TAGS if tagged(t)), [f for f in ggufs if not _later_part(f)][:1])
+        why = f"no tag given: {found[0]}, as llama.cpp picks ({' then '.join(DEFAULT_TAGS)}, else the first file)"
+    first = found[0]
+    if _SPLIT.search(first):
+        raise DownloadRefused(
+            f"{first} is one part of a split GGUF file: the service reads single files; merge it with "
+            "`llama-gguf-split --merge` and serve the merged file"
+        )
+    return first, why
+
+
+def _later_part(name: str) -> bool:
+    m = _SPLIT.search(name)
+    return m is not None and int(m[1]) != 1
+
+
+def tags_of(files: list[str]) -> list[str]:
+    """The quant tags a repo's GGUF file names carry (Q4_K_M, Q8_0, ...), for a refusal to list."""
+    found = (re.search(r"((?:I?Q\d\w*)|BF16|F16|F32)(?=\.gguf$|-\d{5}-of-)", f, re.I) for f in files)
+    return sorted({m[1].upper() for m in found if m}) or files
+
+
+def _serving(files: dict[str, int]) -> dict[str, int]:
+    return {
+        f: size
+        for f, size in files.items()
+        if any(fnmatch.fnmatch(f, p) for p in SERVING_FILES) and not any(fnmatch.fnmatch(f, p) for p in NEVER)
+    }
+
+
+def _check_disk(cache: Path, needed: int, what: str) -> None:
+    cache.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(cache).free
+    if needed > free:
+        raise DownloadRefused(
+            f"{what} needs {needed / 2**30:.2f} GiB and {cache} has {free / 2**30:.2f} GiB free: refused before "
+            "downloading"
+        )
+
+
+@contextmanager
+def _progress(repo_dir: Path, total: int, what: str) -> Iterator[None]:
+    """A log line every few seconds: bytes on disk under the repo's cache folder (finished and `.incomplete`)."""
+    done = threading.Event()
+    start = time.monotonic()
+    base = _bytes_under(repo_dir)
+
+    def report() -> None:
+        while not done.wait(PROGRESS_SECONDS):
+            got = _bytes_under(repo_dir) - base
+            rate = got / max(time.monotonic() - start, 1e-6)
+            log.info(
+                "downloading %s: %d%% (%.1f of %.1f MB, %.1f MB/s)",
+                what,
+                100 * got // max(total, 1),
+                got / 1e6,
+                total / 1e6,
+                rate / 1e6,
+            )
+
+    thread = threading.Thread(target=report, name="download-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _bytes_under(directory: Path) -> int:
+    return (
+        sum(p.stat().st_size for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
+        if directory.is_dir()
+        else 0
+    )
+
+
+def gguf_architecture(head: bytes) -> str | None:
+    """`general.architecture` from a GGUF file's first bytes (its header), None where it is not among them. By hand:
+    gguf-py's reader maps the whole file, and this runs before the file is here. llama.cpp writes the key first."""
+    if head[:4] != b"GGUF" or struct.unpack_from("<I", head, 4)[0] < 2:
+        return None
+    (n_kv,) = struct.unpack_from("<Q", head, 16)
+    off = 24
+    try:
+        for _ in range(n_kv):
+            (key_len,) = struct.unpack_from("<Q", head, off)
+            key = head[off + 8 : off + 8 + key_len]
+            (kind,) = struct.unpack_from("<I", head, off + 8 + key_len)
+            off += 12 + key_len
+            if kind == _GGUF_STRING:
+                (n,) = struct.unpack_from("<Q", head, off)
+                if key == b"general.architecture":
+                    return head[off + 8 : off + 8 + n].decode()
+                off += 8 + n
+            elif kind in _GGUF_SCALAR_BYTES:
+                off += _GGUF_SCALAR_BYTES[kind]
+            else:  # an array before the architecture: not llama.cpp's order
+                return None
+    except struct.error:  # the header runs past the bytes read
+        return None
+    return None
+
+
+_GGUF_STRING = 8  # gguf-py's GGUFValueType: sizes of the scalar types, the string type
+_GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+HEADER_BYTES = 1 << 20
+
+
+def _first_bytes(repo: str, name: str, commit: str, n: int) -> bytes:
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    headers = build_hf_headers() | {"Range": f"bytes=0-{n - 1}"}
+    response = get_session().get(hf_hub_url(repo, name, revision=commit), headers=headers, follow_redirects=True)
+    response.raise_for_status()
+    return response.content[:n]
+
+
+def fetch(
+    spec: HubSpec,
+    cache: Path,
+    preflight: Callable[[Path, int], list[str]],
+    offline: bool = False,
+    gguf_check: Callable[[str], str | None] = lambda architecture: None,
+) -> Fetched:
+    """The model of `spec` in `cache` (HF_HUB_CACHE), downloaded unless it is there. `preflight(directory,
+    weight_bytes)` returns the problems that refuse a checkpoint, checked on its metadata before its weights come;
+    `gguf_check(architecture)` the problem that refuses a GGUF file, checked on its header's first megabyte."""
+    from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    if offline:
+        return _cached(spec, cache)
+    info = HfApi().model_info(spec.repo, revision=spec.revision, files_metadata=True)
+    commit = info.sha or spec.revision or "main"
+    files = {s.rfilename: int(s.size or 0) for s in info.siblings or []}
+    repo_dir = cache / f"models--{spec.repo.replace('/', '--')}"
+    # The branch or tag asked for, as huggingface_hub records it: what an offline start finds the snapshot by
+    ref = repo_dir / "refs" / (spec.revision or "main")
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    ref.write_text(commit)
+    has_weights = any(f.endswith(".safetensors") for f in files)
+    if spec.tag or (not has_weights and any(f.lower().endswith(".gguf") for f in files)):
+        name, why = pick_gguf(list(files), spec.tag)
+        try:  # already complete in the cache: no disk check, no transfer
+            return Fetched(
+                Path(hf_hub_download(spec.repo, name, revision=commit, cache_dir=cache, local_files_only=True)),
+                f"{why}, in the cache",
+            )
+        except LocalEntryNotFoundError:
+            pass
+        architecture = gguf_architecture(_first_bytes(spec.repo, name, commit, HEADER_BYTES))
+        if architecture is not None and (problem := gguf_check(architecture)):
+            raise DownloadRefused(f"{name} is a {architecture!r} file: {problem}")
+        _check_disk(cache, files[name], f"{spec.repo}/{name}")
+        with _progress(repo_dir, files[name], f"{spec.repo}/{name}"):
+            path = _resumable(spec.repo, name, commit, cache)
+        return Fetched(path, f"{why}, downloaded from {spec.repo}@{commit}")
+    serving = _serving(files)
+    weights = {f: s for f, s in serving.items() if f.endswith(".safetensors")}
+    if not weights:
+        others = sorted(f for f in files if f.endswith((".bin", ".pt", ".pth", ".gguf")))
+        raise DownloadRefused(
+            f"{spec.repo} has no safetensors weights"
+            + (
+                f" (it has {', '.join(others[:5])}: pickled weights are never loaded; a GGUF repo takes a :TAG)"
+                if others
+                else ""
+            )
+        )
+    metadata = [f for f in serving if f not in weights]
+    directory = Path(snapshot_download(spec.repo, revision=commit, cache_dir=cache, allow_patterns=metadata))
+    problems = preflight(directory, sum(weights.values()))
+    if problems:
+        raise DownloadRefused("; ".join(problems))
+    missing = {f: s for f, s in weights.items() if not (directory / f).is_file()}
+    if missing:
+        _check_disk(cache, sum(missing.values()), f"{spec.repo}'s weights")
+    with _progress(repo_dir, sum(missing.values()), spec.repo):
+        for name in missing:
+            _resumable(spec.repo, name, commit, cache)
+    directory = Path(snapshot_download(spec.repo, revision=commit, cache_dir=cache, allow_patterns=list(serving)))
+    return Fetched(
+        directory, f"downloaded from {spec.repo}@{commit}" if missing else f"{spec.repo}@{commit}, in the cache"
+    )
+
+
+def _resumable(repo: str, name: str, commit: str, cache: Path) -> Path:
+    """`name` at `commit` into the HF cache layout (blobs/<etag>, snapshots/<commit>/<name> linking to it), resuming a
+    `.part` an earlier start left, checked against the hub's sha256 where the hub gives one (its large files)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    url = hf_hub_url(repo, name, revision=commit)
+    meta = get_hf_file_metadata(url)
+    if not meta.etag:
+        raise DownloadRefused(f"the hub gave no ETag for {repo}/{name}")
+    repo_dir = cache / f"models--{repo.replace('/', '--')}"
+    blob = repo_dir / "blobs" / meta.etag
+    link = repo_dir / "snapshots" / commit / name
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    part = blob.with_name(blob.name + ".part")
+    with open(blob.with_name(blob.name + ".service-lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another replica fetching it: wait, then find it done
+        if not blob.is_file():
+            resume = part.stat().st_size if part.is_file() else 0
+            if resume:
+                log.info("resuming %s/%s from %.1f MB", repo, name, resume / 1e6)
+            with part.open("ab") as out:
+                http_get(url, out, resume_size=resume, headers=build_hf_headers(), expected_size=meta.size)
+            if len(meta.etag) == 64 and _sha256(part) != meta.etag:
+                part.unlink()
+                raise DownloadRefused(f"{repo}/{name} arrived with another sha256 than the hub's: removed, retry")
+            os.replace(part, blob)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    except FileExistsError:  # linked already, by an earlier start or the other replica
+        pass
+    return link
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _cached(spec: HubSpec, cache: Path) -> Fetched:
+    """Offline: the snapshot the cache holds for the revision (refs/<revision> names its commit, as huggingface_hub
+    lays the cache out), or for a tag the GGUF file in it; else a refusal that says so. Read from the layout, not
+    snapshot_download, which counts the files never fetched (*.bin, original/) as missing."""
+    repo_dir = cache / f"models--{spec.repo.replace('/', '--')}"
+    revision = spec.revision or "main"
+    ref = repo_dir / "refs" / revision
+    snapshot = repo_dir / "snapshots" / (ref.read_text().strip() if ref.is_file() else revision)
+    offline = "downloads are off (HF_HUB_OFFLINE=1 or download=never)"
+    ggufs = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*.gguf")) if snapshot.is_dir() else []
+    if spec.tag or (ggufs and not any(snapshot.glob("*.safetensors"))):
+        try:
+            name, why = pick_gguf(ggufs, spec.tag)
+        except DownloadRefused as exc:
+            raise DownloadRefused(f"{spec}: {exc} in the Hugging Face cache {cache}, and {offline}") from exc
+        return Fetched(snapshot / name, f"{why}, in the cache (offline)")
+    if not (snapshot / "config.json").is_file() or not any(snapshot.glob("*.safetensors")):
+        raise DownloadRefused(f"{spec} is not in the Hugging Face cache {cache}, and {offline}")
+    return Fetched(snapshot, f"{spec}, in the cache (offline)")
