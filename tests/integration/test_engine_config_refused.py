@@ -35,10 +35,11 @@ def _drop_the_weights(model: Path) -> None:
 @pytest.mark.parametrize(
     ("break_it", "says"),
     [
+        # refused by the service's pre-flight, before vLLM builds its configuration (which said: "Model architectures
+        # ['FooBarForCausalLM'] are not supported"): the check a hub download runs before the weights come
         (
             _rename_the_architecture,
-            "refusing to start: vLLM refuses the engine configuration: Value error, Model architectures "
-            "['FooBarForCausalLM'] are not supported",
+            "refusing to start: the model's architecture 'FooBarForCausalLM' is neither in vLLM's model registry",
         ),
         # was: exit 3 after 18 s ("engine failed to start", transformers' traceback)
         (_drop_the_tokenizer, "cannot be loaded: Couldn't instantiate the backend tokenizer"),
