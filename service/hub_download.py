@@ -87,13 +87,53 @@ def pick_gguf(files: list[str], tag: str | None) -> tuple[str, str]:
     else:
         found = next((tagged(t) for t in DEFAULT_TAGS if tagged(t)), [f for f in ggufs if not _later_part(f)][:1])
         why = f"no tag given: {found[0]}, as llama.cpp picks ({' then '.join(DEFAULT_TAGS)}, else the first file)"
-    first = found[0]
-    if _SPLIT.search(first):
-        raise DownloadRefused(
-            f"{first} is one part of a split GGUF file: the service reads single files; merge it with "
-            "`llama-gguf-split --merge` and serve the merged file"
-        )
-    return first, why
+    return found[0], why
+
+
+def split_parts(first: str, files: list[str]) -> list[str]:
+    """The parts of a split GGUF file (`name-00001-of-00003.gguf`, llama.cpp's gguf-split), in order; [first] for a
+    file that is not split. A part missing from the repo refuses it."""
+    m = _SPLIT.search(first)
+    if m is None:
+        return [first]
+    count, stem = int(m[2]), first[: m.start()]
+    parts = [f"{stem}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+    missing = [p for p in parts if p not in files]
+    if missing:
+        raise DownloadRefused(f"{first} is split in {count} parts, and the repo lacks {', '.join(missing)}")
+    return parts
+
+
+def merge_split(parts: list[Path], out: Path) -> Path:
+    """Split parts as one GGUF file, as `llama-gguf-split --merge` makes it: the first part's metadata without its
+    split.* keys, then every part's tensors in order, written by gguf-py (the service reads one file). Atomic."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    readers = [GGUFReader(p) for p in parts]
+    first = readers[0]
+    architecture = str(first.fields["general.architecture"].contents())
+    staging = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    writer = GGUFWriter(staging, architecture)
+    for name, field in first.fields.items():
+        if name.startswith(("GGUF.", "split.")) or name == "general.architecture":
+            continue
+        sub_type = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub_type)
+    for reader in readers:
+        for tensor in reader.tensors:
+            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(staging, out)
+    return out
+
+
+def _merged_path(repo_dir: Path, commit: str, first: str) -> Path:
+    m = _SPLIT.search(first)
+    stem = first[: m.start()] if m else first.removesuffix(".gguf")
+    return repo_dir / "merged" / commit / f"{Path(stem).name}.gguf"
 
 
 def _later_part(name: str) -> bool:
@@ -126,24 +166,24 @@ def _check_disk(cache: Path, needed: int, what: str) -> None:
 
 
 @contextmanager
-def _progress(repo_dir: Path, total: int, what: str) -> Iterator[None]:
-    """A log line every few seconds: bytes on disk under the repo's cache folder (finished and `.incomplete`)."""
+def _progress(repo_dir: Path, total: int, what: str, progress: Callable[[str], None]) -> Iterator[None]:
+    """A log line every few seconds, also handed to `progress` (/ready's reason meanwhile): bytes on disk under the
+    repo's cache folder, finished and partial."""
     done = threading.Event()
     start = time.monotonic()
     base = _bytes_under(repo_dir)
+    progress(f"downloading {what}: 0% of {total / 1e6:.1f} MB")
 
     def report() -> None:
         while not done.wait(PROGRESS_SECONDS):
             got = _bytes_under(repo_dir) - base
             rate = got / max(time.monotonic() - start, 1e-6)
-            log.info(
-                "downloading %s: %d%% (%.1f of %.1f MB, %.1f MB/s)",
-                what,
-                100 * got // max(total, 1),
-                got / 1e6,
-                total / 1e6,
-                rate / 1e6,
+            line = (
+                f"downloading {what}: {100 * got // max(total, 1)}% ({got / 1e6:.1f} of {total / 1e6:.1f} MB, "
+                f"{rate / 1e6:.1f} MB/s)"
             )
+            log.info("%s", line)
+            progress(line)
 
     thread = threading.Thread(target=report, name="download-progress", daemon=True)
     thread.start()
@@ -195,8 +235,8 @@ HEADER_BYTES = 1 << 20
 
 
 def _first_bytes(repo: str, name: str, commit: str, n: int) -> bytes:
-    from huggingface_hub import hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, get_session
+    from huggingface_hub import get_session, hf_hub_url
+    from huggingface_hub.utils._headers import build_hf_headers
 
     headers = build_hf_headers() | {"Range": f"bytes=0-{n - 1}"}
     response = get_session().get(hf_hub_url(repo, name, revision=commit), headers=headers, follow_redirects=True)
@@ -210,6 +250,7 @@ def fetch(
     preflight: Callable[[Path, int], list[str]],
     offline: bool = False,
     gguf_check: Callable[[str], str | None] = lambda architecture: None,
+    progress: Callable[[str], None] = lambda line: None,
 ) -> Fetched:
     """The model of `spec` in `cache` (HF_HUB_CACHE), downloaded unless it is there. `preflight(directory,
     weight_bytes)` returns the problems that refuse a checkpoint, checked on its metadata before its weights come;
@@ -230,20 +271,32 @@ def fetch(
     has_weights = any(f.endswith(".safetensors") for f in files)
     if spec.tag or (not has_weights and any(f.lower().endswith(".gguf") for f in files)):
         name, why = pick_gguf(list(files), spec.tag)
-        try:  # already complete in the cache: no disk check, no transfer
-            return Fetched(
-                Path(hf_hub_download(spec.repo, name, revision=commit, cache_dir=cache, local_files_only=True)),
-                f"{why}, in the cache",
-            )
-        except LocalEntryNotFoundError:
-            pass
+        parts = split_parts(name, list(files))
+        merged = _merged_path(repo_dir, commit, name)
+        if len(parts) > 1 and merged.is_file():
+            return Fetched(merged, f"{why}, {len(parts)} parts merged, in the cache")
+        if len(parts) == 1:
+            try:  # already complete in the cache: no disk check, no transfer
+                cached = hf_hub_download(spec.repo, name, revision=commit, cache_dir=cache, local_files_only=True)
+                return Fetched(Path(cached), f"{why}, in the cache")
+            except LocalEntryNotFoundError:
+                pass
         architecture = gguf_architecture(_first_bytes(spec.repo, name, commit, HEADER_BYTES))
         if architecture is not None and (problem := gguf_check(architecture)):
             raise DownloadRefused(f"{name} is a {architecture!r} file: {problem}")
-        _check_disk(cache, files[name], f"{spec.repo}/{name}")
-        with _progress(repo_dir, files[name], f"{spec.repo}/{name}"):
-            path = _resumable(spec.repo, name, commit, cache)
-        return Fetched(path, f"{why}, downloaded from {spec.repo}@{commit}")
+        size = sum(files[p] for p in parts)
+        _check_disk(cache, size * (2 if len(parts) > 1 else 1), f"{spec.repo}/{name}")  # a split one is merged
+        with _progress(repo_dir, size, f"{spec.repo}/{name}", progress):
+            paths = [_resumable(spec.repo, part, commit, cache) for part in parts]
+        if len(parts) == 1:
+            return Fetched(paths[0], f"{why}, downloaded from {spec.repo}@{commit}")
+        merged.parent.mkdir(parents=True, exist_ok=True)
+        with open(merged.with_name(merged.name + ".service-lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another replica merging it: wait, then find it done
+            if not merged.is_file():
+                log.info("merging the %d parts of %s into %s", len(parts), name, merged)
+                merge_split(paths, merged)
+        return Fetched(merged, f"{why}, {len(parts)} parts downloaded from {spec.repo}@{commit} and merged")
     serving = _serving(files)
     weights = {f: s for f, s in serving.items() if f.endswith(".safetensors")}
     if not weights:
@@ -264,7 +317,7 @@ def fetch(
     missing = {f: s for f, s in weights.items() if not (directory / f).is_file()}
     if missing:
         _check_disk(cache, sum(missing.values()), f"{spec.repo}'s weights")
-    with _progress(repo_dir, sum(missing.values()), spec.repo):
+    with _progress(repo_dir, sum(missing.values()), spec.repo, progress):
         for name in missing:
             _resumable(spec.repo, name, commit, cache)
     directory = Path(snapshot_download(spec.repo, revision=commit, cache_dir=cache, allow_patterns=list(serving)))
@@ -278,7 +331,7 @@ def _resumable(repo: str, name: str, commit: str, cache: Path) -> Path:
     `.part` an earlier start left, checked against the hub's sha256 where the hub gives one (its large files)."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import build_hf_headers
+    from huggingface_hub.utils._headers import build_hf_headers
 
     url = hf_hub_url(repo, name, revision=commit)
     meta = get_hf_file_metadata(url)
@@ -329,6 +382,11 @@ def _cached(spec: HubSpec, cache: Path) -> Fetched:
             name, why = pick_gguf(ggufs, spec.tag)
         except DownloadRefused as exc:
             raise DownloadRefused(f"{spec}: {exc} in the Hugging Face cache {cache}, and {offline}") from exc
+        if _SPLIT.search(name):
+            merged = _merged_path(repo_dir, snapshot.name, name)
+            if not merged.is_file():
+                raise DownloadRefused(f"{spec}: {name}'s parts are not merged in the cache {cache}, and {offline}")
+            return Fetched(merged, f"{why}, merged, in the cache (offline)")
         return Fetched(snapshot / name, f"{why}, in the cache (offline)")
     if not (snapshot / "config.json").is_file() or not any(snapshot.glob("*.safetensors")):
         raise DownloadRefused(f"{spec} is not in the Hugging Face cache {cache}, and {offline}")

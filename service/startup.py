@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -92,10 +92,30 @@ def choose_model(settings: Settings, *, build_demo: bool) -> ModelChoice:
     return ModelChoice("default", str(packaged))
 
 
-def fetch_model(choice: ModelChoice, settings: Settings, *, download: bool) -> ModelChoice:
+def downloads(choice: ModelChoice) -> bool:
+    """Whether the model is a hub id rather than a path: fetch_model may download it."""
+    from service.hub_download import parse_hub_id
+
+    asked = choice.location
+    return (
+        choice.kind == "configured"
+        and asked is not None
+        and not Path(asked).expanduser().exists()
+        and parse_hub_id(asked) is not None
+    )
+
+
+def fetch_model(
+    choice: ModelChoice,
+    settings: Settings,
+    *,
+    download: bool,
+    progress: Callable[[str], None] = lambda line: None,
+) -> ModelChoice:
     """A Hugging Face id that is not a path: its snapshot (or, with a :TAG, its GGUF file) in the HF cache, downloaded
     first when `download` (serve, pull; not detect), settings.download is auto and HF_HUB_OFFLINE is unset. A
-    checkpoint is pre-flighted on its metadata (the report this start would build) before its weights come."""
+    checkpoint is pre-flighted on its metadata (the report this start would build) before its weights come;
+    `progress` gets the download's progress lines."""
     from huggingface_hub import constants
 
     from service.hub_download import DownloadRefused, fetch, parse_hub_id
@@ -117,7 +137,7 @@ def fetch_model(choice: ModelChoice, settings: Settings, *, download: bool) -> M
 
     cache = Path(constants.HF_HUB_CACHE)
     try:
-        fetched = fetch(spec, cache, preflight, offline=not online, gguf_check=gguf_check)
+        fetched = fetch(spec, cache, preflight, offline=not online, gguf_check=gguf_check, progress=progress)
     except DownloadRefused as exc:
         return ModelChoice("configured", None, f"model {asked!r}: {exc}", name=asked)
     except Exception as exc:  # the hub unreachable, a repo or revision it does not have, a gated repo: said as is

@@ -27,12 +27,21 @@ from service.kernels.build_at_start import build_at_start
 from service.policy.access import plan_access
 from service.report import StartupReport
 from service.self_preload import mapped_files, missing_from, reexec_argv, reexec_environ, restore_user_preload
+from service.server.download_status import download_status
 from service.server.engine_death import alive, death_cause, oom_note
 from service.server.engine_probe import HangProbe
 from service.server.lifecycle import Lifecycle, Phase
 from service.server.start_watch import StartWatch, process_usage
 from service.settings import Settings
-from service.startup import apply, build_report, calibrated_report, choose_model, fetch_model, prepare_model
+from service.startup import (
+    apply,
+    build_report,
+    calibrated_report,
+    choose_model,
+    downloads,
+    fetch_model,
+    prepare_model,
+)
 
 log = logging.getLogger("service")
 EXIT_STARTUP_REFUSED = 2
@@ -146,7 +155,17 @@ def run(settings: Settings) -> int:
         return EXIT_STARTUP_REFUSED
     # Before the facts are read: they find the build this makes (an image's first start on a CPU).
     build_at_start(settings.build_kernels, KERNEL_SOURCE)  # logs what it did
-    choice = fetch_model(choose_model(settings, build_demo=True), settings, download=True)
+    choice = choose_model(settings, build_demo=True)
+    if downloads(choice):  # a first start may download for minutes: the port says so meanwhile
+        try:
+            early = _bind(settings.host, settings.port)
+        except OSError as exc:
+            log.error(
+                "refusing to start: cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror or exc
+            )
+            return EXIT_STARTUP_REFUSED
+        with download_status(early, f"fetching {choice.location}") as progress:
+            choice = fetch_model(choice, settings, download=True, progress=progress)
     try:
         report = build_report(settings, model=choice)
     except (OSError, ValueError) as exc:  # a cgroup or sysfs file that does not parse: `detect` says the same

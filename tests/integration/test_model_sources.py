@@ -38,8 +38,8 @@ def hub(tmp_path_factory):
             config = json.loads((demo / "config.json").read_text()) | {"architectures": [architecture]}
             (root / repo / "config.json").unlink()
             (root / repo / "config.json").write_text(json.dumps(config))
-    (root / "acme/smollm2-GGUF").mkdir(parents=True)
-    (root / "acme/smollm2-GGUF/SmolLM2-135M-Instruct-Q4_1.gguf").symlink_to(SMOLLM2)
+    (root / "acme/tiny-GGUF").mkdir(parents=True)  # a tiny llama file: converted in a second
+    (root / "acme/tiny-GGUF/tiny-Q8_0.gguf").symlink_to(tiny_gguf(MODELS, "llama", "Q8_0"))
     (root / "acme/stablelm-GGUF").mkdir(parents=True)
     relabelled(tiny_gguf(MODELS, "llama", "Q8_0"), root / "acme/stablelm-GGUF/lm-Q8_0.gguf", "stablelm")
     server = HubServer(root)
@@ -98,11 +98,11 @@ def test_offline_without_the_model_in_the_cache_says_downloads_are_off(hub, tmp_
 
 def test_a_gguf_tag_is_pulled_and_converted_and_a_missing_tag_lists_the_repos(hub, tmp_path):
     env = env_for(hub, tmp_path)
-    missing = service("pull", "acme/smollm2-GGUF:Q2_K", env=env)
-    assert missing.returncode == 1 and "has: Q4_1" in missing.stderr, missing.stderr[-3000:]
-    pulled = service("pull", "acme/smollm2-GGUF:q4_1", env=env)
+    missing = service("pull", "acme/tiny-GGUF:Q2_K", env=env)
+    assert missing.returncode == 1 and "has: Q8_0" in missing.stderr, missing.stderr[-3000:]
+    pulled = service("pull", "acme/tiny-GGUF:q8_0", env=env)
     assert pulled.returncode == 0, pulled.stderr[-3000:]
-    assert "the file tagged q4_1" in pulled.stdout
+    assert "the file tagged q8_0" in pulled.stdout
     assert (tmp_path / "service-cache" / "models" / "gguf").is_dir()  # converted ahead of the start
 
 
@@ -125,8 +125,15 @@ def test_a_hub_id_is_downloaded_on_first_start_and_served(hub, tmp_path):
     env = env_for(hub, tmp_path)
     hub_env = {k: env[k] for k in ("HF_ENDPOINT", "HF_HOME", "HF_HUB_OFFLINE", "HF_HUB_DISABLE_XET")}
     before = len(hub.fetched("/acme/tiny/resolve/" + COMMIT + "/model.safetensors"))
-    server = start_service(tmp_path / "hub.log", name="hub", model="acme/tiny", extra_env=hub_env)
+    hub.slow["model.safetensors"] = 4.0  # a download long enough to be seen from outside
     try:
+        server = start_service(tmp_path / "hub.log", name="hub", model="acme/tiny", extra_env=hub_env)
+    finally:
+        hub.slow.clear()
+    try:
+        # while it downloaded, the port said so: /ready 503 with the progress (and /health 200, the same server)
+        downloading = [body for status, body in server.ready_statuses if status == 503 and "downloading" in str(body)]
+        assert downloading and "acme/tiny" in downloading[0]["reason"], server.ready_statuses[:5]
         models = httpx.get(f"{server.url}/v1/models", timeout=30).json()
         assert [m["id"] for m in models["data"]] == ["acme/tiny"]
         answer = httpx.post(

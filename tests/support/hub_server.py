@@ -6,7 +6,7 @@ machine cannot reach the hub. It serves repos from a directory of real files, `<
 - `HEAD|GET /{repo}/resolve/{rev}/{file}`: the file, with the headers huggingface_hub reads (X-Repo-Commit, ETag,
   X-Linked-Etag / X-Linked-Size for the large files, as the hub marks LFS files) and byte ranges (resume).
 
-`stall_after[file] = n` sends the first GET of that file n bytes and then nothing, so that a test can kill the
+`slow[file] = s` holds each GET of that file s seconds before its bytes; `stall_after[file] = n` sends the first GET of that file n bytes and then nothing, so that a test can kill the
 download mid-way; `requests` logs each request as (method, path, Range header)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,6 +28,7 @@ LFS_FROM_BYTES = 10_000  # the hub stores larger files in LFS; their ETag is the
 class HubServer:
     root: Path
     stall_after: dict[str, int] = field(default_factory=dict)
+    slow: dict[str, float] = field(default_factory=dict)  # file -> seconds its body waits before the bytes
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
 
     def start(self) -> str:
@@ -164,6 +166,7 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if not body:
                 return
+            time.sleep(hub.slow.get(name, 0.0))
             stall = hub.stall_after.get(name)
             if stall is None or stall >= end:
                 self.wfile.write(data[start:end])

@@ -74,8 +74,9 @@ def test_a_tag_picks_its_file_as_llama_cpp_does():
     assert pick_gguf(["b-Q5_K_S.gguf", "a-Q6_K.gguf"], None)[0] == "b-Q5_K_S.gguf"  # then the first model file
     with pytest.raises(DownloadRefused, match=r"no GGUF file tagged 'Q2_K'.*BF16, Q4_K_M, Q8_0"):
         pick_gguf(files, "Q2_K")
-    with pytest.raises(DownloadRefused, match="split GGUF"):
-        pick_gguf(["m-Q8_0-00001-of-00002.gguf", "m-Q8_0-00002-of-00002.gguf"], "Q8_0")
+    assert pick_gguf(["m-Q8_0-00002-of-00002.gguf", "m-Q8_0-00001-of-00002.gguf"], "Q8_0")[0].endswith(
+        "1-of-00002.gguf"
+    )
 
 
 def test_a_checkpoint_comes_with_only_the_files_serving_needs(hub, tmp_path):
@@ -236,3 +237,63 @@ def test_a_gguf_file_of_an_architecture_that_is_not_served_is_refused_on_its_hea
     assert asked == ["bytes=0-1048575"]  # its header only
     served = fetch(parse_hub_id("acme/lm-GGUF:F32"), tmp_path / "cache", no_problem, gguf_check=lambda a: None)
     assert served.path.read_bytes() == (d / "lm-F32.gguf").read_bytes()
+
+
+def test_while_downloading_the_port_answers_health_ready_and_a_retryable_503():
+    """service/server/download_status.py: what an orchestrator and a client see during a first start's download."""
+    import socket
+
+    import httpx
+
+    from service.server.download_status import download_status
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with download_status(sock, "fetching acme/tiny") as progress:
+        assert httpx.get(url + "/ready").json() == {"status": "not ready", "reason": "fetching acme/tiny"}
+        progress("downloading acme/tiny: 41% (3.0 of 7.4 MB, 1.0 MB/s)")
+        ready, health = httpx.get(url + "/ready"), httpx.get(url + "/health")
+        assert ready.status_code == 503 and "41%" in ready.json()["reason"]
+        assert health.status_code == 200 and "41%" in health.json()["reason"]
+        chat = httpx.post(url + "/v1/chat/completions", json={})
+        assert chat.status_code == 503 and chat.headers["retry-after"] and "41%" in chat.json()["error"]["message"]
+    with pytest.raises(httpx.ConnectError):  # closed once the download ends: the service binds it next
+        httpx.get(url + "/health", timeout=2)
+
+
+def test_a_split_gguf_file_is_fetched_in_parts_and_merged_as_llama_cpp_merges_it(hub, tmp_path):
+    """Parts written by gguf-py's own splitting writer (what llama.cpp's converter writes with --split-max-tensors)."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    tensors = {f"blk.{i}.attn_q.weight": rng.standard_normal((8, 16)).astype(np.float32) for i in range(3)}
+    d = hub.root / "acme/split-GGUF"
+    d.mkdir(parents=True)
+    writer = gguf.GGUFWriter(d / "m-F32.gguf", "llama", split_max_tensors=1)
+    writer.add_block_count(3)
+    writer.add_context_length(64)
+    for name, values in tensors.items():
+        writer.add_tensor(name, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    parts = sorted(p.name for p in d.iterdir())
+    assert parts == [f"m-F32-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    got = fetch(parse_hub_id("acme/split-GGUF:F32"), tmp_path / "cache", no_problem)
+    assert "3 parts downloaded" in got.why
+    merged = gguf.GGUFReader(got.path)
+    assert {t.name: np.array(t.data).reshape(8, 16).tolist() for t in merged.tensors} == {
+        n: v.tolist() for n, v in tensors.items()
+    }
+    assert merged.fields["llama.block_count"].contents() == 3 and not any(k.startswith("split.") for k in merged.fields)
+    again = fetch(parse_hub_id("acme/split-GGUF:F32"), tmp_path / "cache", no_problem)
+    assert again.path == got.path and "merged, in the cache" in again.why
+    offline = fetch(parse_hub_id("acme/split-GGUF:F32"), tmp_path / "cache", no_problem, offline=True)
+    assert offline.path == got.path
+    (d / parts[1]).unlink()
+    with pytest.raises(DownloadRefused, match="lacks m-F32-00002-of-00003.gguf"):
+        fetch(parse_hub_id("acme/split-GGUF:F32"), tmp_path / "cache2", no_problem)
