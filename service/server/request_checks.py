@@ -175,19 +175,19 @@ def _messages(messages: Any, model: ModelFacts | None) -> RequestProblem | None:
 
 
 def _anthropic_messages(messages: Any) -> RequestProblem | None:
-    """Anthropic's Messages API in its own terms: roles user and assistant only (the system prompt is a field of
-    its own; vLLM served a "system" message, 200), content a non-empty string or list of blocks (an assistant's
-    empty list was served), each block with the fields its type needs."""
+    """Anthropic's Messages API in its own terms: roles user, assistant and system (a system message mid-conversation,
+    which Claude Code sends and vLLM's protocol takes; any other role vLLM served, 200), content a non-empty string or
+    list of blocks (an assistant's empty list was served), each block with the fields its type needs."""
     if not isinstance(messages, list):
         return None  # vLLM's schema names it
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping):
             return None
         role, content = message.get("role"), message.get("content")
-        if role not in ("user", "assistant"):
-            why = "the system prompt goes in `system`" if role == "system" else "roles are user and assistant"
+        if role not in ("user", "assistant", "system"):
             return RequestProblem(
-                f"messages[{i}].role: {role!r} is not a role of the Messages API ({why})", f"messages[{i}].role"
+                f"messages[{i}].role: {role!r} is not a role of the Messages API (user, assistant, system)",
+                f"messages[{i}].role",
             )
         if content in ("", []):
             return RequestProblem(

@@ -292,7 +292,7 @@ ANTHROPIC_HI = [{"role": "user", "content": "hi"}]
     ("body", "param"),
     [
         # vLLM answered each of these 200, or 500 for the stop sequence.
-        ({"messages": [{"role": "system", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [{"role": "tool", "content": "hi"}]}, "messages[0].role"),
         ({"messages": [*ANTHROPIC_HI, {"role": "assistant", "content": []}]}, "messages[1].content"),
         ({"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "x"}]}]}, "tool_use_id"),
         ({"messages": ANTHROPIC_HI, "stop_sequences": ["\ud800"]}, "stop_sequences[0]"),

@@ -659,7 +659,7 @@ def test_every_number_and_boolean_field_of_vllms_request_model_takes_its_own_typ
 def test_anthropic_messages_are_checked_in_their_own_terms(path):
     hi = [{"role": "user", "content": "hi"}]
     cases = {
-        "messages[0].role": [{"role": "system", "content": "hi"}],
+        "messages[0].role": [{"role": "tool", "content": "hi"}],
         "messages[1].content": [*hi, {"role": "assistant", "content": []}],
         "messages[0].content[0].tool_use_id": [{"role": "user", "content": [{"type": "tool_result", "content": "x"}]}],
         "messages[0].content[0].input": [
@@ -669,7 +669,9 @@ def test_anthropic_messages_are_checked_in_their_own_terms(path):
     for param, messages in cases.items():
         problem = check_request(path, {"model": "m", "messages": messages}, None)
         assert problem is not None and problem.param == param, (param, problem)
-    ok = [*hi, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]
+    # a system message mid-conversation, as Claude Code sends it (and vLLM's protocol takes)
+    ok = [*hi, {"role": "system", "content": "be brief"}]
+    ok.append({"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]})
     ok.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]})
     assert check_request(path, {"model": "m", "messages": ok}, None) is None
     if path == "/v1/messages":  # count_tokens takes no number or boolean field
