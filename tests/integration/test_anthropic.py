@@ -50,6 +50,22 @@ def test_a_system_prompt_is_followed(client):
     assert "Tokyo" in reply.content[0].text
 
 
+def test_a_system_message_mid_conversation_is_taken_as_claude_code_sends_it(client):
+    """Claude Code 2.1 puts system messages into `messages` (vLLM's protocol takes them); the strict checks refused
+    every one of its requests until they did too."""
+    reply = client.messages.create(
+        model=MODEL,
+        max_tokens=40,
+        extra_body=GREEDY,
+        messages=[
+            {"role": "user", "content": "What is the capital of France?"},
+            {"role": "system", "content": "Answer in one sentence."},  # type: ignore[list-item,typeddict-item]
+        ],
+    )
+    # answered (the 135 M model's words after a trailing system message are its own business)
+    assert reply.content[0].text.strip() and reply.stop_reason in ("end_turn", "max_tokens")
+
+
 def test_a_streamed_message_carries_every_event_the_sdk_parses(client):
     with client.messages.stream(
         model=MODEL, max_tokens=40, extra_body=GREEDY, messages=[{"role": "user", "content": "What is 2 + 2?"}]
