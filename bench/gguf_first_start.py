@@ -23,7 +23,7 @@ def first_start(source: Path, work: Path) -> tuple[float, float]:
     from service.facts.model import inspect_model
     from service.facts.software import read_software
     from service.facts.vllm_source import read_vllm_names
-    from service.gguf_convert import ensure_converted
+    from service.models.gguf_convert import ensure_converted
     from service.policy.model_source import plan_model_source
 
     path = work / source.name
@@ -41,7 +41,7 @@ def first_start(source: Path, work: Path) -> tuple[float, float]:
 
 def unshared() -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
-    for module in ("service.facts.gguf", "service.gguf_convert"):
+    for module in ("service.facts.gguf", "service.models.gguf_convert"):
         stack.enter_context(mock.patch(f"{module}.shared_readers", contextlib.nullcontext))
     return stack
 

@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
-    from service.gguf_convert import weights_map
+    from service.models.gguf_convert import weights_map
 
     print("| layers | transformers (s) | service (s) | speed-up |\n| --- | --- | --- | --- |")
     for layers in args.layers:

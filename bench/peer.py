@@ -50,7 +50,7 @@ FORMATS: dict[str, tuple[str | None, str]] = {
 }
 
 # The converter hashes the tokenizer's output on a test string to name its pre-tokenizer and refuses hashes it does
-# not know. The bench model's tokenizer is a byte-level BPE with GPT-2's split regex (service/demo_model.py), which is
+# not know. The bench model's tokenizer is a byte-level BPE with GPT-2's split regex (service/models/demo_model.py), which is
 # llama.cpp's "gpt-2"; the tokenization check below verifies both servers count the same prompt tokens.
 _CONVERT = r"""
 import runpy, sys
@@ -133,7 +133,7 @@ def sides(fmt: str, base: Path, generated: dict[str, Path]) -> Sides:
 
 def default_model_files() -> tuple[Path, Path]:
     """The packaged default model's GGUF file, and its dequantized copy (its tokenizer as the service builds it)."""
-    from service.gguf_convert import ensure_converted
+    from service.models.gguf_convert import ensure_converted
     from service.settings import Settings
     from service.startup import build_report, choose_model
 

@@ -125,7 +125,7 @@ def run_quality(out: Path, threads: int = 1, ctx: int = CTX) -> QualityResult:
 
     from harness.perplexity import reference_logprobs, served_logprobs
     from harness.server import offline_env
-    from service.gguf_convert import ensure_converted
+    from service.models.gguf_convert import ensure_converted
     from service.settings import Settings
     from service.startup import build_report, choose_model
 

@@ -21,7 +21,7 @@ from bench.stats import Comparison, DecodeResult, headline
 
 def run_bench(opts: BenchOptions, command: str | None = None) -> int:
     from bench import report as rep
-    from service.demo_model import DEMO_NAME, ensure_demo_model
+    from service.models.demo_model import DEMO_NAME, ensure_demo_model
 
     started = dt.datetime.now()
     stamp = started.strftime("%Y%m%d-%H%M%S") + ("-quick" if opts.quick else "")

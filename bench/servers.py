@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from harness import ServerProcess, offline_env, python_module
-from service.cpulist import parse_cpulist
+from service.facts.cpulist import parse_cpulist
 from service.policy.dense_kernel import FP32_ENGINE_BF16, OURS_BF16
 from service.server.engine import engine_flags
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from service.demo_model import TOKENIZER_CONFIG, build_model
+from service.models.demo_model import TOKENIZER_CONFIG, build_model
 
 NAME = "bench-llama-0.5b"
 VERSION = "v1"  # bump when the recipe changes, so caches rebuild

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.atomic_dir import build_once
+from service.cache.atomic_dir import build_once
 
 VERSION = "v1"  # bump when the recipe changes, so caches rebuild
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -134,7 +134,7 @@ def _fused_out(state: dict, name: str) -> int:
 
 
 def quantize(source: Path, dest: Path, scheme: Scheme, corrupt_scale: float | None = None) -> Path:
-    """Write a compressed-tensors copy of the bf16 checkpoint at `source` into `dest`, once (service/atomic_dir.py)."""
+    """Write a compressed-tensors copy of the bf16 checkpoint at `source` into `dest`, once (service/cache/atomic_dir.py)."""
     import torch
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
     from safetensors.torch import load_file, save_file
@@ -187,8 +187,8 @@ def ensure_quantized(source: Path, scheme: str, corrupt_scale: float | None = No
 
 
 def quantized_demo(cache_dir: Path, scheme: str, corrupt_scale: float | None = None) -> Path:
-    """The built-in demo model (service/demo_model.py), quantized."""
-    from service.demo_model import ensure_demo_model
+    """The built-in demo model (service/models/demo_model.py), quantized."""
+    from service.models.demo_model import ensure_demo_model
 
     return ensure_quantized(ensure_demo_model(cache_dir), scheme, corrupt_scale)
 

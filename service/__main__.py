@@ -169,7 +169,7 @@ def pull(
         raise typer.Exit(1)
     try:
         engine_model = prepare_model(report)
-    except Exception as exc:  # a conversion that failed leaves nothing in the cache (service/gguf_convert.py)
+    except Exception as exc:  # a conversion that failed leaves nothing in the cache (service/models/gguf_convert.py)
         typer.echo(f"refused: {exc}", err=True)
         raise typer.Exit(1) from exc
     typer.echo(

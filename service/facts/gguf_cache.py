@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from service.atomic_dir import replace_file
+from service.cache.atomic_dir import replace_file
 from service.facts import gguf
 from service.facts.gguf import GgufFacts
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.cpulist import parse_cpulist
+from service.facts.cpulist import parse_cpulist
 
 
 def whole_number(path: Path, value: str) -> int:

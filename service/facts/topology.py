@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.cpulist import format_cpulist
 from service.facts.cpu import CpuInfo, LogicalCpu
+from service.facts.cpulist import format_cpulist
 from service.facts.kernel_files import cpu_list, whole_number
 
 

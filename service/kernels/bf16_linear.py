@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import torch
 
 # A child of the plugin's logger, whose handler is the only one in vLLM's engine core and workers.
-log = logging.getLogger("service.vllm_plugin.bf16_weights")
+log = logging.getLogger("service.in_vllm.plugin.bf16_weights")
 KERNEL = KERNELS["bf16-weights"]
 # From this many rows on, the weight is widened chunk by chunk and multiplied by torch's fp32 GEMM: the first row
 # count where that won on 1 and 2 threads (docs/lab/performance.md, "bf16 weights in an fp32 engine"). With bf16

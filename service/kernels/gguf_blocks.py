@@ -1,7 +1,7 @@
 """A GGUF file's quantized linear layers served from their own blocks: a vLLM quantization method ("service_gguf")
 whose weights are the file's rows of ggml blocks, multiplied by ggml's kernel for their type (the op of
 ggml_linear.py, the kernels llama.cpp runs on the same file). No float round trip: the converter copies the blocks
-(service/gguf_convert.py) and this method hands them to ggml at load.
+(service/models/gguf_convert.py) and this method hands them to ggml at load.
 
 vLLM 0.32 has a GGUF method of its own, but its kernels are CUDA's. This one registers with vLLM's
 `register_quantization_config` in every vLLM process (the service's vLLM plugin, when the policy kept the blocks:
@@ -30,7 +30,7 @@ from service.kernels.ggml_linear import available, dense_from, handover, load_li
 from service.policy.model_source import BLOCKS_METHOD as METHOD
 
 # A child of the plugin's logger, whose handler works in every vLLM process.
-log = logging.getLogger("service.vllm_plugin.gguf_blocks")
+log = logging.getLogger("service.in_vllm.plugin.gguf_blocks")
 
 
 def block_shape(type_name: str) -> tuple[int, int]:

@@ -6,7 +6,7 @@ CPU attention runs on tiles wherever torch sees `amx_tile` and the engine comput
 (`_get_attn_isa` in vllm/v1/attention/backends/cpu_attn.py). An engine whose first tile instruction is attention
 (no oneDNN GEMM before it: linear layers on the service's kernels, or too small for oneDNN) lost its worker to
 SIGILL on the first forward pass (measured: a 1-layer Qwen3 with hidden 64, bf16, on an AMX KVM guest).
-The decision reaches vLLM's processes in AMX_STATE_ENV; the service's vLLM plugin asks there (service/amx_state.py).
+The decision reaches vLLM's processes in AMX_STATE_ENV; the service's vLLM plugin asks there (service/in_vllm/amx_request.py).
 """
 
 from __future__ import annotations

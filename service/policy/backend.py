@@ -2,7 +2,7 @@
 
 vLLM picks its kernel build from the CPU itself (the _C build with AMX/AVX-512 BF16, else _C_AVX512, else
 _C_AVX2): the service can confirm that part but never force it lower. The platform class is the one thing it can
-choose, through its vLLM platform plugin (service/vllm_plugin.py); an entry's `lowers_to` lists the backends that
+choose, through its vLLM platform plugin (service/in_vllm/plugin.py); an entry's `lowers_to` lists the backends that
 differ from it by the platform class alone.
 """
 

@@ -1,5 +1,5 @@
 """Which speed decisions the calibration times on this machine, and what its timings decide. Pure: the questions
-come from the backend registry and the model's facts, the verdicts from recorded timings (service/calibrate.py
+come from the backend registry and the model's facts, the verdicts from recorded timings (service/startup/calibration_run.py
 takes them on the engine's CPUs; tests feed recorded ones).
 
 A question is one decision the policy would otherwise take from the build machines' table, with its candidates as

@@ -4,7 +4,7 @@ vLLM parses a model's tool calls and thinking only with a parser named for the m
 (`--tool-call-parser`, `--reasoning-parser`); it never guesses. The service does: a table of formats, first
 match wins, each row the markers that identify it. A setting ("auto" | "none" | a vLLM name) overrides.
 Named and `required` tool_choice work on every chat model: they are grammar-forced, and a model with no
-known format gets the service's `forced_only` parser (service/forced_tool_parser.py), which serves them and
+known format gets the service's `forced_only` parser (service/in_vllm/forced_tool_parser.py), which serves them and
 leaves `auto` to answer in text.
 """
 
@@ -19,7 +19,7 @@ from service.policy.decision import Decision, PolicyResult, Source, engine
 from service.settings import Settings
 
 FORCED_ONLY = "forced_only"
-FORCED_ONLY_PLUGIN = "service.forced_tool_parser"  # imported by vLLM's --tool-parser-plugin mechanism
+FORCED_ONLY_PLUGIN = "service.in_vllm.forced_tool_parser"  # imported by vLLM's --tool-parser-plugin mechanism
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from service.policy.decision import PolicyResult, engine, env, record
 
 ROOT_VAR = "VLLM_CACHE_ROOT"
 PATCH_NAME = "vllm_aot_compile_cache"
-_AFFECTED_MINOR = (0, 32)  # the release whose loader calls finalize_loading (service/compile_cache_patch.py)
+_AFFECTED_MINOR = (0, 32)  # the release whose loader calls finalize_loading (service/in_vllm/compile_cache_patch.py)
 
 
 def needs_patch(vllm_version: str | None) -> bool:
@@ -44,7 +44,7 @@ def plan_compile_cache(cache_dir: Path, vllm_version: str | None, environ: Mappi
             "the next start with the same model and settings",
             "policy",
         )
-    # Applied by service/compile_cache_patch.py in every vLLM process, which checks the version itself.
+    # Applied by service/in_vllm/compile_cache_patch.py in every vLLM process, which checks the version itself.
     patch = record("patch", PATCH_NAME, needs_patch(vllm_version), reason(vllm_version), "policy")
     return PolicyResult.of(root, patch)
 

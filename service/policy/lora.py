@@ -15,7 +15,7 @@ from service.facts.lora import AdapterFacts
 from service.facts.model import ModelFacts
 from service.policy.decision import PolicyResult, engine, env
 
-# "1": every vLLM process leaves base-model tokens out of the LoRA ops (service/lora_rows.py), as the plugin reads it.
+# "1": every vLLM process leaves base-model tokens out of the LoRA ops (service/in_vllm/lora_rows.py), as the plugin reads it.
 LORA_ROWS_ENV = "SERVICE_LORA_ROWS_FIX"
 
 # vLLM 0.32's MaxLoRARanks (vllm/config/lora.py); tests/unit/test_lora.py checks them against it.
@@ -157,7 +157,7 @@ def lora_decisions(
             "1",
             "vLLM's CPU LoRA ops apply the last adapter slot to base-model tokens batched with an adapter's (vllm#48421, "
             "open; a base request's greedy text took the adapter's first token on the demo model): every vLLM process "
-            "zeroes their delta (service/lora_rows.py)",
+            "zeroes their delta (service/in_vllm/lora_rows.py)",
             "policy",
         ),
         errors=errors,

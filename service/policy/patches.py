@@ -1,7 +1,7 @@
 """Which version-gated patches every vLLM process applies, decided once here from the installed versions.
 
 - torch 2.10's FxGraphCachePickler lets a ValueError escape where later releases bypass the cache
-  (service/patches.py carries out the fix). The decision reaches vLLM's processes in PATCH_ENV, which the service's
+  (service/in_vllm/fx_graph_cache_patch.py carries out the fix). The decision reaches vLLM's processes in PATCH_ENV, which the service's
   vLLM plugin reads: a process applies the decision, it does not decide again.
 - vLLM 0.32's AOT compile-cache loader: service/policy/compile_cache.py.
 """

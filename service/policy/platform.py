@@ -1,7 +1,7 @@
 """Which vLLM platform class runs the engine, and how that choice reaches every process vLLM starts.
 
 vLLM resolves its platform anew in each process it starts (API server, engine core, workers). The service's
-platform plugin (service/vllm_plugin.py) answers with the class named in SERVICE_VLLM_PLATFORM, which the
+platform plugin (service/in_vllm/plugin.py) answers with the class named in SERVICE_VLLM_PLATFORM, which the
 startup hook sets before vLLM spawns anything, so every process inherits the one decision made here.
 """
 

@@ -3,7 +3,7 @@
 vLLM's CPU guide asks for tcmalloc and an OpenMP runtime in LD_PRELOAD; its CPU worker warns at start when
 `libtcmalloc` or `libiomp` is missing from it. The variable is set in the service's environment before
 vLLM spawns its engine core and workers, which inherit it; the service's own process executes itself once more
-with it (service/self_preload.py).
+with it (service/startup/self_preload.py).
 """
 
 from __future__ import annotations

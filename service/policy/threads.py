@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from service.cpulist import CpuListError, format_cpulist, parse_cpulist
+from service.facts.cpulist import CpuListError, format_cpulist, parse_cpulist
 from service.facts.limits import Limits
 from service.facts.topology import Topology
 from service.policy.decision import Decision, PolicyResult, Source, engine, env, record

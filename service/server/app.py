@@ -22,7 +22,6 @@ from vllm.entrypoints.serve.utils.api_utils import validate_json_request
 
 from service.facts.api_key import api_key_of
 from service.policy.access import checked_host_names
-from service.report import StartupReport
 from service.server.admission import engine_admission
 from service.server.anthropic_errors import AnthropicErrorsMiddleware
 from service.server.auth import require_api_key
@@ -37,6 +36,7 @@ from service.server.redact import without_paths
 from service.server.request_id import RequestIdMiddleware
 from service.server.routes import ENGINE_ROUTES, LORA_ROUTES, SERVICE_ROUTES, UNCOUNTED, Access, served_engine_route
 from service.settings import Settings
+from service.startup.report import StartupReport
 
 _ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 # Pages on this machine may call the API from a browser, as Ollama allows by default; other pages only when listed

@@ -8,8 +8,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Gauge, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from service.report import StartupReport
 from service.server.redact import without_paths
+from service.startup.report import StartupReport
 
 __all__ = ["ServiceMetrics", "CONTENT_TYPE_LATEST"]
 

@@ -20,13 +20,11 @@ import uvicorn
 import uvloop
 from rich.console import Console
 
-from service.cache_dir import cache_dir_problem
+from service.cache.permissions import cache_dir_problem
 from service.facts.api_key import api_key_of
 from service.facts.software import KERNEL_SOURCE
 from service.kernels.build_at_start import build_at_start
 from service.policy.access import plan_access
-from service.report import StartupReport
-from service.self_preload import mapped_files, missing_from, reexec_argv, reexec_environ, restore_user_preload
 from service.server.download_status import download_status
 from service.server.engine_death import alive, death_cause, oom_note
 from service.server.engine_probe import HangProbe
@@ -42,6 +40,8 @@ from service.startup import (
     fetch_model,
     prepare_model,
 )
+from service.startup.report import StartupReport
+from service.startup.self_preload import mapped_files, missing_from, reexec_argv, reexec_environ, restore_user_preload
 
 log = logging.getLogger("service")
 EXIT_STARTUP_REFUSED = 2
@@ -124,7 +124,7 @@ def _log_report(report: StartupReport) -> None:
 
 def _preload_self(decided: str | None, user_preload: str | None, reexecuted: bool) -> None:
     """Execute this process again with the engine's preload, unless it is loaded here already
-    (service/self_preload.py)."""
+    (service/startup/self_preload.py)."""
     missing = missing_from(decided, mapped_files(Path("/proc/self/maps").read_text()))
     if not missing:
         return
@@ -200,7 +200,7 @@ def run(settings: Settings) -> int:
     apply(report)
     try:
         model = prepare_model(report)
-    except Exception as exc:  # a conversion that failed leaves nothing in the cache (service/gguf_convert.py)
+    except Exception as exc:  # a conversion that failed leaves nothing in the cache (service/models/gguf_convert.py)
         log.error("refusing to start: %s", exc)
         return EXIT_STARTUP_REFUSED
     served = report.plan.model.served_name

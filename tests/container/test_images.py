@@ -26,8 +26,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from service.demo_model import DEMO_NAME
 from service.kernels.build_at_start import AT_START
+from service.models.demo_model import DEMO_NAME
 from service.policy.dense_kernel import OURS_BF16
 from service.policy.quant_kernels import KERNELS
 from tests.support import engines

@@ -22,7 +22,7 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from service.demo_model import demo_dir
+from service.models.demo_model import demo_dir
 from tests.integration.conftest import _start
 from tests.support.release import release
 from tests.support.server import MODELS, REPO

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from harness.quantized_models import quantized_demo
-from service.demo_model import ensure_demo_model
+from service.models.demo_model import ensure_demo_model
 from service.policy.backends import ZEN_PLATFORM
 from service.policy.quant_kernels import KERNELS
 from tests.support.release import release
@@ -231,7 +231,7 @@ def _time_in_child(candidates: list[dict], act_dtype: str, shapes: list[list[int
         "act_dtype": act_dtype,
     }
     out = subprocess.run(
-        [sys.executable, "-m", "service.kernels.timing"],
+        [sys.executable, "-m", "service.startup.calibration_timer"],
         input=json.dumps({"questions": [question], "rounds": 2, "prefill_m": 8}),
         cwd=REPO,
         env=service_env(MODELS),

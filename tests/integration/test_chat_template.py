@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from service.demo_model import demo_dir
+from service.models.demo_model import demo_dir
 from tests.integration.conftest import _start
 from tests.support.release import release
 from tests.support.server import MODELS

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from service.demo_model import ensure_demo_model
+from service.models.demo_model import ensure_demo_model
 from service.server.run import EXIT_STARTUP_REFUSED
 from tests.support.server import MODELS, service_env
 

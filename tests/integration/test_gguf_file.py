@@ -20,10 +20,10 @@ import torch
 from openai import OpenAI
 
 from service.facts.gguf import read_gguf
+from service.in_vllm.plugin import STATE_PREFIX
 from service.policy.backends import BACKENDS
 from service.policy.ggml_handover import HANDOVER_ENV, parse_handover, tables_for
 from service.policy.quant_kernels import KERNELS
-from service.vllm_plugin import STATE_PREFIX
 from tests.integration.conftest import _start
 from tests.integration.test_reference import TEXTS
 from tests.support.gguf_models import tiny_gguf
@@ -132,7 +132,7 @@ def _dequantized_copy(path: Path) -> Path:
     """The file dequantized to fp32, as gguf_blocks=off serves it: the reference's weights."""
     from service.facts.model import inspect_model
     from service.facts.software import read_software
-    from service.gguf_convert import ensure_converted
+    from service.models.gguf_convert import ensure_converted
     from service.policy.model_source import plan_model_source
 
     plan = plan_model_source(inspect_model(str(path)), "float32", MODELS, read_software(), frozenset())

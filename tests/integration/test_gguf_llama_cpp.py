@@ -19,7 +19,7 @@ import torch
 
 from service.facts.model import inspect_model
 from service.facts.software import read_software
-from service.gguf_convert import ensure_converted
+from service.models.gguf_convert import ensure_converted
 from service.policy.gguf_architectures import CHECKED
 from service.policy.model_source import plan_model_source
 from tests.integration.test_reference import TEXTS
@@ -136,7 +136,7 @@ def _sentencepiece(out: Path) -> int:
 
     import sentencepiece
 
-    from service.demo_model import _corpus
+    from service.models.demo_model import _corpus
 
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
@@ -163,7 +163,7 @@ def _hf_checkpoint(case: Case, out: Path) -> None:
     its next-token distributions are peaked and a conversion error moves tokens, not only decimals."""
     import transformers
 
-    from service.demo_model import build_tokenizer
+    from service.models.demo_model import build_tokenizer
 
     if case.tokenizer == "llama":
         vocab = _sentencepiece(out)

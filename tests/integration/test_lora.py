@@ -1,7 +1,7 @@
 """LoRA adapters on the real engine: the demo model (fp32, so a batch's make-up cannot flip a near-tie) served with two
 random adapters. Each is a model of its own to clients, and a batch that mixes them with the base model gives every
 request what it gets alone: vLLM 0.32's CPU LoRA ops gave base-model requests batched with an adapter's that
-adapter's delta (service/lora_rows.py: before the fix, 11 of 12 such base requests changed). The same server has a
+adapter's delta (service/in_vllm/lora_rows.py: before the fix, 11 of 12 such base requests changed). The same server has a
 lora_dir: adapters are loaded from it and unloaded while it serves, each checked before vLLM sees it."""
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.demo_model import ensure_demo_model
 from service.facts.model import packaged_default_model_path
+from service.models.demo_model import ensure_demo_model
 from tests.support.gguf_models import relabelled, tiny_gguf
 from tests.support.hub_server import COMMIT, HubServer
 from tests.support.ollama_store import ollama_store

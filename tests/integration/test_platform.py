@@ -1,6 +1,6 @@
 """The backend decision is what vLLM runs, in every process it starts; the torch patch decision reaches them too.
 
-Each vLLM process logs one state line from the service's general plugin (service/vllm_plugin.py): the platform
+Each vLLM process logs one state line from the service's general plugin (service/in_vllm/plugin.py): the platform
 class vLLM resolved in that process, and what became of the torch patch there. The expectation for the live
 machine comes from the raw facts vLLM's own Zen detection reads (vendor, AVX-512, zentorch), never a literal.
 """
@@ -19,7 +19,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.facts.software import read_software
-from service.patches import PatchStatus, needs_fxgraph_pickle_patch
+from service.in_vllm.fx_graph_cache_patch import PatchStatus, needs_fxgraph_pickle_patch
 from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
 from service.policy.platform import PLATFORM_ENV
 from tests.integration.conftest import _start
@@ -142,8 +142,8 @@ FORCED_ENGINE = textwrap.dedent(
     """
     import os
 
-    from service.demo_model import DEMO_NAME
-    from service.patches import PATCH_ENV
+    from service.models.demo_model import DEMO_NAME
+    from service.in_vllm.fx_graph_cache_patch import PATCH_ENV
     from service.settings import load_settings
     from service.startup import apply, build_report, choose_model
 

@@ -11,7 +11,7 @@ import httpx
 import psutil
 import pytest
 
-from service.self_preload import mapped_files
+from service.startup.self_preload import mapped_files
 
 pytestmark = pytest.mark.engine
 

@@ -103,7 +103,7 @@ def test_as_make_serve_runs_it_a_foreign_host_is_refused_and_probes_stay_open(de
 
 def test_no_vllm_process_sends_usage_statistics(default_server):
     """Read back from every vLLM process of the running engine: vLLM's own verdict, as the service's plugin logs it."""
-    from service.vllm_plugin import STATE_PREFIX
+    from service.in_vllm.plugin import STATE_PREFIX
 
     log = default_server.process.log_path.read_text(errors="replace")
     states = [json.loads(line.split(STATE_PREFIX, 1)[1]) for line in log.splitlines() if STATE_PREFIX in line]

@@ -182,7 +182,7 @@ def live_paths() -> list[Path_]:
 @pytest.fixture(scope="session")
 def fp32_model() -> Path:
     """The default model's fp32 copy, as the service converts it (the reference's weights)."""
-    from service.gguf_convert import ensure_converted
+    from service.models.gguf_convert import ensure_converted
 
     settings = Settings(cache_dir=MODELS, dtype="float32")
     plan = build_report(settings, model=choose_model(settings, build_demo=False)).plan.model

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.cpulist import parse_cpulist
+from service.facts.cpulist import parse_cpulist
 from tests.support.live_cpu import expected_backend
 from tests.support.server import REPO
 

@@ -21,7 +21,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.v1.engine import FinishReason
 from vllm.v1.metrics.loggers import PrometheusStatLogger
 from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, PrefixCacheStats, SchedulerStats
-from service.demo_model import ensure_demo_model
+from service.models.demo_model import ensure_demo_model
 from service.server.stat_logger import prometheus_stat_logger
 
 model = ensure_demo_model(Path(sys.argv[2]))

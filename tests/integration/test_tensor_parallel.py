@@ -20,7 +20,7 @@ import psutil
 import pytest
 import yaml
 
-from service.cpulist import parse_cpulist
+from service.facts.cpulist import parse_cpulist
 from tests.support.decode_rate import stream_timing
 from tests.support.release import release
 from tests.support.server import MODELS, REPO, ServerProcess, service_env, watch_until_exit

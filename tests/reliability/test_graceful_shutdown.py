@@ -167,7 +167,7 @@ def _drain_scenario(server) -> None:
     assert code == 0
     assert exited_after <= GRACE_S
     assert f"received SIGTERM: draining ({len(results)} request(s) in flight" in server.log()
-    # vLLM gives its engine core 5 s to end after the drain, then SIGKILLs it (service/exit_gc.py).
+    # vLLM gives its engine core 5 s to end after the drain, then SIGKILLs it (service/in_vllm/exit_gc.py).
     assert "force killing remaining process" not in server.log()
     # Triton's nanobind module reported leaks at each process's exit; setup leaves it out (Makefile).
     assert "nanobind: leaked" not in server.log()

@@ -17,8 +17,8 @@ import pytest
 from openai import OpenAI
 
 from harness import SERVICE_ARGV, ServerProcess
-from service.atomic_dir import finished_problem
-from service.gguf_convert import PROVENANCE
+from service.cache.atomic_dir import finished_problem
+from service.models.gguf_convert import PROVENANCE
 from tests.integration.test_reference import TEXTS
 from tests.support.gguf_models import tiny_gguf
 from tests.support.reference import compare, prompt_ids, query, reference_logprobs

@@ -107,7 +107,7 @@ def _encode(values: np.ndarray, tensor_type: str, rng: np.random.Generator):
 
 
 def _tokenizer(cache: Path) -> tuple[list[str], list[int], list[str], str]:
-    from service.demo_model import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer
+    from service.models.demo_model import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer
 
     directory = cache / f"gguf-tokenizer-{VERSION}"
     if not (directory / "tokenizer.json").is_file():

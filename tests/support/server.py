@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 
 from harness import REPO, ServerProcess, free_port, offline_env
-from service.demo_model import DEMO_NAME
-from service.vllm_plugin import STATE_PREFIX
+from service.in_vllm.plugin import STATE_PREFIX
+from service.models.demo_model import DEMO_NAME
 from tests.support.release import reap
 
 __all__ = [
@@ -87,5 +87,5 @@ def watch_until_exit(process: ServerProcess, since: float, deadline_s: float) ->
 
 
 def process_states(log: str) -> list[dict]:
-    """The state line each vLLM process logs from the service's general plugin (service/vllm_plugin.py)."""
+    """The state line each vLLM process logs from the service's general plugin (service/in_vllm/plugin.py)."""
     return [json.loads(line.split(STATE_PREFIX, 1)[1]) for line in log.splitlines() if STATE_PREFIX in line]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.demo_model import build_model, save_random_model
+from service.models.demo_model import build_model, save_random_model
 
 
 def _qwen3_next_weights(directory: Path) -> None:

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from service import vllm_plugin
-from service.amx_state import request_amx_state
 from service.facts.cpu import read_cpuinfo
-from service.patches import PATCH_ENV
+from service.in_vllm import plugin as vllm_plugin
+from service.in_vllm.amx_request import request_amx_state
+from service.in_vllm.fx_graph_cache_patch import PATCH_ENV
 from service.policy.amx_state import AMX_STATE_ENV, amx_state
 from service.policy.platform import PLATFORM_ENV
 from service.policy.quant_kernels import KERNELS_ENV

@@ -1,4 +1,4 @@
-"""Builds into a cache replicas share (service/atomic_dir.py): one builder at a time per target, staging names no
+"""Builds into a cache replicas share (service/cache/atomic_dir.py): one builder at a time per target, staging names no
 two builders share, killed builds cleared by their lock (not by a pid another pid namespace reuses), and a finished
 build whose files changed size rebuilt, never served."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from service.atomic_dir import MANIFEST, build_once, finished_problem, locked, replace_file, unique_name
+from service.cache.atomic_dir import MANIFEST, build_once, finished_problem, locked, replace_file, unique_name
 
 
 def _fill(text: str):

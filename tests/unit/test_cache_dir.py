@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import os
 
-from service.cache_dir import cache_dir_problem
+from service.cache.permissions import cache_dir_problem
 
 
 def test_a_missing_cache_dir_is_created(tmp_path):

@@ -321,7 +321,7 @@ def test_when_the_table_wins_its_lead_is_cited_with_its_interval():
 
 
 def test_a_candidate_that_fails_on_a_bare_assert_is_excluded_with_where_it_failed():
-    from service.kernels.timing import _why
+    from service.startup.calibration_timer import _why
 
     try:
         raise AssertionError  # what vLLM's kernels raise on an unmet `assert`: no message
@@ -333,8 +333,8 @@ def test_a_candidate_that_fails_on_a_bare_assert_is_excluded_with_where_it_faile
 
 def test_stored_timings_are_keyed_by_the_harness_that_took_them(tmp_path, monkeypatch):
     """A mended timing harness times again rather than reuse what the old one measured (or failed to build)."""
-    from service import calibrate
     from service.startup import build_report
+    from service.startup import calibration_run as calibrate
     from tests.unit.conftest import CPUINFO
 
     report = build_report(load_settings(), model=None, cpuinfo=CPUINFO / "build_machine.txt", environ={})

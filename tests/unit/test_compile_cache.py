@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service import compile_cache_patch as patch
+from service.in_vllm import compile_cache_patch as patch
 from service.policy.compile_cache import plan_compile_cache
 
 
@@ -63,7 +63,9 @@ def test_patch_gives_torchs_inductor_artifact_the_method_vllms_loader_calls():
 
 def test_patch_is_registered_as_our_own_vllm_general_plugin():
     ours = [
-        ep for ep in entry_points(group="vllm.general_plugins") if ep.value.startswith("service.compile_cache_patch")
+        ep
+        for ep in entry_points(group="vllm.general_plugins")
+        if ep.value.startswith("service.in_vllm.compile_cache_patch")
     ]
     assert len(ours) == 1 and ours[0].load() is patch.register
 

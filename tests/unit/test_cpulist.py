@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.cpulist import CpuListError, format_cpulist, parse_cpulist
+from service.facts.cpulist import CpuListError, format_cpulist, parse_cpulist
 
 
 @pytest.mark.parametrize(

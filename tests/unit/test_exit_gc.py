@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent(
 
     gc.disable()  # no collection before exit: only the one at exit could reach the cycle
     if sys.argv[2] == "skip":
-        from service.exit_gc import skip_exit_collection
+        from service.in_vllm.exit_gc import skip_exit_collection
         skip_exit_collection()
     atexit.register(lambda: print("exit handler ran", flush=True))
 

@@ -19,7 +19,7 @@ from service.facts.gguf import GgufError, read_gguf
 from service.facts.model import inspect_model, packaged_default_model_path
 from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
-from service.gguf_convert import PROVENANCE, ConversionError, ensure_converted, weights_map
+from service.models.gguf_convert import PROVENANCE, ConversionError, ensure_converted, weights_map
 from service.policy.model_source import choose_blocks, converter_key, gguf_errors, plan_model_source
 from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
@@ -148,7 +148,7 @@ def test_a_conversion_runs_once_and_a_failed_one_leaves_nothing(tmp_path, monkey
     monkeypatch.setattr(gguf.quants, "dequantize", failing)
     with pytest.raises(ConversionError, match="simulated"):
         ensure_converted(plan.conversion)
-    # Nothing but the build's lock file (service/atomic_dir.py), which replicas on one cache share.
+    # Nothing but the build's lock file (service/cache/atomic_dir.py), which replicas on one cache share.
     assert not target.exists() and [p.name for p in target.parent.iterdir()] == [f".{target.name}.lock"]
     # A staging directory left by a killed conversion (no build holds the lock) is cleared by the next one.
     leftover = target.parent / f".{target.name}.999999999.partial"
@@ -244,7 +244,7 @@ def test_the_policy_refuses_what_vllm_or_the_converter_cannot_take():
 
 
 def test_a_checkpoint_naming_a_method_vllm_lacks_is_refused_before_start(tmp_path):
-    from service.demo_model import ensure_demo_model
+    from service.models.demo_model import ensure_demo_model
 
     model = tmp_path / "gguf-saved-by-transformers"
     demo = ensure_demo_model(MODELS)
@@ -297,7 +297,7 @@ def test_the_default_models_tokenizer_splits_text_as_llama_cpp_does():
     from tokenizers import decoders
 
     from service.facts.gguf import LLAMA_CPP_SPLITS
-    from service.gguf_convert import tokenizer_of
+    from service.models.gguf_convert import tokenizer_of
 
     model = inspect_model(str(packaged_default_model_path()))
     assert model.gguf.pre_tokenizer == "smollm" and model.gguf.split_rules == LLAMA_CPP_SPLITS["smollm"]
@@ -476,7 +476,7 @@ def test_qwen_moe_expert_sizes_and_renormalising_follow_llama_cpp():
 
 
 def test_a_tensor_differing_only_by_unit_dimensions_takes_the_models_shape():
-    from service.gguf_convert import _unit_dims_as
+    from service.models.gguf_convert import _unit_dims_as
 
     assert _unit_dims_as(torch.zeros(1, 1, 8), (1, 8)).shape == (1, 8)
     assert _unit_dims_as(torch.zeros(2, 8), (1, 16)).shape == (2, 8)  # not a unit-dimension difference: left to fail

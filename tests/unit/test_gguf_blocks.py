@@ -1,5 +1,5 @@
 """A GGUF file's linear layers kept as its own blocks (service/policy/model_source.py choose_blocks,
-service/gguf_convert.py, service/kernels/gguf_blocks.py): when the policy keeps them, what the converter writes (the
+service/models/gguf_convert.py, service/kernels/gguf_blocks.py): when the policy keeps them, what the converter writes (the
 file's rows, in the order transformers gives the dequantized rows), and ggml's op on every kept type against
 gguf-py's dequantization of the same rows."""
 
@@ -16,7 +16,7 @@ import torch
 from service.facts.gguf import LINEAR_TENSOR, read_gguf
 from service.facts.model import inspect_model
 from service.facts.software import read_software
-from service.gguf_convert import ensure_converted
+from service.models.gguf_convert import ensure_converted
 from service.policy.model_source import (
     BLOCK_TYPES,
     BLOCKS_METHOD,

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from safetensors.numpy import save_file
 
-from service.facts.ollama_store import OllamaModelNotFound, find_ollama_model, manifest_path
-from service.hub_download import DownloadRefused, HubSpec, fetch, parse_hub_id, pick_gguf
+from service.models.hub_download import DownloadRefused, HubSpec, fetch, parse_hub_id, pick_gguf
+from service.models.ollama_store import OllamaModelNotFound, find_ollama_model, manifest_path
 from tests.support.hub_server import HubServer
 from tests.support.ollama_store import ollama_store
 
@@ -112,7 +112,7 @@ def test_pickled_weights_only_are_refused(hub, tmp_path):
 
 def test_a_disk_too_small_is_refused_before_downloading(hub, tmp_path, monkeypatch):
     checkpoint(hub.root, "acme/tiny")
-    import service.hub_download as hub_download
+    import service.models.hub_download as hub_download
 
     usage = hub_download.shutil.disk_usage(tmp_path)
     monkeypatch.setattr(hub_download.shutil, "disk_usage", lambda p: usage._replace(free=1000))
@@ -158,7 +158,7 @@ def test_a_killed_download_resumes_where_it_stopped(hub, tmp_path):
     hub.stall_after["big-Q8_0.gguf"] = 30 << 20  # then nothing: killed meanwhile
     cache = tmp_path / "cache"
     code = (
-        "from pathlib import Path; from service.hub_download import fetch, parse_hub_id; "
+        "from pathlib import Path; from service.models.hub_download import fetch, parse_hub_id; "
         f"fetch(parse_hub_id('acme/big-GGUF:Q8_0'), Path({str(cache)!r}), lambda d, n: [])"
     )
     env = {**os.environ, "HF_ENDPOINT": os.environ["HF_ENDPOINT"], "PYTHONPATH": str(REPO)}

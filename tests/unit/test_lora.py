@@ -1,5 +1,5 @@
 """LoRA adapters: the setting, the facts read from an adapter directory, the policy's engine arguments, and the fix to
-vLLM's CPU LoRA ops that every vLLM process applies (service/lora_rows.py)."""
+vLLM's CPU LoRA ops that every vLLM process applies (service/in_vllm/lora_rows.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import typing
 import pytest
 import torch
 
-from service import lora_rows
 from service.facts.lora import read_adapter
+from service.in_vllm import lora_rows
 from service.policy.lora import LORA_RANKS, LORA_ROWS_ENV
 from service.server.engine import engine_flags
 from service.settings import Settings

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from service.demo_model import DEMO_NAME, ensure_demo_model
 from service.facts.cpu import parse_cpuinfo
 from service.facts.model import packaged_default_model_path
+from service.models.demo_model import DEMO_NAME, ensure_demo_model
 from service.policy.backends import BACKENDS
 from service.policy.dtype import DEFAULT_MODEL_FP32, choose_dtype
 from service.settings import Settings

@@ -17,7 +17,12 @@ import pytest
 import torch
 from torch._inductor.codecache import BypassFxGraphCache, FxGraphCachePickler
 
-from service.patches import PATCH_ENV, PatchStatus, apply_fxgraph_pickle_patch, needs_fxgraph_pickle_patch
+from service.in_vllm.fx_graph_cache_patch import (
+    PATCH_ENV,
+    PatchStatus,
+    apply_fxgraph_pickle_patch,
+    needs_fxgraph_pickle_patch,
+)
 from service.policy.patches import fxgraph_patch
 
 _CLASS_ATTRS = ("dumps", "_cpu_llm_service_fxgraph_dumps_patched", "_vllm_fxgraph_dumps_patched")
@@ -145,7 +150,7 @@ def test_vllm_backport_does_not_stack_on_ours_in_either_order():
         """
         from torch._inductor.codecache import BypassFxGraphCache as B, FxGraphCachePickler as P
         from vllm.env_override import _apply_fxgraphcache_pickle_patch as vllm_patch
-        from service.patches import apply_fxgraph_pickle_patch, PatchStatus
+        from service.in_vllm.fx_graph_cache_patch import apply_fxgraph_pickle_patch, PatchStatus
 
         original = P.dumps
         assert apply_fxgraph_pickle_patch(True).status is PatchStatus.APPLIED

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from service.cpulist import format_cpulist
+from service.facts.cpulist import format_cpulist
 from service.facts.hardware import read_hardware
 from service.policy.threads import plan_threads, worker_omp_env
 from tests.unit.conftest import CPUINFO, SYSFS

@@ -1,4 +1,4 @@
-"""The service's own process and the preload (service/self_preload.py): the user's LD_PRELOAD survives the
+"""The service's own process and the preload (service/startup/self_preload.py): the user's LD_PRELOAD survives the
 re-exec, and what is loaded is read from a maps text like /proc/self/maps."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from service.self_preload import (
+from service.startup.self_preload import (
     REEXEC_ENV,
     mapped_files,
     missing_from,

@@ -3,7 +3,7 @@ policy -> report -> the environment vLLM is started with), and the simulated nod
 
 from __future__ import annotations
 
-from service.cpulist import parse_cpulist
+from service.facts.cpulist import parse_cpulist
 from service.settings import Settings
 from service.startup import apply, build_report
 from tests.unit.conftest import CPUINFO, SYSFS

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from service import vllm_plugin
 from service.facts.hardware import read_hardware
-from service.patches import PATCH_ENV
+from service.in_vllm import plugin as vllm_plugin
+from service.in_vllm.fx_graph_cache_patch import PATCH_ENV
 from service.policy.amx_state import AMX_STATE_ENV
 from service.policy.backend import choose_backend
 from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM

@@ -1,5 +1,5 @@
 """Warm restart: the second start with torch.compile on the same cache dir loads the compiled model that the
-first start saved, instead of compiling again (vLLM 0.32 needs service/compile_cache_patch.py for that)."""
+first start saved, instead of compiling again (vLLM 0.32 needs service/in_vllm/compile_cache_patch.py for that)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The calibration step: times the candidates of the policy's open speed decisions (report.plan.questions) on the
 engine's own compute CPUs, with its thread count, its preloads and platform, in a child process
-(service/kernels/timing.py); stores the timings in cache_dir, keyed by what they depend on; and gives the policy's
+(service/startup/calibration_timer.py); stores the timings in cache_dir, keyed by what they depend on; and gives the policy's
 verdicts on them (service/policy/calibration.py). A warm start with the same key reads the stored timings and
 times nothing."""
 
@@ -19,15 +19,15 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from service.atomic_dir import replace_file
+from service.cache.atomic_dir import replace_file
 from service.policy.calibration import PREFILL_M, Mode, Question, Timing, Verdict, cache_key, decide
-from service.report import StartupReport
+from service.startup.report import StartupReport
 
-log = logging.getLogger("service.calibrate")
+log = logging.getLogger("service.startup.calibration_run")
 
 ROUNDS = 7
 TIMEOUT_S = 180  # per attempt; a 2-core machine times a small model's question in ~20 s
-HARNESS = Path(__file__).parent / "kernels" / "timing.py"  # what takes the timings (run as a child)
+HARNESS = Path(__file__).with_name("calibration_timer.py")  # what takes the timings (run as a child)
 
 
 def machine(report: StartupReport) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def _time_in_child(questions: tuple[Question, ...], cpus: list[int], env: dict[s
         ]
         request = json.dumps({"questions": asked, "rounds": ROUNDS, "prefill_m": PREFILL_M})
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service.kernels.timing"],
+            [sys.executable, "-m", "service.startup.calibration_timer"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

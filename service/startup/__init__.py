@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from service.demo_model import DEMO_NAME, demo_dir, ensure_demo_model
 from service.facts.api_key import api_key_of
 from service.facts.hardware import read_hardware
 from service.facts.libraries import read_libraries
@@ -22,10 +21,11 @@ from service.facts.model import (
     inspect_model,
     packaged_default_model_path,
 )
-from service.facts.ollama_store import PREFIX as OLLAMA_PREFIX
-from service.facts.ollama_store import OllamaModelNotFound, find_ollama_model, models_dir
 from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
+from service.models.demo_model import DEMO_NAME, demo_dir, ensure_demo_model
+from service.models.ollama_store import PREFIX as OLLAMA_PREFIX
+from service.models.ollama_store import OllamaModelNotFound, find_ollama_model, models_dir
 from service.policy.access import plan_access
 from service.policy.calibration import Mode, Verdict
 from service.policy.decision import PolicyResult, record
@@ -33,8 +33,8 @@ from service.policy.engine import build_plan
 from service.policy.gguf_architectures import architecture_problem
 from service.policy.media import plan_media
 from service.policy.telemetry import plan_telemetry
-from service.report import StartupReport
 from service.settings import Settings
+from service.startup.report import StartupReport
 
 log = logging.getLogger("service.startup")
 
@@ -94,7 +94,7 @@ def choose_model(settings: Settings, *, build_demo: bool) -> ModelChoice:
 
 def downloads(choice: ModelChoice) -> bool:
     """Whether the model is a hub id rather than a path: fetch_model may download it."""
-    from service.hub_download import parse_hub_id
+    from service.models.hub_download import parse_hub_id
 
     asked = choice.location
     return (
@@ -118,7 +118,7 @@ def fetch_model(
     `progress` gets the download's progress lines."""
     from huggingface_hub import constants
 
-    from service.hub_download import DownloadRefused, fetch, parse_hub_id
+    from service.models.hub_download import DownloadRefused, fetch, parse_hub_id
 
     asked = choice.location
     if choice.kind != "configured" or asked is None or Path(asked).expanduser().exists():
@@ -220,8 +220,8 @@ def calibrated_report(
     cpuinfo: Path | None = None,
     sysfs: Path | None = None,
 ) -> StartupReport:
-    """The report decided again with the calibration's verdicts (service/calibrate.py), when it has questions."""
-    from service.calibrate import calibrate
+    """The report decided again with the calibration's verdicts (service/startup/calibration_run.py), when it has questions."""
+    from service.startup.calibration_run import calibrate
 
     verdicts = calibrate(report, settings.cache_dir, mode)
     if not verdicts:
@@ -232,7 +232,7 @@ def calibrated_report(
 def apply(report: StartupReport, environ: MutableMapping[str, str] = os.environ) -> None:
     """Set the decided environment in this process before vLLM starts: vLLM's API server code in this process,
     its engine core and workers (which inherit it) all read their platform and the torch patch decision from it
-    through the service's vLLM plugins (service/vllm_plugin.py)."""
+    through the service's vLLM plugins (service/in_vllm/plugin.py)."""
     if not report.ok:
         raise RuntimeError("refusing to start: " + "; ".join(report.errors))
     environ.update(report.plan.env)
@@ -247,6 +247,6 @@ def prepare_model(report: StartupReport) -> str:
         raise RuntimeError("no model in the startup report")
     if source.conversion is None:
         return source.engine_model
-    from service.gguf_convert import ensure_converted
+    from service.models.gguf_convert import ensure_converted
 
     return str(ensure_converted(source.conversion))

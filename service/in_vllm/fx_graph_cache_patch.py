@@ -3,7 +3,7 @@
 torch 2.10's `FxGraphCachePickler.dumps` lets a `ValueError` escape (e.g. from tensors with blocked,
 prepacked layouts), which fails the whole torch.compile instead of skipping the cache. Later torch releases
 turn it into `BypassFxGraphCache` themselves (pytorch/pytorch#176557). vLLM ships the same backport in
-`vllm/env_override.py`; ours runs in every vLLM process (service/vllm_plugin.py), before or after vLLM's, so
+`vllm/env_override.py`; ours runs in every vLLM process (service/in_vllm/plugin.py), before or after vLLM's, so
 the two must agree on one wrapper. Whether it is needed is decided once at startup (service/policy/patches.py) and
 carried to vLLM's processes in PATCH_ENV: a process applies the decision, it does not decide again.
 """

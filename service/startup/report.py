@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from service.cpulist import format_cpulist
+from service.facts.cpulist import format_cpulist
 from service.facts.hardware import HardwareFacts
 from service.facts.model import ModelFacts
 from service.facts.software import SoftwareFacts

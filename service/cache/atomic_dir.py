@@ -20,7 +20,7 @@ import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-log = logging.getLogger("service.atomic_dir")
+log = logging.getLogger("service.cache.atomic_dir")
 
 MANIFEST = ".manifest.json"  # {relative path: [size, sha256]} of every file a finished build holds
 

@@ -3,11 +3,11 @@ process does.
 
 - `platform` (group `vllm.platform_plugins`): vLLM calls it in every process while resolving its platform.
 - `every_process` (group `vllm.general_plugins`): vLLM runs it once in each process it starts (API server,
-  engine core, workers). It asks Linux for the AMX tile state where decided (service/amx_state.py), applies the
+  engine core, workers). It asks Linux for the AMX tile state where decided (service/in_vllm/amx_request.py), applies the
   torch patch as decided at startup, leaves base-model tokens out of vLLM's CPU LoRA ops where adapters are
-  served (service/lora_rows.py), registers the service's linear kernels the policy chose (vLLM's
+  served (service/in_vllm/lora_rows.py), registers the service's linear kernels the policy chose (vLLM's
   `register_linear_kernel`), ends the engine's processes with the process that started them
-  (service/parent_watch.py), leaves its heap out of the interpreter's collection at exit (service/exit_gc.py), and
+  (service/in_vllm/parent_watch.py), leaves its heap out of the interpreter's collection at exit (service/in_vllm/exit_gc.py), and
   logs one line saying which platform that process runs, what became of the patch and the kernels, and where their
   ggml op hands batches to the GEMM.
 
@@ -23,13 +23,13 @@ import logging
 import multiprocessing
 import os
 
-from service.amx_state import request_amx_state
-from service.exit_gc import skip_exit_collection
+from service.in_vllm.amx_request import request_amx_state
+from service.in_vllm.exit_gc import skip_exit_collection
+from service.in_vllm.fx_graph_cache_patch import PATCH_ENV, apply_fxgraph_pickle_patch
+from service.in_vllm.lora_rows import apply_lora_rows_fix
+from service.in_vllm.parent_watch import watch_parent
 from service.kernels import register_kernels
 from service.kernels.ggml_linear import planned_handover
-from service.lora_rows import apply_lora_rows_fix
-from service.parent_watch import watch_parent
-from service.patches import PATCH_ENV, apply_fxgraph_pickle_patch
 from service.policy.amx_state import AMX_STATE_ENV
 from service.policy.backends import by_platform
 from service.policy.lora import LORA_ROWS_ENV

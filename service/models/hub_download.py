@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("service.hub_download")
+log = logging.getLogger("service.models.hub_download")
 
 # `org/name`, then `@revision`, then `:TAG` (a GGUF quant tag)
 _SPEC = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)(?:@(?P<revision>[\w.-]+))?(?::(?P<tag>[\w.-]+))?$")

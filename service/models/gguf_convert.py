@@ -4,7 +4,7 @@ blocks copied as stored, for service/kernels/gguf_blocks.py), its metadata writt
 
 transformers does the mapping (`load_gguf_checkpoint` for the config, its per-architecture tensor processors and
 gguf-py's name map for the tensors, its GGUF tokenizer builders), gguf-py the dequantization. Memory stays near one
-shard. The copy is built once, atomically (service/atomic_dir.py): a start that is interrupted leaves no directory a
+shard. The copy is built once, atomically (service/cache/atomic_dir.py): a start that is interrupted leaves no directory a
 later start would load, and the next conversion clears its leftovers.
 """
 
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from service.atomic_dir import build_once, finished_problem
+from service.cache.atomic_dir import build_once, finished_problem
 from service.facts.gguf import LINEAR_TENSOR
 from service.facts.gguf_reader import shared_readers
 from service.policy.model_source import BLOCKS_METHOD, GgufConversion

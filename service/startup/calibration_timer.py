@@ -1,5 +1,5 @@
 """Times the candidates of the calibration's questions (service/policy/calibration.py) in this process, which the
-calibration starts pinned like the engine's worker: `python -m service.kernels.timing < request.json`.
+calibration starts pinned like the engine's worker: `python -m service.startup.calibration_timer < request.json`.
 
 Each int4 candidate is built the way vLLM builds it: a layer holding the checkpoint's int4 parameters (random, in
 its layout), the kernel vLLM's `choose_mp_linear_kernel` picks under the candidate's environment (the service's own
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from service.amx_state import request_amx_state
+from service.in_vllm.amx_request import request_amx_state
 from service.kernels import register_kernels
 from service.policy.amx_state import AMX_STATE_ENV
 from service.policy.quant_kernels import KERNELS, KERNELS_ENV

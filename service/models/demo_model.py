@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.atomic_dir import build_once
+from service.cache.atomic_dir import build_once
 
 DEMO_NAME = "demo-tiny-llama"
 DEMO_VERSION = "v1"  # bump when the recipe changes, so caches rebuild
@@ -92,7 +92,7 @@ def _build_llama(directory: Path) -> None:
 
 
 def build_model(directory: Path, build_weights=_build_llama) -> Path:
-    """Create the model at `directory` once (service/atomic_dir.py: concurrent callers race safely)."""
+    """Create the model at `directory` once (service/cache/atomic_dir.py: concurrent callers race safely)."""
 
     def fill(staging: Path) -> None:
         build_tokenizer(staging)

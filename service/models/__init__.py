@@ -1,0 +1,1 @@
+"""Where the engine's weights come from: the demo model, GGUF conversion, the hub and the Ollama store."""
