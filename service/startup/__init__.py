@@ -29,9 +29,10 @@ from service.models.ollama_store import OllamaModelNotFound, find_ollama_model, 
 from service.policy.access import plan_access
 from service.policy.calibration import Mode, Verdict
 from service.policy.decision import PolicyResult, record
-from service.policy.engine import build_plan
 from service.policy.gguf_architectures import architecture_problem
 from service.policy.media import plan_media
+from service.policy.plan import plan_engine
+from service.policy.plan_state import PlanInputs
 from service.policy.telemetry import plan_telemetry
 from service.settings import Settings
 from service.startup.report import StartupReport
@@ -180,17 +181,19 @@ def build_report(
         if model_facts is not None and model.weight_bytes and not model_facts.weight_bytes:
             # the hub's figure, where only the metadata is here yet (a single safetensors file has no index)
             model_facts = dataclasses.replace(model_facts, weight_bytes=model.weight_bytes)
-    plan = build_plan(
-        hardware,
-        model_facts,
-        software,
-        settings,
-        environ,
-        read_libraries(),
-        read_vllm_names(),
-        model.known_as if model else None,
-        model is not None and model.kind == "default",
-        verdicts,
+    plan = plan_engine(
+        PlanInputs(
+            hardware,
+            model_facts,
+            software,
+            settings,
+            environ,
+            read_libraries(),
+            read_vllm_names(),
+            model.known_as if model else None,
+            model is not None and model.kind == "default",
+            verdicts,
+        )
     )
     if model_error:
         plan = dataclasses.replace(plan, errors=plan.errors + (model_error,))

@@ -20,7 +20,7 @@ from service.facts.hardware import HardwareFacts
 from service.facts.model import ModelFacts
 from service.facts.software import SoftwareFacts
 from service.policy.decision import Decision
-from service.policy.engine import EnginePlan
+from service.policy.plan import EnginePlan
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ import pytest
 
 from service.facts.model import inspect_model
 from service.policy.calibration import Candidate, Question, Timing, Verdict, cache_key, decide
-from service.policy.engine import build_plan
+from service.policy.plan import plan_engine
+from service.policy.plan_state import PlanInputs
 from service.settings import load_settings
 from tests.unit.conftest import software
 from tests.unit.test_policy_engine import decision, hw
@@ -31,13 +32,15 @@ def plan_for(config: dict, cpu: str, tmp_path, verdicts=None, auto_round_lib="0.
     d.mkdir(exist_ok=True)
     base = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2}
     (d / "config.json").write_text(json.dumps({**base, "max_position_embeddings": 4096, **config}))
-    return build_plan(
-        hw(cpu, memory=256 * GiB),
-        inspect_model(str(d)),
-        software(True, auto_round_lib, ggml_kernel),
-        load_settings(**settings),
-        {},
-        verdicts=verdicts,
+    return plan_engine(
+        PlanInputs(
+            hw(cpu, memory=256 * GiB),
+            inspect_model(str(d)),
+            software(True, auto_round_lib, ggml_kernel),
+            load_settings(**settings),
+            {},
+            verdicts=verdicts,
+        )
     )
 
 

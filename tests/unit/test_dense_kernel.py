@@ -9,8 +9,9 @@ import pytest
 
 from service.facts.model import inspect_model
 from service.policy.dense_kernel import OURS_BF16, VLLM_BF16
-from service.policy.engine import build_plan
 from service.policy.model_source import kept_bytes
+from service.policy.plan import plan_engine
+from service.policy.plan_state import PlanInputs
 from service.settings import load_settings
 from tests.support.gguf_models import tiny_gguf
 from tests.support.server import MODELS as GGUF_MODELS
@@ -111,7 +112,7 @@ def test_a_gguf_files_kept_blocks_are_named_and_bf16_weights_says_it_has_nothing
     for cpu, dtype in ((AVX2, "float32"), (ZEN, "bfloat16")):  # in an fp32 and in a bf16 engine
         for asked, says in (({}, None), ({"bf16_weights": "on"}, "bf16_weights=on applies to dense weights")):
             settings = load_settings(gguf_blocks="on", dtype=dtype, **asked)
-            p = build_plan(hw(cpu, memory=256 * GiB), model, software(True, None, BUILT), settings, {})
+            p = plan_engine(PlanInputs(hw(cpu, memory=256 * GiB), model, software(True, None, BUILT), settings, {}))
             assert decision(p, "engine.dtype").value == dtype
             d = decision(p, "engine.linear_weights")
             assert d.value == "gguf Q4_0" and "ggml's kernel" in d.reason
@@ -126,12 +127,16 @@ def test_the_kv_cache_gets_what_kept_blocks_leave_unused():
     for cpu, dtype, size in ((AVX2, "float32", 4), (ZEN, "bfloat16", 2)):
         kv = {
             blocks: decision(
-                build_plan(
-                    hw(cpu, memory=8 * GiB),
-                    model,
-                    software(True, None, BUILT),
-                    load_settings(gguf_blocks=blocks, dtype=dtype, memory_headroom_gib=7.75, tensor_parallel_size=1),
-                    {},
+                plan_engine(
+                    PlanInputs(
+                        hw(cpu, memory=8 * GiB),
+                        model,
+                        software(True, None, BUILT),
+                        load_settings(
+                            gguf_blocks=blocks, dtype=dtype, memory_headroom_gib=7.75, tensor_parallel_size=1
+                        ),
+                        {},
+                    )
                 ),
                 "engine.kv_cache_memory_bytes",
             ).value
@@ -154,7 +159,7 @@ def test_projections_kept_bf16_are_read_per_token_in_bf16(tmp_path, kernels, per
         inspect_model(str(tmp_path / "m")),
         decode_reads=DecodeReads(float_elements=4_000, packed_bytes=0, projection_elements=3_000),
     )
-    p = build_plan(hw(AVX2), facts, software(True, "0.16.0", kernels), load_settings(dtype="float32"), {})
+    p = plan_engine(PlanInputs(hw(AVX2), facts, software(True, "0.16.0", kernels), load_settings(dtype="float32"), {}))
     reads = decision(p, "model.read_per_token")
     assert reads.value == per_token
     assert ("projection weights kept in bfloat16" in reads.reason) == (kernels is not None)

@@ -9,7 +9,6 @@ import torch
 
 from service.facts.model import inspect_model
 from service.policy.backends import BACKENDS
-from service.policy.engine import build_plan
 from service.policy.ggml_handover import (
     BF16_AMX,
     BF16_AVX512,
@@ -21,6 +20,8 @@ from service.policy.ggml_handover import (
     SOFTWARE_BF16,
     parse_handover,
 )
+from service.policy.plan import plan_engine
+from service.policy.plan_state import PlanInputs
 from service.settings import load_settings
 from tests.support.gguf_models import tiny_gguf
 from tests.support.server import MODELS
@@ -84,7 +85,7 @@ def test_a_calibration_candidate_that_runs_ggml_carries_the_table(tmp_path):
 def test_a_gguf_files_blocks_get_the_table_of_the_engine(cpu, table, said):
     model = inspect_model(str(tiny_gguf(MODELS, "llama", "Q4_K")))
     settings = load_settings(tensor_parallel_size=1)  # the recorded CPUs have two sockets: one rank keeps the blocks
-    p = build_plan(hw(cpu, memory=256 * GiB), model, software(True, ggml_kernel=GGML), settings, {})
+    p = plan_engine(PlanInputs(hw(cpu, memory=256 * GiB), model, software(True, ggml_kernel=GGML), settings, {}))
     assert decision(p, "model.gguf_blocks").value == "Q4_K"
     assert parse_handover(p.env[HANDOVER_ENV])["bfloat16"] == dict(table.rows)
     assert said in decision(p, SETTING).reason

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from service.__main__ import app
 from service.facts.hardware import read_hardware
 from service.facts.model import inspect_model
-from service.policy.engine import build_plan
+from service.policy.plan import plan_engine
+from service.policy.plan_state import PlanInputs
 from service.server.engine import vllm_args
 from service.settings import Settings
 from tests.unit.conftest import CPUINFO, MODELS, software
@@ -23,7 +24,9 @@ GiB = 1024**3
 def _plan(cpu="xeon_8480_sapphirerapids.txt", model="llama-3.1-8b-instruct", facts=None, **settings):
     hardware = read_hardware(cpuinfo_path=CPUINFO / cpu)
     hardware = dataclasses.replace(hardware, limits=dataclasses.replace(hardware.limits, memory_bytes=64 * GiB))
-    return build_plan(hardware, facts or inspect_model(str(MODELS / model)), software(), Settings(**settings), {})
+    return plan_engine(
+        PlanInputs(hardware, facts or inspect_model(str(MODELS / model)), software(), Settings(**settings), {})
+    )
 
 
 def _decision(plan, setting):

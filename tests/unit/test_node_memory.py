@@ -9,8 +9,9 @@ from pathlib import Path
 from service.facts.hardware import read_hardware
 from service.facts.node_memory import NodeMemory, read_node_memory
 from service.policy.dtype import MEASUREMENTS, Measurement
-from service.policy.engine import build_plan
 from service.policy.memory import default_headroom, rank_nodes
+from service.policy.plan import plan_engine
+from service.policy.plan_state import PlanInputs
 from service.settings import Settings
 from tests.unit.conftest import CPUINFO, MODELS, SYSFS, software
 
@@ -82,7 +83,7 @@ def _plan(hardware, **settings):
     from service.facts.model import inspect_model
 
     settings = {"max_model_len": 4096, **settings}
-    return build_plan(hardware, inspect_model(str(MODELS / LLAMA)), software(), Settings(**settings), {})
+    return plan_engine(PlanInputs(hardware, inspect_model(str(MODELS / LLAMA)), software(), Settings(**settings), {}))
 
 
 def _kv(p) -> tuple[int, str]:

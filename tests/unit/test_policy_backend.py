@@ -8,7 +8,8 @@ from service.facts.cpu import parse_cpuinfo
 from service.facts.hardware import read_hardware
 from service.policy.backend import choose_backend
 from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
-from service.policy.engine import build_plan
+from service.policy.plan import plan_engine
+from service.policy.plan_state import PlanInputs
 from service.policy.platform import PLATFORM_ENV
 from service.settings import Settings
 from tests.unit.conftest import CPUINFO, software
@@ -130,7 +131,9 @@ def test_platform_follows_the_backend(name):
 def test_zen_fixture_plan_carries_the_platform_to_vllm_processes(requested, platform, source):
     """The path `detect --cpuinfo` takes: the plan's environment names the class the plugin will return."""
     hardware = read_hardware(cpuinfo_path=CPUINFO / "epyc_9755_zen5.txt")
-    plan = build_plan(hardware, None, software(True), Settings(backend=requested), {"VLLM_TARGET_DEVICE": "cpu"})
+    plan = plan_engine(
+        PlanInputs(hardware, None, software(True), Settings(backend=requested), {"VLLM_TARGET_DEVICE": "cpu"})
+    )
     assert not plan.errors and plan.backend.platform == platform and plan.env[PLATFORM_ENV] == platform
     decision = next(d for d in plan.decisions if d.setting == f"env.{PLATFORM_ENV}")
     assert (decision.value, decision.source) == (platform, source)

@@ -9,8 +9,9 @@ import pytest
 from service.facts.hardware import read_hardware
 from service.facts.model import inspect_model
 from service.policy.dtype import MEASUREMENTS, Measurement
-from service.policy.engine import build_plan
 from service.policy.memory import default_headroom
+from service.policy.plan import plan_engine
+from service.policy.plan_state import PlanInputs
 from service.settings import Settings
 from tests.unit.conftest import CPUINFO, MODELS, SYSFS, software
 
@@ -27,8 +28,10 @@ def model(name: str):
 
 
 def plan(hardware=None, model_name="llama-3.1-8b-instruct", env=None, zen=True, **settings):
-    return build_plan(
-        hardware or hw(), model(model_name) if model_name else None, software(zen), Settings(**settings), env or {}
+    return plan_engine(
+        PlanInputs(
+            hardware or hw(), model(model_name) if model_name else None, software(zen), Settings(**settings), env or {}
+        )
     )
 
 
@@ -188,7 +191,9 @@ def test_tp_override_is_a_user_decision():
 
 def test_kv_cache_size_from_the_container_memory_limit():
     container = read_hardware(sysfs_root=SYSFS / "container_cpuset" / "sys")
-    p = build_plan(container, model("qwen2.5-7b-instruct-gptq-int4"), software(), Settings(max_model_len=8192), {})
+    p = plan_engine(
+        PlanInputs(container, model("qwen2.5-7b-instruct-gptq-int4"), software(), Settings(max_model_len=8192), {})
+    )
     assert not p.errors
     d = decision(p, "engine.kv_cache_memory_bytes")
     assert d.source == "policy" and "16.00 GiB (cgroup memory.max)" in d.reason
@@ -203,12 +208,14 @@ def test_the_kv_cache_fits_in_what_is_free_at_start_not_in_the_whole_limit():
     )
     busy = hw(memory=24 * GiB)
     busy = dataclasses.replace(busy, limits=dataclasses.replace(busy.limits, memory_available_bytes=16 * GiB))
-    shared = build_plan(
-        busy,
-        model("qwen2.5-7b-instruct-gptq-int4"),
-        software(),
-        Settings(max_model_len=4096, tensor_parallel_size=1),
-        {},
+    shared = plan_engine(
+        PlanInputs(
+            busy,
+            model("qwen2.5-7b-instruct-gptq-int4"),
+            software(),
+            Settings(max_model_len=4096, tensor_parallel_size=1),
+            {},
+        )
     )
     kv_whole, kv_shared = (p.engine_args["kv_cache_memory_bytes"] for p in (whole, shared))
     weights = model("qwen2.5-7b-instruct-gptq-int4").weight_bytes
@@ -273,7 +280,7 @@ def test_the_bytes_a_decode_step_reads_are_decided_in_the_engine_dtype_and_cited
         model("qwen2.5-7b-instruct-gptq-int4"),
         decode_reads=DecodeReads(float_elements=1_000_000, packed_bytes=3_000_000),
     )
-    p = build_plan(hw(), facts, software(True), Settings(), {})
+    p = plan_engine(PlanInputs(hw(), facts, software(True), Settings(), {}))
     reads = decision(p, "model.read_per_token")
     dtype = decision(p, "engine.dtype").value
     assert reads.value == 3_000_000 + 1_000_000 * {"bfloat16": 2, "float32": 4}[dtype]
@@ -281,7 +288,9 @@ def test_the_bytes_a_decode_step_reads_are_decided_in_the_engine_dtype_and_cited
     assert decision(p, "quant.linear_kernel").reason.endswith(
         f"reads {reads.value / 1e6:.1f} MB of weights per decode token (model.read_per_token)"
     )
-    unknown = build_plan(hw(), dataclasses.replace(facts, decode_reads=None), software(True), Settings(), {})
+    unknown = plan_engine(
+        PlanInputs(hw(), dataclasses.replace(facts, decode_reads=None), software(True), Settings(), {})
+    )
     assert unknown.find("model.read_per_token") is None
 
 
@@ -301,7 +310,7 @@ def test_a_kernel_that_holds_quantized_layers_as_blocks_is_read_in_its_block_byt
     facts = dataclasses.replace(model("qwen2.5-7b-instruct-gptq-int4"), decode_reads=reads)
     avx2 = hw("epyc_zen1_kvm_avx2.txt")
     for kernels, blocks in (("ggml built from llama.cpp b1234", True), (None, False)):
-        p = build_plan(avx2, facts, software(False, ggml_kernel=kernels), Settings(), {})
+        p = plan_engine(PlanInputs(avx2, facts, software(False, ggml_kernel=kernels), Settings(), {}))
         kernel = decision(p, "quant.linear_kernel").value
         dtype_bytes = {"bfloat16": 2, "float32": 4}[decision(p, "engine.dtype").value]
         read = decision(p, "model.read_per_token")

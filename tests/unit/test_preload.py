@@ -10,7 +10,8 @@ import pytest
 from service.facts.hardware import read_hardware
 from service.facts.libraries import LibraryFacts, read_libraries
 from service.policy.backends import BACKENDS
-from service.policy.engine import build_plan
+from service.policy.plan import plan_engine
+from service.policy.plan_state import PlanInputs
 from service.policy.preload import choose_preload
 from service.settings import Settings
 from tests.unit.conftest import CPUINFO, software
@@ -109,7 +110,7 @@ def test_nothing_found_sets_nothing_and_says_so():
     ],
 )
 def test_engine_plan_carries_the_preload_and_the_workers_openmp_variables_follow_it(cpu, zen, expected, worker_var):
-    plan = build_plan(read_hardware(cpuinfo_path=CPUINFO / cpu), None, software(zen), Settings(), {}, ALL)
+    plan = plan_engine(PlanInputs(read_hardware(cpuinfo_path=CPUINFO / cpu), None, software(zen), Settings(), {}, ALL))
     assert plan.env["LD_PRELOAD"] == f"{TC}:{expected}"
     assert [d for d in plan.decisions if d.setting == "env.LD_PRELOAD"][0].source == "policy"
     assert any(d.setting == worker_var for d in plan.decisions)

@@ -10,7 +10,8 @@ import pytest
 from service.facts.model import inspect_model
 from service.facts.quantization import read_quantization
 from service.policy.backends import BACKENDS
-from service.policy.engine import build_plan
+from service.policy.plan import plan_engine
+from service.policy.plan_state import PlanInputs
 from service.policy.quant import plan_quant
 from service.policy.quant_kernels import KERNELS
 from service.policy.quant_measurements import find
@@ -79,12 +80,14 @@ def quant_plan(
             }
         )
     )
-    return build_plan(
-        hw(cpu, memory=256 * GiB),
-        inspect_model(str(d)),
-        software(True, auto_round_lib, ggml_kernel),
-        load_settings(**settings),
-        env or {},
+    return plan_engine(
+        PlanInputs(
+            hw(cpu, memory=256 * GiB),
+            inspect_model(str(d)),
+            software(True, auto_round_lib, ggml_kernel),
+            load_settings(**settings),
+            env or {},
+        )
     )
 
 
