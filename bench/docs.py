@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from service.policy.measurement_store import Row, Store, store
+from service.measurements.store import Row, Store, store
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = (REPO / "README.md", REPO / "docs" / "benchmarks.md")

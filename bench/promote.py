@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from bench.peer import comparisons
-from service.policy.measurement_store import STORE, Row, read_store
+from service.measurements.store import STORE, Row, read_store
 
 PEERS = STORE / "peers.yaml"
 METRICS = {"output_throughput": "output", "ttft_p50_ms": "ttft", "tpot_p50_ms": "tpot"}

@@ -270,9 +270,9 @@ def measure(
     from harness.quantized_models import dequantized_state
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software
+    from service.kernels.registry import KERNELS
     from service.policy.backend import choose_backend
     from service.policy.platform import PLATFORM_ENV
-    from service.policy.quant_kernels import KERNELS
 
     hardware = read_hardware()
     backend = choose_backend(hardware.cpu, read_software()).name or "none"

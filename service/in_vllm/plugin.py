@@ -30,11 +30,11 @@ from service.in_vllm.lora_rows import apply_lora_rows_fix
 from service.in_vllm.parent_watch import watch_parent
 from service.kernels import register_kernels
 from service.kernels.ggml_linear import planned_handover
+from service.kernels.registry import KERNELS_ENV
 from service.policy.amx_state import AMX_STATE_ENV
 from service.policy.backends import by_platform
 from service.policy.lora import LORA_ROWS_ENV
 from service.policy.platform import PLATFORM_ENV
-from service.policy.quant_kernels import KERNELS_ENV
 
 # A handler of its own: the plugins run before vLLM configures its logging in the API server (from its
 # arguments), and in the engine core and workers nothing configures the root logger.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-from service.policy.quant_kernels import KERNELS
+from service.kernels.registry import KERNELS
 
 
 def register_kernels(names: str) -> dict[str, str]:

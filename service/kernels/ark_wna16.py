@@ -19,7 +19,7 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 from service.kernels.int4_layer import groups_first, int4_kernel_base, to_input_packed
-from service.policy.quant_kernels import KERNELS, ark_shape_fits
+from service.kernels.registry import KERNELS, ark_shape_fits
 
 if TYPE_CHECKING:
     import torch

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from service.kernels.ggml_linear import available
 from service.kernels.ggml_linear import load_library as load_kernels
-from service.policy.quant_kernels import KERNELS
+from service.kernels.registry import KERNELS
 
 if TYPE_CHECKING:
     import torch

@@ -23,7 +23,7 @@ from service.kernels.ggml_linear import (
     handover,
     load_library,
 )
-from service.policy.quant_kernels import KERNELS
+from service.kernels.registry import KERNELS
 
 if TYPE_CHECKING:
     import torch

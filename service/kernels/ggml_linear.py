@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 from service.facts.software import GGML_KERNEL_LIBRARY, ggml_kernel_built
 from service.kernels.int4_layer import groups_first, int4_kernel_base, to_input_packed
-from service.policy.ggml_handover import BF16_ZEN4, FP32_ZEN2, HANDOVER_ENV, parse_handover
-from service.policy.quant_kernels import KERNELS
+from service.kernels.registry import HANDOVER_ENV, KERNELS, parse_handover
+from service.measurements.store import row
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -34,7 +34,10 @@ KERNEL_NAME = KERNELS["ggml-q4_0"].vllm_class
 BLOCK = 32  # inputs per ggml Q4_0 / Q4_1 block
 Q4_0, Q4_1 = 2, 3  # ggml_type values (ggml.h)
 # Outside an engine the policy planned (the bench's tools, tests): the tables of the first machines measured.
-UNPLANNED = {"bfloat16": dict(BF16_ZEN4.rows), "float32": dict(FP32_ZEN2.rows)}
+UNPLANNED = {
+    "bfloat16": dict(row("ggml-handover/zen4/bfloat16").params["rows"]),
+    "float32": dict(row("ggml-handover/zen2/float32").params["rows"]),
+}
 
 
 @functools.cache

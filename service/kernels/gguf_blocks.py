@@ -27,7 +27,7 @@ from vllm.model_executor.utils import set_weight_attrs
 
 from service.kernels.ggml_linear import apply as ggml_apply
 from service.kernels.ggml_linear import available, dense_from, handover, load_library
-from service.policy.model_source import BLOCKS_METHOD as METHOD
+from service.kernels.registry import BLOCKS_METHOD as METHOD
 
 # A child of the plugin's logger, whose handler works in every vLLM process.
 log = logging.getLogger("service.in_vllm.plugin.gguf_blocks")

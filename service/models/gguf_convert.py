@@ -22,7 +22,8 @@ from typing import Any
 from service.cache.atomic_dir import build_once, finished_problem
 from service.facts.gguf import LINEAR_TENSOR
 from service.facts.gguf_reader import shared_readers
-from service.policy.model_source import BLOCKS_METHOD, GgufConversion
+from service.kernels.registry import BLOCKS_METHOD
+from service.policy.model_source import GgufConversion
 
 log = logging.getLogger("service.gguf")
 

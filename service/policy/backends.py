@@ -18,9 +18,9 @@ from typing import Literal
 from service.facts.cpu import CpuInfo
 from service.facts.kernels import AMX, X86, ZEN, BackendKernels
 from service.facts.software import SoftwareFacts
+from service.measurements.store import cite
 from service.policy.decision import PolicyResult, Source, env
 from service.policy.ggml_handover import BF16_AMX, BF16_AVX512, BF16_ZEN4, FP32_AVX512, FP32_ZEN2, GgmlHandover
-from service.policy.measurement_store import cite
 from service.policy.quant_kernels import (
     FP8_AMX,
     FP8_TORCH,

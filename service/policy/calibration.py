@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from service.facts.quantization import QuantFacts
-from service.policy.quant_kernels import INT4_WEIGHT_ONLY
+from service.kernels.registry import INT4_WEIGHT_ONLY
 
 Mode = Literal["off", "auto", "force"]
 PREFILL_M = 128  # the prefill-sized batch of rows each candidate is also timed at (decode is M=1)

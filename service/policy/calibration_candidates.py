@@ -7,11 +7,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from service.facts.model import ModelFacts
+from service.kernels.registry import HANDOVER_ENV, KERNELS_ENV
 from service.policy.backends import Backend
 from service.policy.calibration import Candidate, Question, dense_question
 from service.policy.decision import PolicyResult
-from service.policy.ggml_handover import HANDOVER_ENV
-from service.policy.quant_kernels import KERNELS_ENV
 
 CALIBRATED_ENV = ("VLLM_CPU_INT4_W4A8", "VLLM_DISABLED_KERNELS", KERNELS_ENV, HANDOVER_ENV)
 PREPACK_ENV = "VLLM_ZENTORCH_WEIGHT_PREPACK"

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from service.facts.model import DecodeReads, ModelFacts
+from service.kernels.registry import KERNELS
 from service.policy.decision import Decision, PolicyResult, record
 from service.policy.dtype import BYTES
 from service.policy.model_source import held_as, kept_bytes, kept_heads
-from service.policy.quant_kernels import KERNELS
 
 
 def kernel_blocks(kernel: Decision | None) -> tuple[str, int] | None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from service.facts.quantization import QuantFacts
 from service.facts.software import KERNELS_NOT_BUILT
+from service.kernels.registry import KERNELS, KERNELS_ENV
+from service.measurements.store import cite
 from service.policy.backends import Backend
 from service.policy.decision import PolicyResult, Source, env, record
-from service.policy.measurement_store import cite
-from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 from service.settings import Settings
 
 KERNEL = KERNELS["bf16-weights"]

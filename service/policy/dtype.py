@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.facts.cpu import Isa
+from service.measurements.store import cite, row
 from service.policy.backends import Backend
 from service.policy.decision import PolicyResult, engine
-from service.policy.measurement_store import cite, row
 
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 

@@ -13,15 +13,13 @@ shapes, rows 1, 8, 16, ..., 512), the first row count where dequantize + GEMM ra
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from service.kernels.registry import HANDOVER_ENV, KERNELS, handover_env
+from service.measurements.store import cite, row
 from service.policy.decision import PolicyResult, env
-from service.policy.measurement_store import cite, row
-from service.policy.quant_kernels import KERNELS
 
-HANDOVER_ENV = "SERVICE_GGML_HANDOVER"
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
@@ -56,15 +54,6 @@ GGML_CLASSES = frozenset(KERNELS[k].vllm_class for k in ("ggml-q4_0", "ggml-q4_1
 # A bf16 engine on a CPU without native bf16 (no AVX-512 BF16 or AMX: the avx512 backend's Intel guests without the
 # extension, a bf16 engine the user asks for on AVX2): torch's bf16 GEMM converts in software, and ggml stays ahead.
 SOFTWARE_BF16 = _table("ggml-handover/xeon-amx-as-avx512/bfloat16")
-
-
-def handover_env(tables: Mapping[str, Mapping[str, int]]) -> str:
-    """activation dtype -> ggml type -> rows, as HANDOVER_ENV carries it."""
-    return json.dumps({d: dict(rows) for d, rows in tables.items()}, sort_keys=True, separators=(",", ":"))
-
-
-def parse_handover(value: str) -> dict[str, dict[str, int]]:
-    return {str(d): {str(t): int(n) for t, n in rows.items()} for d, rows in json.loads(value).items()}
 
 
 def describe(table: GgmlHandover) -> str:

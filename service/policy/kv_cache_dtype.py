@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from service.facts.cpu import Isa
 from service.facts.model import ModelFacts
+from service.measurements.store import cite
 from service.policy.decision import PolicyResult, Source, engine
 from service.policy.dtype import BYTES
-from service.policy.measurement_store import cite
 
 # vLLM's names; "fp8" is e4m3 there.
 FP8 = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}

@@ -17,13 +17,13 @@ from typing import Any
 from service.facts.gguf import GgufFacts, HeadTensor
 from service.facts.model import ModelFacts
 from service.facts.software import KERNELS_NOT_BUILT, SoftwareFacts
+from service.kernels.registry import KERNELS, KERNELS_ENV
+from service.measurements.store import cite
 from service.policy.decision import PolicyResult, Source, env, record
 from service.policy.dtype import BYTES
 from service.policy.gguf_architectures import architecture_problem
 from service.policy.gguf_config import config_mends
 from service.policy.gguf_rope import rope_config
-from service.policy.measurement_store import cite
-from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 
 # Bump when the conversion's output changes for the same inputs (layout, files written, tokenizer rules).
 CONVERTER_VERSION = "10"
@@ -60,7 +60,6 @@ class ModelSourcePlan:
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 BLOCK_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 BLOCKS_KERNEL = KERNELS["ggml-gguf"]
-BLOCKS_METHOD = "service_gguf"  # the converted checkpoint's quantization_config.quant_method
 # What keeping blocks rests on: ggml's kernel against the dequantized engine on the same CPU (docs/quantization.md).
 BLOCKS_MEASURED = cite("claim/gguf-blocks-dequantized/zen4")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from service.kernels.registry import KERNELS_ENV
 from service.policy import stages
 from service.policy.backend import BackendChoice
 from service.policy.calibration import Candidate, Question, backend_question
@@ -17,7 +18,6 @@ from service.policy.calibration_candidates import PREPACK_ENV, prepack_question
 from service.policy.decision import PolicyResult
 from service.policy.model_source import ModelSourcePlan
 from service.policy.plan_state import Draft, PlanInputs, Stage, Step
-from service.policy.quant_kernels import KERNELS_ENV
 from service.policy.threads import ThreadPlan
 
 

@@ -15,19 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.facts.quantization import QuantFacts
+from service.kernels.registry import KERNELS, KERNELS_ENV, Layer
 from service.policy.backends import Backend
 from service.policy.decision import Decision, PolicyResult, Source, env, record
 from service.policy.quant_kernels import (
-    CONDITIONS,
     FALLBACK_WARNINGS,
     HANDOVERS,
     INT8_HANDOVER,
-    KERNELS,
-    KERNELS_ENV,
     OURS,
     SATURATES_WITHOUT_VNNI,
     Handover,
-    Layer,
     Rule,
 )
 from service.policy.quant_measurements import cite
@@ -98,10 +95,10 @@ def _choose(rules: tuple[Rule, ...], layer: Layer) -> tuple[str | None, list[str
     """The first rule whose conditions hold, and why each earlier one did not."""
     passed_over: list[str] = []
     for rule in rules:
-        missing = [CONDITIONS[c][1] for c in rule.needs if not CONDITIONS[c][0](layer)]
-        if not missing:
+        fits, missing = KERNELS[rule.kernel].can_implement(layer)
+        if fits:
             return rule.kernel, passed_over
-        passed_over.append(f"not {rule.kernel} (needs {', '.join(missing)})")
+        passed_over.append(f"not {rule.kernel} (needs {missing})")
     return None, passed_over
 
 

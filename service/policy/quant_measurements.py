@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.policy.measurement_store import store
+from service.measurements.store import store
 
 
 @dataclass(frozen=True)

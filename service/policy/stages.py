@@ -10,6 +10,7 @@ from typing import Any
 from service.facts.hardware import HardwareFacts
 from service.facts.model import ModelFacts
 from service.facts.software import SoftwareFacts
+from service.kernels.registry import KERNELS_ENV
 from service.policy.amx_state import amx_state
 from service.policy.backend import BackendChoice, choose_backend
 from service.policy.caching import cache_decisions
@@ -39,7 +40,6 @@ from service.policy.plan_state import Draft, PlanInputs, Step
 from service.policy.platform import choose_platform
 from service.policy.preload import choose_preload
 from service.policy.quant import plan_quant
-from service.policy.quant_kernels import KERNELS_ENV
 from service.policy.threads import BIND_ENV, ThreadPlan, plan_threads, thread_decisions
 
 FALLBACK_MAX_MODEL_LEN = 2048

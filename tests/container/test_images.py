@@ -27,9 +27,9 @@ from contextlib import contextmanager
 import pytest
 
 from service.kernels.build_at_start import AT_START
+from service.kernels.registry import KERNELS
 from service.models.demo_model import DEMO_NAME
 from service.policy.dense_kernel import OURS_BF16
-from service.policy.quant_kernels import KERNELS
 from tests.support import engines
 
 from .conftest import (

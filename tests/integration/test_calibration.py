@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from harness.quantized_models import quantized_demo
+from service.kernels.registry import KERNELS
 from service.models.demo_model import ensure_demo_model
 from service.policy.backends import ZEN_PLATFORM
-from service.policy.quant_kernels import KERNELS
 from tests.support.release import release
 from tests.support.server import MODELS, REPO, process_states, service_env, start_service
 

@@ -21,9 +21,9 @@ from openai import OpenAI
 
 from service.facts.gguf import read_gguf
 from service.in_vllm.plugin import STATE_PREFIX
+from service.kernels.registry import HANDOVER_ENV, KERNELS, parse_handover
 from service.policy.backends import BACKENDS
-from service.policy.ggml_handover import HANDOVER_ENV, parse_handover, tables_for
-from service.policy.quant_kernels import KERNELS
+from service.policy.ggml_handover import tables_for
 from tests.integration.conftest import _start
 from tests.integration.test_reference import TEXTS
 from tests.support.gguf_models import tiny_gguf

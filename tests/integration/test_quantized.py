@@ -22,10 +22,10 @@ from service.facts.cpu import read_cpuinfo
 from service.facts.model import inspect_model
 from service.facts.software import read_software
 from service.in_vllm.plugin import STATE_PREFIX
+from service.kernels.registry import KERNELS
 from service.models.demo_model import ensure_demo_model
 from service.policy.backends import BACKENDS
 from service.policy.quant import plan_quant
-from service.policy.quant_kernels import KERNELS
 from service.server.run import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import build_report, choose_model

@@ -11,9 +11,9 @@ from service.facts.cpu import read_cpuinfo
 from service.in_vllm import plugin as vllm_plugin
 from service.in_vllm.amx_request import request_amx_state
 from service.in_vllm.fx_graph_cache_patch import PATCH_ENV
+from service.kernels.registry import KERNELS_ENV
 from service.policy.amx_state import AMX_STATE_ENV, amx_state
 from service.policy.platform import PLATFORM_ENV
-from service.policy.quant_kernels import KERNELS_ENV
 from service.settings import Settings
 from service.startup import build_report
 from tests.unit.conftest import CPUINFO

@@ -8,9 +8,9 @@ from typing import get_args
 import pytest
 
 from service.facts.kernels import BackendKernels
+from service.kernels.registry import CONDITIONS, FAMILIES, KERNELS
 from service.policy.backends import BACKENDS, ORDER
 from service.policy.dtype import MEASUREMENTS
-from service.policy.quant_kernels import CONDITIONS, FAMILIES, KERNELS
 from service.policy.quant_measurements import MEASUREMENTS as QUANT_MEASUREMENTS
 
 

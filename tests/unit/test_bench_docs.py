@@ -10,7 +10,7 @@ import pytest
 
 from bench.docs import DOCUMENTS, render
 from bench.promote import peer_rows, write_rows
-from service.policy.measurement_store import Row, Store, read_store, store
+from service.measurements.store import Row, Store, read_store, store
 
 ROOT = Path(__file__).resolve().parents[2]
 DATE = re.compile(r"20[0-9][0-9]-[01][0-9]-")

@@ -100,7 +100,7 @@ def test_a_dense_row_runs_the_platform_its_backend_names():
 def test_fp32_rows_compare_vllms_fp32_gemm_with_the_services_bf16_weights():
     from bench.quant_kernels import _dense_plan, candidates
     from service.facts.software import read_software
-    from service.policy.quant_kernels import KERNELS, KERNELS_ENV
+    from service.kernels.registry import KERNELS, KERNELS_ENV
     from service.settings import Settings
 
     assert [c.label for c in candidates("zen", ["fp32"], False, True)] == [

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from service.facts.model import inspect_model
+from service.kernels.registry import HANDOVER_ENV, parse_handover
 from service.policy.backends import BACKENDS
 from service.policy.ggml_handover import (
     BF16_AMX,
@@ -15,10 +16,8 @@ from service.policy.ggml_handover import (
     BF16_ZEN4,
     FP32_AVX512,
     FP32_ZEN2,
-    HANDOVER_ENV,
     K_QUANTS,
     SOFTWARE_BF16,
-    parse_handover,
 )
 from service.policy.plan import plan_engine
 from service.policy.plan_state import PlanInputs

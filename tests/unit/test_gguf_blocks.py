@@ -16,16 +16,15 @@ import torch
 from service.facts.gguf import LINEAR_TENSOR, read_gguf
 from service.facts.model import inspect_model
 from service.facts.software import read_software
+from service.kernels.registry import BLOCKS_METHOD, KERNELS, KERNELS_ENV
 from service.models.gguf_convert import ensure_converted
 from service.policy.model_source import (
     BLOCK_TYPES,
-    BLOCKS_METHOD,
     choose_blocks,
     kept_bytes,
     kept_heads,
     plan_model_source,
 )
-from service.policy.quant_kernels import KERNELS, KERNELS_ENV
 from tests.support.gguf_models import tiny_gguf
 from tests.support.server import MODELS
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.policy.measurement_store import read_store, store
+from service.measurements.store import read_store, store
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = ROOT / "service"

@@ -298,7 +298,7 @@ def test_a_kernel_that_holds_quantized_layers_as_blocks_is_read_in_its_block_byt
     """ggml's Q4_0 holds 32 int4 weights and their scale in 18 bytes, whatever the checkpoint's group size: the read
     ceiling counts those, not the checkpoint's tensors; vLLM's own kernels read the tensors as stored."""
     from service.facts.model import DecodeReads
-    from service.policy.quant_kernels import KERNELS
+    from service.kernels.registry import KERNELS
 
     reads = DecodeReads(
         float_elements=1_000_000,

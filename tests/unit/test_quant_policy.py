@@ -9,11 +9,11 @@ import pytest
 
 from service.facts.model import inspect_model
 from service.facts.quantization import read_quantization
+from service.kernels.registry import KERNELS
 from service.policy.backends import BACKENDS
 from service.policy.plan import plan_engine
 from service.policy.plan_state import PlanInputs
 from service.policy.quant import plan_quant
-from service.policy.quant_kernels import KERNELS
 from service.policy.quant_measurements import find
 from service.settings import Settings, load_settings
 from tests.unit.conftest import CPUINFO, MODELS, software

@@ -13,11 +13,11 @@ import pytest
 from service.facts.hardware import read_hardware
 from service.in_vllm import plugin as vllm_plugin
 from service.in_vllm.fx_graph_cache_patch import PATCH_ENV
+from service.kernels.registry import KERNELS_ENV
 from service.policy.amx_state import AMX_STATE_ENV
 from service.policy.backend import choose_backend
 from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
 from service.policy.platform import PLATFORM_ENV, PLUGIN_NAME, choose_platform
-from service.policy.quant_kernels import KERNELS_ENV
 from service.settings import Settings
 from service.startup import apply, build_report
 from tests.unit.conftest import CPUINFO, software

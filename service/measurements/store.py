@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, field_validator
 
-STORE = Path(__file__).resolve().parents[1] / "measurements"
+STORE = Path(__file__).resolve().parent
 
 
 class Row(BaseModel):
