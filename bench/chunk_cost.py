@@ -1,5 +1,5 @@
 """CPU time to build one streamed chat chunk as vLLM's server does, with vLLM's response models as they ship
-against the service's (service/server/response_models.py: without the request-side validator).
+against the service's (service/server/openai_compat/response_models.py: without the request-side validator).
 
 `python -m bench.chunk_cost`: each repetition runs both variants in fresh processes, in alternating order, and pairs
 them; prints the ratio (service / vLLM) with its 95% interval and writes `.cache/bench-chunk/chunk_cost.json`.
@@ -63,7 +63,7 @@ KINDS = {"chat": chat_chunk, "completion": completion_chunk}
 def time_variant(variant: str, chunks: int) -> dict[str, tuple[float, str]]:
     """Per kind of chunk: CPU microseconds per chunk (best of 5 rounds, this process only) and the chunk's JSON."""
     if variant == "service":
-        from service.server.response_models import drop_request_validator
+        from service.server.openai_compat.response_models import drop_request_validator
 
         drop_request_validator()
     measured = {}

@@ -13,7 +13,7 @@ import httpx
 from harness import ServerProcess, offline_env, python_module
 from service.facts.cpulist import parse_cpulist
 from service.policy.dense_kernel import FP32_ENGINE_BF16, OURS_BF16
-from service.server.engine import engine_flags
+from service.server.supervision.engine_start import engine_flags
 
 VLLM_SERVER = "vllm.entrypoints.openai.api_server"
 # Given to both sides (the service does not report it): admitted requests, far above any concurrency measured.

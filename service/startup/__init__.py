@@ -200,7 +200,7 @@ def build_report(
     if model and model.fetched and model.location:
         fetched = record("model", "fetched", model.location, model.fetched, "user")
         plan = dataclasses.replace(plan, decisions=(fetched, *plan.decisions))
-    # Access is shown here and refused by serve alone (server/run.py): detect describes the machine and the model,
+    # Access is shown here and refused by serve alone (startup/sequence.py): detect describes the machine and the model,
     # and an image's detect runs without the key its deployment mounts.
     access = plan_access(settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts)
     refusals = tuple(f"serve refuses to start: {error}" for error in access.errors)

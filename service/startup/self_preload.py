@@ -9,9 +9,13 @@ in REEXEC_ENV so the policy decides from what the user set, not from the last st
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
 
+log = logging.getLogger("service")
 REEXEC_ENV = "SERVICE_PRELOAD_REEXEC"  # present only in the re-executed process: the user's LD_PRELOAD ("" if none)
 
 
@@ -46,3 +50,19 @@ def reexec_environ(environ: Mapping[str, str], user_value: str | None) -> dict[s
 def reexec_argv(executable: str, argv: Sequence[str]) -> list[str]:
     """The same arguments as `python -m service`, through the same interpreter, however this process was started."""
     return [executable, "-m", "service", *argv[1:]]
+
+
+def preload_self(decided: str | None, user_preload: str | None, reexecuted: bool) -> None:
+    """Execute this process again with the engine's preload, unless it is loaded here already
+    (service/startup/self_preload.py)."""
+    missing = missing_from(decided, mapped_files(Path("/proc/self/maps").read_text()))
+    if not missing:
+        return
+    if reexecuted:
+        log.warning("the service's own process did not load %s; its engine processes get them", ", ".join(missing))
+        return
+    log.info("executing the service again with LD_PRELOAD=%s: its own process allocates with it too", decided)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    env = reexec_environ({**os.environ, "LD_PRELOAD": decided or ""}, user_preload)
+    os.execve(sys.executable, reexec_argv(sys.executable, sys.argv), env)

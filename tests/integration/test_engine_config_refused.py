@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from service.models.demo_model import ensure_demo_model
-from service.server.run import EXIT_STARTUP_REFUSED
+from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from tests.support.server import MODELS, service_env
 
 

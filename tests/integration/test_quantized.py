@@ -26,7 +26,7 @@ from service.kernels.registry import KERNELS
 from service.models.demo_model import ensure_demo_model
 from service.policy.backends import BACKENDS
 from service.policy.quant import plan_quant
-from service.server.run import EXIT_STARTUP_REFUSED
+from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import build_report, choose_model
 from tests.integration.conftest import _start

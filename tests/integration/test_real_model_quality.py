@@ -58,7 +58,7 @@ from service.facts.cpu import read_cpuinfo
 from service.facts.software import read_software
 from service.policy.backends import BACKENDS
 from service.policy.quant_kernels import INT4_HANDOVER, INT8_HANDOVER, SATURATES_WITHOUT_VNNI
-from service.server.run import EXIT_STARTUP_REFUSED
+from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import build_report, choose_model
 from tests.integration.conftest import _start

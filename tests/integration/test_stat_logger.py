@@ -22,7 +22,7 @@ from vllm.v1.engine import FinishReason
 from vllm.v1.metrics.loggers import PrometheusStatLogger
 from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, PrefixCacheStats, SchedulerStats
 from service.models.demo_model import ensure_demo_model
-from service.server.stat_logger import prometheus_stat_logger
+from service.server.supervision.stat_logger import prometheus_stat_logger
 
 model = ensure_demo_model(Path(sys.argv[2]))
 config = EngineArgs(model=str(model), served_model_name=["demo"]).create_engine_config()

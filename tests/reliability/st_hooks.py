@@ -7,7 +7,7 @@ import json
 
 import schemathesis
 
-from service.server.anthropic_errors import anthropic_type, is_anthropic_path
+from service.server.openai_compat.anthropic_errors import anthropic_type, is_anthropic_path
 
 # Probes answer 503 with their own status document, not an API error.
 PROBES = ("/health", "/ready")

@@ -9,9 +9,9 @@ import httpx
 from fastapi import Depends, FastAPI
 from fastapi.responses import StreamingResponse
 
-from service.server.admission import engine_admission, sequences_beyond_admission
-from service.server.errors import install_error_handlers
-from service.server.lifecycle import Lifecycle, Phase
+from service.server.http.admission import engine_admission, sequences_beyond_admission
+from service.server.openai_compat.errors import install_error_handlers
+from service.server.supervision.lifecycle import Lifecycle, Phase
 
 
 def _app(lifecycle: Lifecycle, seen: list[int]) -> FastAPI:

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from harness import ServerProcess
-from service.server.engine_probe import PROBE_INTERVAL_S
-from service.server.run import WATCHDOG_INTERVAL_S
+from service.server.supervision.engine_probe import PROBE_INTERVAL_S
+from service.server.supervision.watchdog import WATCHDOG_INTERVAL_S
 from tests.reliability.conftest import SERVED, start_server
 from tests.support.server import MODELS, service_env, watch_until_exit
 

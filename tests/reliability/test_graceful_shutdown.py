@@ -18,8 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness import ServerProcess
-from service.server.lifecycle import Lifecycle, Phase
-from service.server.run import DrainingServer
+from service.server.supervision.draining_server import DrainingServer
+from service.server.supervision.lifecycle import Lifecycle, Phase
 from tests.reliability.conftest import SERVED, start_server
 from tests.support.decode_rate import stream_timing
 from tests.support.server import MODELS, service_env

@@ -14,8 +14,8 @@ import psutil
 import pytest
 from fastapi import Depends, FastAPI
 
-from service.server.auth import require_api_key
-from service.server.errors import install_error_handlers
+from service.server.http.auth import require_api_key
+from service.server.openai_compat.errors import install_error_handlers
 from service.settings import Settings, load_settings
 from tests.reliability.conftest import CANARIES, LISTED_ORIGIN, SERVED
 
@@ -125,7 +125,7 @@ def test_api_key_is_compared_in_constant_time(monkeypatch):
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr("service.server.auth.secrets.compare_digest", spy)
+    monkeypatch.setattr("service.server.http.auth.secrets.compare_digest", spy)
     app = FastAPI()
     install_error_handlers(app, on_engine_dead=lambda: "engine died")
 

@@ -16,8 +16,8 @@ from starlette.testclient import TestClient
 from service.facts.api_key import MIN_KEY_LENGTH, ApiKey, read_api_key
 from service.policy.access import checked_host_names, is_loopback, plan_access
 from service.policy.telemetry import plan_telemetry
-from service.server.host_check import HostCheckMiddleware, host_name
-from service.server.run import EXIT_STARTUP_REFUSED
+from service.server.http.host_check import HostCheckMiddleware, host_name
+from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 
 KEY = "k" * MIN_KEY_LENGTH
 NO_KEY = ApiKey(None, "none")
@@ -146,13 +146,13 @@ def test_serve_refuses_to_start_open(case, tmp_path):
     ],
 )
 def test_what_anyone_may_read_names_no_path(text, shown):
-    from service.server.redact import without_paths
+    from service.server.http.redact import without_paths
 
     assert without_paths(text) == shown
 
 
 def test_connections_are_bounded_by_the_queue_limit_with_room_for_the_engines_own_refusals():
-    from service.server.admission import CONNECTIONS_SPARE, connection_limit
+    from service.server.http.admission import CONNECTIONS_SPARE, connection_limit
 
     assert connection_limit(0) is None  # no queue cap: no connection cap either
     for queued in (1, 8, 64):

@@ -1,5 +1,5 @@
 """vLLM's stream generators log a client's bad request with a traceback at ERROR; the service's filter makes it one
-INFO line (service/server/client_error_logs.py), leaving real failures as they were."""
+INFO line (service/server/openai_compat/client_error_logs.py), leaving real failures as they were."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import pytest
 from vllm.exceptions import VLLMValidationError
 
-from service.server import client_error_logs
+from service.server.openai_compat import client_error_logs
 
 
 class Records(logging.Handler):

@@ -74,7 +74,7 @@ def test_the_services_variables_key_the_compiled_graph():
     """vLLM hashes additional_config into its torch.compile cache key: plans that differ only in the kernels the
     service's plugin registers get different keys; the flag vLLM parses is JSON."""
     from service.policy.compile_cache import compile_key
-    from service.server.engine import engine_flags
+    from service.server.supervision.engine_start import engine_flags
 
     plain = {"SERVICE_VLLM_PLATFORM": "vllm.platforms.cpu.CpuPlatform", "VLLM_CPU_OMP_THREADS_BIND": "0"}
     kernel = {**plain, "SERVICE_LINEAR_KERNELS": "Bf16WeightsLinear"}

@@ -12,7 +12,7 @@ import pytest
 import vllm.sampling_params
 import vllm.v1.structured_output
 
-from service.server.constraint_errors import constraint_field, constraint_param, is_constraint_refusal
+from service.server.openai_compat.constraint_errors import constraint_field, constraint_param, is_constraint_refusal
 
 MSG = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}

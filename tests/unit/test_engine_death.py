@@ -1,4 +1,4 @@
-"""How the service words an engine's death (service/server/engine_death.py): from the exit codes of the engine
+"""How the service words an engine's death (service/server/supervision/engine_death.py): from the exit codes of the engine
 core processes vLLM's manager reaped and the worker processes that are gone."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from service.facts.oom_kills import OomKills, read_oom_kills
-from service.server.engine_death import OomSince, death_cause, describe, oom_since
+from service.server.supervision.engine_death import OomSince, death_cause, describe, oom_since
 
 OOM_HINT = "(the kernel's out-of-memory killer sends it, or a `kill -9`)"
 
@@ -166,7 +166,7 @@ def test_this_machines_count_is_read():
 def test_a_worker_seen_during_the_start_is_named_once_it_ended():
     """The start watch remembers each engine process it sees (vLLM's start returns none): one seen twice is kept
     once, and one that ended is named in the cause."""
-    from service.server.lifecycle import Lifecycle
+    from service.server.supervision.lifecycle import Lifecycle
 
     worker, other = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
     try:
@@ -186,7 +186,7 @@ def test_a_worker_seen_during_the_start_is_named_once_it_ended():
 def test_a_spawned_child_counts_as_an_engine_process_before_vllm_names_it():
     """vLLM's processes are spawned by multiprocessing and named "VLLM::..." only after seconds of imports; a
     child that is neither is not one of them."""
-    from service.server.run import _is_vllm_process
+    from service.server.supervision.engine_processes import is_vllm_process as _is_vllm_process
 
     spawned = multiprocessing.get_context("spawn").Process(target=_sleep)
     spawned.start()

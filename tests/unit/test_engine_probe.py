@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from service.server.engine import DEAD_POLL_S, EngineDied, unless_dead
-from service.server.engine_probe import PROBE_INTERVAL_S, HangProbe
+from service.server.supervision.engine_probe import PROBE_INTERVAL_S, HangProbe
+from service.server.supervision.engine_start import DEAD_POLL_S, EngineDied, unless_dead
 
 
 class Clock:

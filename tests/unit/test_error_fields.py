@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.server.error_fields import message_field, unnamed_field
+from service.server.openai_compat.error_fields import message_field, unnamed_field
 
 REFUSAL = "7 validation errors for ValidatorIterator"
 USER = {"role": "user", "content": "hi"}

@@ -21,7 +21,7 @@ from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
 from service.models.gguf_convert import PROVENANCE, ConversionError, ensure_converted, weights_map
 from service.policy.model_source import choose_blocks, converter_key, gguf_errors, plan_model_source
-from service.server.run import EXIT_STARTUP_REFUSED
+from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import build_report, choose_model
 from tests.support.gguf_models import ARCHES, HIDDEN, tiny_gguf

@@ -8,7 +8,8 @@ import shutil
 
 from service import startup
 from service.facts.hardware import read_hardware
-from service.server.run import EXIT_STARTUP_REFUSED, run
+from service.server.run import run
+from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from tests.support.server import MODELS
 from tests.unit.conftest import SYSFS

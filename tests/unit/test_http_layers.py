@@ -1,5 +1,5 @@
 """The two HTTP layers around vLLM's routes that are not FastAPI dependencies: the wrapper of their endpoints
-(service/server/engine_responses.py: the stream-start check, requests the shutdown ends) and the body limit (service/server/body_limit.py), on a small FastAPI
+(service/server/openai_compat/engine_responses.py: the stream-start check, requests the shutdown ends) and the body limit (service/server/http/body_limit.py), on a small FastAPI
 app in-process. The real server's answers (a full queue, a 10 MB body) are in tests/reliability/."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.entrypoints.serve.utils.api_utils import validate_json_request
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from service.server.body_limit import BodyLimitMiddleware
-from service.server.engine_responses import engine_endpoint, sse_error
-from service.server.errors import install_error_handlers
-from service.server.lifecycle import Lifecycle
+from service.server.http.body_limit import BodyLimitMiddleware
+from service.server.openai_compat.engine_responses import engine_endpoint, sse_error
+from service.server.openai_compat.errors import install_error_handlers
+from service.server.supervision.lifecycle import Lifecycle
 
 LIMIT = 1000
 CUT = object()  # in an event list: the shutdown ends the request here; the next event is the engine's abort

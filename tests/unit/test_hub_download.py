@@ -240,12 +240,12 @@ def test_a_gguf_file_of_an_architecture_that_is_not_served_is_refused_on_its_hea
 
 
 def test_while_downloading_the_port_answers_health_ready_and_a_retryable_503():
-    """service/server/download_status.py: what an orchestrator and a client see during a first start's download."""
+    """service/server/http/download_status.py: what an orchestrator and a client see during a first start's download."""
     import socket
 
     import httpx
 
-    from service.server.download_status import download_status
+    from service.server.http.download_status import download_status
 
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -19,7 +19,7 @@ import promql_parser
 import pytest
 import yaml
 
-from service.server.routes import SERVICE_ROUTES, Access
+from service.server.http.routes import SERVICE_ROUTES, Access
 from service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

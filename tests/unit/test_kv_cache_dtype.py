@@ -14,7 +14,7 @@ from service.facts.hardware import read_hardware
 from service.facts.model import inspect_model
 from service.policy.plan import plan_engine
 from service.policy.plan_state import PlanInputs
-from service.server.engine import vllm_args
+from service.server.supervision.engine_start import vllm_args
 from service.settings import Settings
 from tests.unit.conftest import CPUINFO, MODELS, software
 

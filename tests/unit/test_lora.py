@@ -14,7 +14,7 @@ import torch
 from service.facts.lora import read_adapter
 from service.in_vllm import lora_rows
 from service.policy.lora import LORA_RANKS, LORA_ROWS_ENV
-from service.server.engine import engine_flags
+from service.server.supervision.engine_start import engine_flags
 from service.settings import Settings
 from service.startup import build_report, choose_model
 from tests.support.lora import make_adapter
@@ -226,7 +226,7 @@ def test_lora_settings_the_engine_cannot_use_refuse_the_start(tmp_path):
     ],
 )
 def test_an_adapter_loaded_while_serving_comes_from_inside_lora_dir(tmp_path, given, expected):
-    from service.server.lora_routes import inside
+    from service.server.http.lora_routes import inside
 
     lib = tmp_path / "lib"
     found = inside(lib, given.format(lib=lib))
@@ -251,7 +251,7 @@ def test_an_adapter_loaded_while_serving_comes_from_inside_lora_dir(tmp_path, gi
     ],
 )
 def test_a_request_names_an_adapter_of_lora_dir_by_its_relative_path_as_written(tmp_path, name, expected):
-    from service.server.lora_routes import named_dir
+    from service.server.http.lora_routes import named_dir
 
     lib = tmp_path / "lib"
     found = named_dir(lib, name.format(lib=lib))
@@ -418,9 +418,9 @@ def test_refused_loads_leave_no_state_and_a_names_lock_lives_only_while_used(tmp
 
     from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
 
-    from service.server.errors import ServiceError
-    from service.server.lora_routes import AdapterLoader, lora_handlers
-    from service.server.routes import LOAD_LORA
+    from service.server.http.lora_routes import AdapterLoader, lora_handlers
+    from service.server.http.routes import LOAD_LORA
+    from service.server.openai_compat.errors import ServiceError
 
     model = SimpleNamespace(lora_adapters=())  # refused before the model is read
     loader = AdapterLoader(tmp_path / "lib", model, 16)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.server.engine import missing_weights
+from service.server.supervision.engine_start import missing_weights
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "model-00001-of-00002.safetensors", "pytorch_model.bin", "w.pt"])

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from service.server.run import EXIT_STARTUP_REFUSED
+from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from tests.support.server import MODELS, service_env
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.server.routes import ENGINE_ROUTES, LORA_ROUTES, SERVICE_ROUTES
+from service.server.http.routes import ENGINE_ROUTES, LORA_ROUTES, SERVICE_ROUTES
 from service.settings import Settings, settings_table
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""OpenAI-strict request checks (service/server/request_checks.py): the problem and the field it names."""
+"""OpenAI-strict request checks (service/server/openai_compat/request_checks.py): the problem and the field it names."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.facts.model import inspect_model
-from service.server.request_checks import (
+from service.server.openai_compat.request_checks import (
     CHAT_BATCH,
     DETOKENIZE,
     INVOCATIONS,
@@ -20,7 +20,7 @@ from service.server.request_checks import (
     RequestProblem,
     check_request,
 )
-from service.server.scalar_fields import scalar_fields
+from service.server.openai_compat.scalar_fields import scalar_fields
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 TEXT_MODEL = inspect_model(str(FIXTURES / "llama-3.1-8b-instruct"))

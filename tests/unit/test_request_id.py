@@ -1,4 +1,4 @@
-"""`x-request-id` on every answer (service/server/request_id.py), on a small app in-process: the client's own id
+"""`x-request-id` on every answer (service/server/http/request_id.py), on a small app in-process: the client's own id
 echoed, else a new one, which the endpoint (vLLM's serving layer, in the service) sees as the request's header."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from service.server.body_limit import BodyLimitMiddleware
-from service.server.request_id import RequestIdMiddleware
+from service.server.http.body_limit import BodyLimitMiddleware
+from service.server.http.request_id import RequestIdMiddleware
 
 
 def _app() -> FastAPI:

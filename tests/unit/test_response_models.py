@@ -19,7 +19,7 @@ from vllm.entrypoints.openai.completion.protocol import (
     CompletionRequest, CompletionResponseStreamChoice, CompletionStreamResponse,
 )
 from vllm.entrypoints.serve.engine.protocol import UsageInfo
-from service.server.response_models import VALIDATOR, drop_request_validator, response_models
+from service.server.openai_compat.response_models import VALIDATOR, drop_request_validator, response_models
 
 def answers():
     logprob = ChatCompletionLogProbsContent(

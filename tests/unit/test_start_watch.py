@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from service.server.start_watch import IDLE_CPU_SHARE, MOVED_BYTES, StartWatch, Usage, process_usage
+from service.server.supervision.start_watch import IDLE_CPU_SHARE, MOVED_BYTES, StartWatch, Usage, process_usage
 
 STALL_S = 60.0
 CORE = "VLLM::EngineCore (pid 12) stopped"

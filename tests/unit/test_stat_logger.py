@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.values import MutexValue
 
-from service.server.stat_logger import SkipSameGauge, SkipZeroCounter
+from service.server.supervision.stat_logger import SkipSameGauge, SkipZeroCounter
 
 
 def _exposition(registry: CollectorRegistry) -> list[str]:

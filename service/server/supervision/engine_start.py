@@ -13,8 +13,6 @@ from typing import Any, TypeVar
 
 import httpx
 
-from service.server.response_models import drop_request_validator
-
 log = logging.getLogger("service.engine")
 T = TypeVar("T")
 
@@ -116,7 +114,7 @@ async def start_engine(args: Namespace, state: Any, stack: contextlib.AsyncExitS
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from service.server.stat_logger import prometheus_stat_logger
+    from service.server.supervision.stat_logger import prometheus_stat_logger
 
     engine_args = AsyncEngineArgs.from_cli_args(args)
     # A custom stat logger turns stats on even where they were turned off, so it is given only where they are on.
@@ -152,8 +150,6 @@ async def start_engine(args: Namespace, state: Any, stack: contextlib.AsyncExitS
 
         ToolParserManager.import_tool_parser(args.tool_parser_plugin)
     engine = await asyncio.to_thread(construct)
-    dropped = drop_request_validator()
-    log.info("response models built without vLLM's request-side validator: %s", ", ".join(dropped) or "none had it")
     stack.callback(engine.shutdown)
     supported = await unless_dead(engine, engine.get_supported_tasks())
     vllm_app = build_app(args, supported, engine.model_config)

@@ -9,7 +9,7 @@ from http import HTTPStatus
 
 from fastapi import Request
 
-from service.server.errors import ServiceError
+from service.server.openai_compat.errors import ServiceError
 
 UNAUTHORIZED = ServiceError(
     HTTPStatus.UNAUTHORIZED,

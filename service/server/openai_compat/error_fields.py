@@ -16,7 +16,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.serve.exception_handling.handlers.validation import clean_loc_for_param
 
-from service.server.constraint_errors import constraint_param
+from service.server.openai_compat.constraint_errors import constraint_param
 
 # vLLM's sampling checks raise "top_k must be 0 (disable), or at least 1, got -5." without a param: the field
 # leads the message. Others name it inside ("... (parameter=logprobs, value=21)") and still leave param empty.

@@ -22,19 +22,26 @@ from vllm.entrypoints.serve.utils.api_utils import validate_json_request
 
 from service.facts.api_key import api_key_of
 from service.policy.access import checked_host_names
-from service.server.admission import engine_admission
-from service.server.anthropic_errors import AnthropicErrorsMiddleware
-from service.server.auth import require_api_key
-from service.server.body_limit import BodyLimitMiddleware
-from service.server.engine_responses import engine_endpoint
-from service.server.errors import ServiceError, install_error_handlers
-from service.server.host_check import HostCheckMiddleware
-from service.server.lifecycle import Lifecycle, Phase
-from service.server.lora_routes import OFF, AdapterLoader, lora_handlers
-from service.server.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
-from service.server.redact import without_paths
-from service.server.request_id import RequestIdMiddleware
-from service.server.routes import ENGINE_ROUTES, LORA_ROUTES, SERVICE_ROUTES, UNCOUNTED, Access, served_engine_route
+from service.server.http.admission import engine_admission
+from service.server.http.auth import require_api_key
+from service.server.http.body_limit import BodyLimitMiddleware
+from service.server.http.host_check import HostCheckMiddleware
+from service.server.http.lora_routes import OFF, AdapterLoader, lora_handlers
+from service.server.http.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
+from service.server.http.redact import without_paths
+from service.server.http.request_id import RequestIdMiddleware
+from service.server.http.routes import (
+    ENGINE_ROUTES,
+    LORA_ROUTES,
+    SERVICE_ROUTES,
+    UNCOUNTED,
+    Access,
+    served_engine_route,
+)
+from service.server.openai_compat.anthropic_errors import AnthropicErrorsMiddleware
+from service.server.openai_compat.engine_responses import engine_endpoint
+from service.server.openai_compat.errors import ServiceError, install_error_handlers
+from service.server.supervision.lifecycle import Lifecycle, Phase
 from service.settings import Settings
 from service.startup.report import StartupReport
 

@@ -8,7 +8,7 @@ from http import HTTPStatus
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.server.errors import openai_error
+from service.server.openai_compat.errors import openai_error
 
 
 class BodyLimitMiddleware:

@@ -27,8 +27,8 @@ from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadL
 from service.facts.lora import AdapterFacts, read_adapter
 from service.facts.model import ModelFacts
 from service.policy.lora import adapter_misfit
-from service.server.errors import ServiceError
-from service.server.routes import LOAD_LORA, UNLOAD_LORA
+from service.server.http.routes import LOAD_LORA, UNLOAD_LORA
+from service.server.openai_compat.errors import ServiceError
 
 log = logging.getLogger("service.lora")
 

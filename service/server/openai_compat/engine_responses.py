@@ -37,9 +37,15 @@ from fastapi import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Send
 
-from service.server.error_fields import parsed_body, unnamed_field
-from service.server.errors import RETRY_AFTER_SECONDS, ServiceError, dead_engine_message, error_type, openai_error
-from service.server.lifecycle import Lifecycle
+from service.server.openai_compat.error_fields import parsed_body, unnamed_field
+from service.server.openai_compat.errors import (
+    RETRY_AFTER_SECONDS,
+    ServiceError,
+    dead_engine_message,
+    error_type,
+    openai_error,
+)
+from service.server.supervision.lifecycle import Lifecycle
 
 log = logging.getLogger("service.http")
 # How vLLM starts an event that ends a stream with an error (serving.py: `data: {json.dumps({"error": ...})}`), as

@@ -8,7 +8,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Gauge, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from service.server.redact import without_paths
+from service.server.http.redact import without_paths
 from service.startup.report import StartupReport
 
 __all__ = ["ServiceMetrics", "CONTENT_TYPE_LATEST"]

@@ -50,7 +50,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import Draft202012Validator, validator_for
 
 from service.facts.model import ModelFacts
-from service.server.scalar_fields import wrong_type
+from service.server.openai_compat.scalar_fields import wrong_type
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

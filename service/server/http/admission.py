@@ -13,9 +13,9 @@ from typing import Any
 from fastapi import Request
 
 from service.facts.model import ModelFacts
-from service.server.errors import RETRY_AFTER_SECONDS, ServiceError
-from service.server.lifecycle import Lifecycle
-from service.server.request_checks import CHAT_BATCH, CHECKED_PATHS, COMPLETIONS, check_request, served_as
+from service.server.openai_compat.errors import RETRY_AFTER_SECONDS, ServiceError
+from service.server.openai_compat.request_checks import CHAT_BATCH, CHECKED_PATHS, COMPLETIONS, check_request, served_as
+from service.server.supervision.lifecycle import Lifecycle
 
 # Connections (and their tasks) uvicorn holds at once, in multiples of the engine's admitted requests: the engine
 # turns away what it cannot admit in the OpenAI shape with Retry-After, and the reliability tests send 4x the

@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.facts.oom_kills import OomKills, live_oom_kills
-from service.server.engine_death import OomSince, death_cause, oom_since
+from service.server.supervision.engine_death import OomSince, death_cause, oom_since
+
+EXIT_STARTUP_REFUSED = 2  # the start refused: a setting, the model or the machine; restarting will not help
+EXIT_ENGINE_DIED = 3  # the engine died or hung: a restart may
 
 
 class Phase(enum.Enum):

@@ -22,7 +22,7 @@ from vllm.entrypoints.serve.exception_handling.handlers.validation import valida
 from vllm.exceptions import VLLMError
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from service.server.error_fields import field_path, parsed_body, schema_message, unnamed_field
+from service.server.openai_compat.error_fields import field_path, parsed_body, schema_message, unnamed_field
 
 log = logging.getLogger("service.http")
 RETRY_AFTER_SECONDS = "5"

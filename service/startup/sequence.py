@@ -1,0 +1,98 @@
+"""The start-up sequence before the engine starts, in the order it must run: what refuses a start at once (the cache
+dir, access), the kernels' build, the model (fetched while the server answers the port), the report, the
+calibration, the service's own preload, and the report logged. The server (server/run.py) binds the port between
+deciding and preparing the model, so a port in use refuses the start before minutes of conversion.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+from collections.abc import Callable
+
+from rich.console import Console
+
+from service.cache.permissions import cache_dir_problem
+from service.facts.api_key import api_key_of
+from service.facts.software import KERNEL_SOURCE
+from service.kernels.build_at_start import build_at_start
+from service.policy.access import plan_access
+from service.settings import Settings
+from service.startup import (
+    ModelChoice,
+    apply,
+    build_report,
+    calibrated_report,
+    choose_model,
+    downloads,
+    prepare_model,
+)
+from service.startup.report import StartupReport
+from service.startup.self_preload import preload_self
+
+log = logging.getLogger("service")
+
+
+class StartRefused(Exception):
+    """A start the service refuses; the message says why."""
+
+
+def decide_start(
+    settings: Settings,
+    reexecuted: bool,
+    user_preload: str | None,
+    fetch: Callable[[ModelChoice], ModelChoice],  # downloads the model while the port answers (the server's)
+) -> tuple[StartupReport, ModelChoice]:
+    """Everything the service decides before it binds its port; raises StartRefused."""
+    if (problem := cache_dir_problem(settings.cache_dir)) is not None:
+        raise StartRefused(problem)
+    access = plan_access(settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts)
+    if access.errors:  # before anything is read or built: a deployment that forgot its key stays closed
+        raise StartRefused("; ".join(access.errors))
+    # Before the facts are read: they find the build this makes (an image's first start on a CPU).
+    build_at_start(settings.build_kernels, KERNEL_SOURCE)  # logs what it did
+    choice = choose_model(settings, build_demo=True)
+    if downloads(choice):  # a first start may download for minutes: the port says so meanwhile
+        choice = fetch(choice)
+    try:
+        report = build_report(settings, model=choice)
+    except (OSError, ValueError) as exc:  # a cgroup or sysfs file that does not parse: `detect` says the same
+        raise StartRefused(f"cannot read the hardware facts: {exc}") from exc
+    if report.ok:
+        # Calibrated before the re-execution: a verdict can change the backend, and with it the preload. The
+        # re-executed process reads the stored timings (even under force: the first process has just timed).
+        mode = "auto" if reexecuted and settings.calibrate == "force" else settings.calibrate
+        try:
+            report = calibrated_report(report, settings, choice, mode)
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            log.warning("calibration failed, the built-in table decides: %s", exc)
+        if report.ok:
+            preload_self(report.plan.env.get("LD_PRELOAD"), user_preload, reexecuted)
+    if choice.demo:
+        log.warning(
+            "DEMO MODEL: serving the built-in tiny random-weight model %r from %s. It answers gibberish; leave "
+            "SERVICE_MODEL unset for the default model (SmolLM2-135M-Instruct) or set it to a real one.",
+            choice.name,
+            choice.location,
+        )
+    _log_report(report)
+    if not report.ok:
+        raise StartRefused("; ".join(report.errors))
+    return report, choice
+
+
+def prepare(report: StartupReport) -> str:
+    """The decisions applied to this process, and the model the engine loads (converted if need be); raises
+    StartRefused."""
+    apply(report)
+    try:
+        return prepare_model(report)
+    except Exception as exc:  # a conversion that failed leaves nothing in the cache (service/models/gguf_convert.py)
+        raise StartRefused(str(exc)) from exc
+
+
+def _log_report(report: StartupReport) -> None:
+    console = Console(stderr=True, width=160)
+    report.render(console)
+    log.info("startup report %s", json.dumps(report.to_dict()))
