@@ -23,7 +23,7 @@ kubernetes-render: kubernetes-tools
 	$(KUBECTL) kustomize deploy/kubernetes/overlays/$(OVERLAY)
 
 test-kubernetes: setup kubernetes-tools
-	$(PY) -m pytest -q tests/unit/test_kubernetes.py
+	$(PY) -m pytest -q tests/unit/project/test_kubernetes.py
 
 # The unit tests render the manifests with this kubectl: `make test` and `make test-unit` install it first.
 test-unit: kubernetes-tools

@@ -21,7 +21,7 @@ from pydantic_settings import (
 )
 
 # The backends of service/policy/backends.py (the registry, which sits above settings): settings reject any other
-# name as they load; tests/unit/test_backends.py fails when the two lists differ.
+# name as they load; tests/unit/policy/test_backends.py fails when the two lists differ.
 BackendName = Literal["auto", "zen", "amx", "avx512", "avx2"]
 DtypeName = Literal["auto", "bfloat16", "float16", "float32"]
 

@@ -5,7 +5,7 @@ that computes, what those kernels can run (service/facts/kernels.py), its quanti
 (service/policy/quant_kernels.py) or why it has none, the defaults of the knobs that steer them, its OpenMP runtime,
 how it computes bf16 where the CPU has no native bf16 (the dtype policy's measurement key), the backends the user may
 ask for instead on a CPU where it is best, and the decisions only it makes. Adding a family is one entry here (plus
-its facts, if the CPU readers do not know it yet); tests/unit/test_backends.py fails where an entry leaves a table
+its facts, if the CPU readers do not know it yet); tests/unit/policy/test_backends.py fails where an entry leaves a table
 unanswered.
 """
 

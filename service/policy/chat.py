@@ -33,7 +33,7 @@ def _f(markers: set[str], parser: str, label: str) -> Format:
     return Format(frozenset(markers), parser, label)
 
 
-# Most specific first. Every parser name is checked against vLLM's registry by tests/unit/test_chat_policy.py.
+# Most specific first. Every parser name is checked against vLLM's registry by tests/unit/policy/test_chat_policy.py.
 TOOL_FORMATS = (
     _f({"<|channel|>"}, "openai", "gpt-oss harmony channels"),
     _f({"<tool_call>", "<function="}, "qwen3_xml", "Qwen3-Coder XML <function=...> inside <tool_call>"),

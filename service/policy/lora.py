@@ -18,7 +18,7 @@ from service.policy.decision import PolicyResult, engine, env
 # "1": every vLLM process leaves base-model tokens out of the LoRA ops (service/in_vllm/lora_rows.py), as the plugin reads it.
 LORA_ROWS_ENV = "SERVICE_LORA_ROWS_FIX"
 
-# vLLM 0.32's MaxLoRARanks (vllm/config/lora.py); tests/unit/test_lora.py checks them against it.
+# vLLM 0.32's MaxLoRARanks (vllm/config/lora.py); tests/unit/in_vllm/test_lora.py checks them against it.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # The rank adapters loaded while serving may have when lora_max_rank is unset: PEFT's default rank (LoraConfig.r)
 # is 8; 16 leaves room for twice that at twice the slot's memory.

@@ -6,7 +6,7 @@ suite's time is mostly its count.
 container tests call it for every container that runs the service. A name is `family` or `family/variant`, the
 family a key of ENGINES. A family that is not registered, or one started more often than registered, fails the test
 that started it, so that no engine is added to the suite unseen. At the end the session prints the counts
-(tests/support/phases.py), and tests/unit/test_engine_registry.py checks every start in the test sources against
+(tests/support/phases.py), and tests/unit/project/test_engine_registry.py checks every start in the test sources against
 this table."""
 
 from __future__ import annotations

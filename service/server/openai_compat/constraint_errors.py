@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 # The openings of vLLM 0.32's constraint refusals: SamplingParams._validate_structured_outputs and the backends'
-# validators in vllm/v1/structured_output/ (tests/unit/test_constraint_errors.py reads them from vLLM's source, so
+# validators in vllm/v1/structured_output/ (tests/unit/server/test_constraint_errors.py reads them from vLLM's source, so
 # a new one fails the test rather than going unnamed).
 _CONSTRAINT_REFUSAL = re.compile(
     r"(Grammar error|Invalid (JSON grammar|grammar|structural tag) specification|Failed to (transform|compile) "

@@ -1,0 +1,91 @@
+"""`make docs` and `python -m bench.promote`: the documents' measured tables are what the store renders, a run's rows
+reach them, and every link in the docs resolves."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from bench.docs import DOCUMENTS, render
+from bench.promote import peer_rows, write_rows
+from service.measurements.store import Row, Store, read_store, store
+
+ROOT = Path(__file__).resolve().parents[3]
+DATE = re.compile(r"20[0-9][0-9]-[01][0-9]-")
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: p.name)
+def test_the_documents_tables_are_what_the_store_renders(path):
+    text = path.read_text()
+    assert "<!-- rendered: " in text
+    assert render(text, store()) == text, f"{path.name} is stale: run `make docs`"
+
+
+def test_a_new_row_reaches_the_rendered_table():
+    text = "<!-- rendered: which-to-pick (make docs) -->\n<!-- end which-to-pick -->"
+    before = render(text, store())
+    rows = list(store().rows.values())
+    new = [
+        Row(
+            key=f"peer/zen9/q8_0/c{c}/output",
+            cpu="zen9",
+            machine="m",
+            command="make bench-peer",
+            date="2027-01-01",
+            value=v,
+            unit="x",
+            interval=(v - 0.1, v + 0.1),
+            params={"format": "q8_0", "concurrency": c, "metric": "output"},
+        )
+        for c, v in ((1, 0.5), (16, 3.0))
+    ]
+    after = render(text, Store(rows + new))
+    assert "zen9" not in before
+    assert "| zen9 | 1 stream: llama.cpp (x0.50); 16: this service (x3.00) |" in after
+
+
+def test_promote_writes_a_runs_comparisons_as_rows(tmp_path):
+    runs = [
+        {
+            "comparison": "peer-q8_0",
+            "server": server,
+            "concurrency": 1,
+            "rep": rep,
+            "metrics": {"output_throughput": tput, "ttft_p50_ms": 100.0, "ttft_p99_ms": 120.0, "tpot_p50_ms": 10.0},
+        }
+        for rep in range(3)
+        for server, tput in (("ours", 20.0 + rep), ("llama.cpp", 10.0 + rep / 2))
+    ]
+    results = {
+        "command": "make bench-peer",
+        "started": "2027-01-02T03:04:05",
+        "machine": {"cpu": "AMD EPYC", "family_model": "25/17", "microarchitecture": "zen4", "backend": "zen"},
+        "peer": {"runs": runs},
+    }
+    rows = peer_rows(results, "bench/results/x")
+    output = next(r for r in rows if r.key == "peer/zen4/q8_0/c1/output")
+    assert output.value == pytest.approx(2.0, rel=0.05) and output.date == "2027-01-02 03:04"
+    path = tmp_path / "peers.yaml"
+    path.write_text("# head\n")
+    write_rows(path, rows)
+    assert read_store(tmp_path).rows[output.key] == output
+    assert path.read_text().startswith("# head\n")
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    pages = [ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").rglob("*.md")]
+    broken = [
+        f"{page.relative_to(ROOT)}: {target}"
+        for page in pages
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
+        if not target.startswith(("http:", "https:", "mailto:")) and not (page.parent / target).exists()
+    ]
+    assert broken == []
+
+
+def test_the_readme_stays_a_users_page():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    assert not DATE.search(readme.replace("<!--", "")), "a dated figure belongs in the store"

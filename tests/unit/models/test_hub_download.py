@@ -1,0 +1,299 @@
+"""Hub ids fetched as `vllm serve` and llama.cpp's `-hf` fetch them, and Ollama's store read in place: huggingface_hub
+run unchanged against a loopback server that answers the hub's routes (this machine cannot reach the hub)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.numpy import save_file
+
+from service.models.hub_download import DownloadRefused, HubSpec, fetch, parse_hub_id, pick_gguf
+from service.models.ollama_store import OllamaModelNotFound, find_ollama_model, manifest_path
+from tests.support.hub_server import HubServer
+from tests.support.ollama_store import ollama_store
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    root = tmp_path / "hub"
+    server = HubServer(root)
+    url = server.start()
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the test image sets it
+    # huggingface_hub reads its endpoint and offline mode when imported
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}")
+    yield server
+    server.stop()
+
+
+def checkpoint(root: Path, repo: str, weights: int = 40_000) -> Path:
+    import numpy as np
+
+    d = root / repo
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    (d / "tokenizer_config.json").write_text("{}")
+    save_file({"w": np.arange(weights // 4, dtype=np.float32)}, str(d / "model.safetensors"))
+    (d / "pytorch_model.bin").write_bytes(b"pickle" * 10_000)  # never loaded, never fetched
+    (d / "original").mkdir()
+    (d / "original" / "consolidated.00.pth").write_bytes(b"pth" * 10_000)
+    return d
+
+
+def no_problem(directory: Path, weight_bytes: int) -> list[str]:
+    return []
+
+
+def test_hub_ids_parse_with_revision_and_tag():
+    assert parse_hub_id("Qwen/Qwen3-0.6B") == HubSpec("Qwen/Qwen3-0.6B")
+    assert parse_hub_id("Qwen/Qwen3-0.6B@v1.0") == HubSpec("Qwen/Qwen3-0.6B", "v1.0")
+    assert parse_hub_id("Qwen/Qwen3-0.6B-GGUF:Q8_0") == HubSpec("Qwen/Qwen3-0.6B-GGUF", None, "Q8_0")
+    assert parse_hub_id("/models/x.gguf") is None and parse_hub_id("ollama:qwen3:0.6b") is None
+
+
+def test_a_tag_picks_its_file_as_llama_cpp_does():
+    files = ["README.md", "m-Q8_0.gguf", "m-Q4_K_M.gguf", "m-BF16.gguf", "mmproj-m-Q4_K_M.gguf"]
+    assert pick_gguf(files, "q8_0")[0] == "m-Q8_0.gguf"  # case-insensitive
+    name, why = pick_gguf(files, None)
+    assert name == "m-Q4_K_M.gguf" and "Q4_K_M" in why  # llama.cpp's default, the projector is not a model
+    assert pick_gguf(["a-Q5_K_S.gguf", "a-Q8_0.gguf"], None)[0] == "a-Q8_0.gguf"  # then Q8_0
+    assert pick_gguf(["b-Q5_K_S.gguf", "a-Q6_K.gguf"], None)[0] == "b-Q5_K_S.gguf"  # then the first model file
+    with pytest.raises(DownloadRefused, match=r"no GGUF file tagged 'Q2_K'.*BF16, Q4_K_M, Q8_0"):
+        pick_gguf(files, "Q2_K")
+    assert pick_gguf(["m-Q8_0-00002-of-00002.gguf", "m-Q8_0-00001-of-00002.gguf"], "Q8_0")[0].endswith(
+        "1-of-00002.gguf"
+    )
+
+
+def test_a_checkpoint_comes_with_only_the_files_serving_needs(hub, tmp_path):
+    checkpoint(hub.root, "acme/tiny")
+    seen: list[tuple[list[str], int]] = []
+
+    def preflight(directory: Path, weight_bytes: int) -> list[str]:
+        seen.append((sorted(p.name for p in directory.iterdir()), weight_bytes))
+        return []
+
+    got = fetch(parse_hub_id("acme/tiny"), tmp_path / "cache", preflight)
+    assert sorted(p.name for p in got.path.iterdir()) == ["config.json", "model.safetensors", "tokenizer_config.json"]
+    weights = (hub.root / "acme/tiny/model.safetensors").stat().st_size
+    assert seen == [(["config.json", "tokenizer_config.json"], weights)]  # the pre-flight ran before the weights came
+    assert hub.fetched(".bin") == [] and hub.fetched(".pth") == []
+    again = fetch(parse_hub_id("acme/tiny"), tmp_path / "cache", no_problem)
+    assert again.path == got.path and "in the cache" in again.why and len(hub.fetched(".safetensors")) == 1
+
+
+def test_a_refused_checkpoint_is_refused_before_its_weights(hub, tmp_path):
+    checkpoint(hub.root, "acme/tiny")
+    with pytest.raises(DownloadRefused, match="no such architecture"):
+        fetch(parse_hub_id("acme/tiny"), tmp_path / "cache", lambda d, n: ["no such architecture"])
+    assert hub.fetched(".safetensors") == []
+
+
+def test_pickled_weights_only_are_refused(hub, tmp_path):
+    d = checkpoint(hub.root, "acme/old")
+    (d / "model.safetensors").unlink()
+    with pytest.raises(DownloadRefused, match="no safetensors weights.*pytorch_model.bin"):
+        fetch(parse_hub_id("acme/old"), tmp_path / "cache", no_problem)
+
+
+def test_a_disk_too_small_is_refused_before_downloading(hub, tmp_path, monkeypatch):
+    checkpoint(hub.root, "acme/tiny")
+    import service.models.hub_download as hub_download
+
+    usage = hub_download.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(hub_download.shutil, "disk_usage", lambda p: usage._replace(free=1000))
+    with pytest.raises(DownloadRefused, match="GiB free: refused before downloading"):
+        fetch(parse_hub_id("acme/tiny"), tmp_path / "cache", no_problem)
+    assert hub.fetched(".safetensors") == []
+
+
+def test_a_gguf_tag_fetches_that_file_and_a_missing_tag_lists_those_there_are(hub, tmp_path):
+    d = hub.root / "acme/m-GGUF"
+    d.mkdir(parents=True)
+    for tag in ("Q4_K_M", "Q8_0"):
+        (d / f"m-{tag}.gguf").write_bytes(b"GGUF" + tag.encode() * 5_000)
+    got = fetch(parse_hub_id("acme/m-GGUF:q8_0"), tmp_path / "cache", no_problem)
+    assert got.path.name == "m-Q8_0.gguf" and got.path.read_bytes() == (d / "m-Q8_0.gguf").read_bytes()
+    whole = [(path, rng) for method, path, rng in hub.requests if method == "GET" and path.endswith(".gguf")]
+    assert [(path.rsplit("/", 1)[1], rng) for path, rng in whole] == [
+        ("m-Q8_0.gguf", "bytes=0-1048575"),
+        ("m-Q8_0.gguf", None),
+    ]
+    untagged = fetch(parse_hub_id("acme/m-GGUF"), tmp_path / "cache", no_problem)
+    assert untagged.path.name == "m-Q4_K_M.gguf" and "as llama.cpp picks" in untagged.why
+    with pytest.raises(DownloadRefused, match="has: Q4_K_M, Q8_0"):
+        fetch(parse_hub_id("acme/m-GGUF:Q5_K_S"), tmp_path / "cache", no_problem)
+
+
+def test_offline_serves_the_cache_or_says_downloads_are_off(hub, tmp_path):
+    checkpoint(hub.root, "acme/tiny")
+    cache = tmp_path / "cache"
+    with pytest.raises(DownloadRefused, match="downloads are off"):
+        fetch(parse_hub_id("acme/tiny"), cache, no_problem, offline=True)
+    online = fetch(parse_hub_id("acme/tiny"), cache, no_problem)
+    asked = len(hub.requests)
+    offline = fetch(parse_hub_id("acme/tiny"), cache, no_problem, offline=True)
+    assert offline.path == online.path and "offline" in offline.why and len(hub.requests) == asked  # no request
+
+
+def test_a_killed_download_resumes_where_it_stopped(hub, tmp_path):
+    d = hub.root / "acme/big-GGUF"
+    d.mkdir(parents=True)
+    data = os.urandom(40 << 20)
+    (d / "big-Q8_0.gguf").write_bytes(data)
+    hub.stall_after["big-Q8_0.gguf"] = 30 << 20  # then nothing: killed meanwhile
+    cache = tmp_path / "cache"
+    code = (
+        "from pathlib import Path; from service.models.hub_download import fetch, parse_hub_id; "
+        f"fetch(parse_hub_id('acme/big-GGUF:Q8_0'), Path({str(cache)!r}), lambda d, n: [])"
+    )
+    env = {**os.environ, "HF_ENDPOINT": os.environ["HF_ENDPOINT"], "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.DEVNULL)
+    blobs = cache / "models--acme--big-GGUF" / "blobs"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # huggingface_hub writes 10 MiB chunks
+        parts = list(blobs.glob("*.part")) if blobs.is_dir() else []
+        if parts and parts[0].stat().st_size >= 20 << 20:
+            break
+        time.sleep(0.05)
+    child.kill()
+    child.wait()
+    left = parts[0].stat().st_size
+    got = fetch(parse_hub_id("acme/big-GGUF:Q8_0"), cache, no_problem)
+    assert got.path.read_bytes() == data
+    assert (hub.requests[-1][2] or "") == f"bytes={left}-", hub.requests[-3:]  # the rest only
+
+
+def test_two_replicas_on_one_cache_fetch_a_file_once(hub, tmp_path):
+    checkpoint(hub.root, "acme/tiny", weights=4 << 20)
+    cache = tmp_path / "cache"
+    got: list[Path | BaseException] = []
+
+    def replica() -> None:
+        try:
+            got.append(fetch(parse_hub_id("acme/tiny"), cache, no_problem).path)
+        except BaseException as exc:  # noqa: BLE001 (said by the assertion below)
+            got.append(exc)
+
+    threads = [threading.Thread(target=replica) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 2 and got[0] == got[1], got
+    assert len(hub.fetched("model.safetensors")) == 1
+
+
+def test_ollamas_store_gives_the_model_blob_in_place(tmp_path):
+    blob = ollama_store(tmp_path, "qwen3", "0.6b", b"GGUF-qwen3")
+    found = find_ollama_model("qwen3:0.6b", tmp_path)
+    assert found.blob == blob and found.manifest == tmp_path / "manifests/registry.ollama.ai/library/qwen3/0.6b"
+    hf = ollama_store(tmp_path, "org/name", "Q4_K_M", b"GGUF-hf", namespace="hf.co")
+    assert find_ollama_model("hf.co/org/name:Q4_K_M", tmp_path).blob == hf
+    assert manifest_path("qwen3", tmp_path).name == "latest"
+    with pytest.raises(OllamaModelNotFound, match=r"no model 'llama3'.*it has: .*qwen3/0.6b"):
+        find_ollama_model("llama3", tmp_path)
+
+
+def gguf_of(path: Path, architecture: str) -> Path:
+    """A small GGUF file of `architecture`, written by gguf-py (llama.cpp's writer): its header first."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_gguf_file_of_an_architecture_that_is_not_served_is_refused_on_its_header(hub, tmp_path):
+    d = hub.root / "acme/lm-GGUF"
+    d.mkdir(parents=True)
+    gguf_of(d / "lm-F32.gguf", "stablelm")
+    with open(d / "lm-F32.gguf", "ab") as f:
+        f.write(os.urandom(3 << 20))  # weights past the header's first megabyte
+    refusals = {"stablelm": "not checked against llama.cpp"}
+    with pytest.raises(DownloadRefused, match="'stablelm' file: not checked against llama.cpp"):
+        fetch(parse_hub_id("acme/lm-GGUF:F32"), tmp_path / "cache", no_problem, gguf_check=refusals.get)
+    asked = [(rng or "") for method, path, rng in hub.requests if method == "GET" and path.endswith(".gguf")]
+    assert asked == ["bytes=0-1048575"]  # its header only
+    served = fetch(parse_hub_id("acme/lm-GGUF:F32"), tmp_path / "cache", no_problem, gguf_check=lambda a: None)
+    assert served.path.read_bytes() == (d / "lm-F32.gguf").read_bytes()
+
+
+def test_while_downloading_the_port_answers_health_ready_and_a_retryable_503():
+    """service/server/http/download_status.py: what an orchestrator and a client see during a first start's download."""
+    import socket
+
+    import httpx
+
+    from service.server.http.download_status import download_status
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with download_status(sock, "fetching acme/tiny") as progress:
+        assert httpx.get(url + "/ready").json() == {"status": "not ready", "reason": "fetching acme/tiny"}
+        progress("downloading acme/tiny: 41% (3.0 of 7.4 MB, 1.0 MB/s)")
+        ready, health = httpx.get(url + "/ready"), httpx.get(url + "/health")
+        assert ready.status_code == 503 and "41%" in ready.json()["reason"]
+        assert health.status_code == 200 and "41%" in health.json()["reason"]
+        chat = httpx.post(url + "/v1/chat/completions", json={})
+        assert chat.status_code == 503 and chat.headers["retry-after"] and "41%" in chat.json()["error"]["message"]
+    with pytest.raises(httpx.ConnectError):  # closed once the download ends: the service binds it next
+        httpx.get(url + "/health", timeout=2)
+
+
+def test_a_split_gguf_file_is_fetched_in_parts_and_merged_as_llama_cpp_merges_it(hub, tmp_path):
+    """Parts written by gguf-py's own splitting writer (what llama.cpp's converter writes with --split-max-tensors)."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    tensors = {f"blk.{i}.attn_q.weight": rng.standard_normal((8, 16)).astype(np.float32) for i in range(3)}
+    d = hub.root / "acme/split-GGUF"
+    d.mkdir(parents=True)
+    writer = gguf.GGUFWriter(d / "m-F32.gguf", "llama", split_max_tensors=1)
+    writer.add_block_count(3)
+    writer.add_context_length(64)
+    for name, values in tensors.items():
+        writer.add_tensor(name, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    parts = sorted(p.name for p in d.iterdir())
+    assert parts == [f"m-F32-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    got = fetch(parse_hub_id("acme/split-GGUF:F32"), tmp_path / "cache", no_problem)
+    assert "3 parts downloaded" in got.why
+    merged = gguf.GGUFReader(got.path)
+    assert {t.name: np.array(t.data).reshape(8, 16).tolist() for t in merged.tensors} == {
+        n: v.tolist() for n, v in tensors.items()
+    }
+    assert merged.fields["llama.block_count"].contents() == 3 and not any(k.startswith("split.") for k in merged.fields)
+    again = fetch(parse_hub_id("acme/split-GGUF:F32"), tmp_path / "cache", no_problem)
+    assert again.path == got.path and "merged, in the cache" in again.why
+    offline = fetch(parse_hub_id("acme/split-GGUF:F32"), tmp_path / "cache", no_problem, offline=True)
+    assert offline.path == got.path
+    (d / parts[1]).unlink()
+    with pytest.raises(DownloadRefused, match="lacks m-F32-00002-of-00003.gguf"):
+        fetch(parse_hub_id("acme/split-GGUF:F32"), tmp_path / "cache2", no_problem)

@@ -1,0 +1,97 @@
+"""Which model the service runs, under which name, and the default model's dtype (startup -> policy)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from service.facts.cpu import parse_cpuinfo
+from service.facts.model import packaged_default_model_path
+from service.models.demo_model import DEMO_NAME, ensure_demo_model
+from service.policy.backends import BACKENDS
+from service.policy.dtype import DEFAULT_MODEL_FP32, choose_dtype
+from service.settings import Settings
+from service.startup import NO_DEFAULT_MODEL, build_report, choose_model
+from tests.support.gguf_models import tiny_gguf
+from tests.support.server import MODELS
+
+CPUINFO = Path(__file__).resolve().parents[2] / "fixtures" / "cpuinfo"
+
+
+def _decision(report, setting):
+    return next(d for d in report.decisions if d.setting == setting)
+
+
+def test_no_model_configured_is_the_packaged_smollm2(tmp_path):
+    settings = Settings(cache_dir=tmp_path)
+    choice = choose_model(settings, build_demo=False)
+    assert choice.kind == "default" and choice.location == str(packaged_default_model_path())
+    report = build_report(settings, model=choice)
+    assert report.ok, report.errors
+    assert report.plan.model.served_name == "SmolLM2-135M-Instruct"
+    assert report.plan.model.conversion.dtype == report.plan.engine_args["dtype"] == "float32"
+    assert _decision(report, "engine.dtype").reason == DEFAULT_MODEL_FP32
+    assert _decision(report, "model.source").value == report.plan.model.engine_model
+
+
+def test_without_the_default_models_wheel_the_report_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setattr("service.startup.packaged_default_model_path", lambda: None)
+    settings = Settings(cache_dir=tmp_path)
+    report = build_report(settings, model=choose_model(settings, build_demo=False))
+    assert NO_DEFAULT_MODEL in report.errors and "make setup" in NO_DEFAULT_MODEL
+
+
+@pytest.mark.parametrize("cpu", ["epyc_9755_zen5.txt", "xeon_8480_sapphirerapids.txt", "epyc_zen1_kvm_avx2.txt"])
+def test_the_default_model_runs_fp32_on_every_cpu_unless_the_user_asks_otherwise(cpu):
+    isa = parse_cpuinfo((CPUINFO / cpu).read_text()).isa
+    backend = BACKENDS["avx512" if isa.avx512 else "avx2"]
+
+    def dtype(*args, **kwargs) -> str:
+        return choose_dtype(isa, backend, *args, **kwargs).engine_args["dtype"]
+
+    assert dtype("auto", "float32", None, default_model=True) == "float32"
+    assert dtype("bfloat16", "float32", None, default_model=True) == "bfloat16"
+    # Where fp32 cannot run (its kernels, its memory), the speed policy's choice stands.
+    assert dtype("auto", "float32", "fp32 does not fit", default_model=True) == dtype("auto", "float32", "x")
+
+
+def test_the_demo_is_asked_for_by_name_and_served_under_it(tmp_path):
+    settings = Settings(model=DEMO_NAME, cache_dir=tmp_path)
+    assert choose_model(settings, build_demo=False).location is None  # detect never builds it
+    ensure_demo_model(tmp_path)
+    choice = choose_model(settings, build_demo=False)
+    assert choice.demo and choice.location
+    report = build_report(settings, model=choice)
+    assert report.plan.model.served_name == DEMO_NAME and report.plan.model.conversion is None
+
+
+def test_served_names_of_a_gguf_file_a_directory_and_a_user_choice(tmp_path):
+    gguf = tmp_path / "Qwen3-Tiny-Q8_0.gguf"
+    gguf.symlink_to(tiny_gguf(MODELS, "qwen3", "Q8_0"))
+    settings = Settings(model=str(gguf), cache_dir=tmp_path)
+    report = build_report(settings, model=choose_model(settings, build_demo=False))
+    assert report.plan.model.served_name == "Qwen3-Tiny"  # llama.cpp's quantization suffix dropped
+    named = Settings(model=str(gguf), cache_dir=tmp_path, served_model_name="mine")
+    assert build_report(named, model=choose_model(named, build_demo=False)).plan.model.served_name == "mine"
+    demo = ensure_demo_model(MODELS)
+    as_dir = Settings(model=str(demo))
+    assert build_report(as_dir, model=choose_model(as_dir, build_demo=False)).plan.model.served_name == demo.name
+
+
+def test_a_directory_with_a_truncated_shard_is_refused_naming_it(tmp_path):
+    """The engine would load for a minute and die (exit 3, the error deep in a worker's traceback); the report
+    refuses it first (exit 2 from serve), naming the shard and both sizes."""
+    demo = ensure_demo_model(MODELS)
+    copy = shutil.copytree(demo, tmp_path / "copy")
+    shard = next(copy.glob("*.safetensors"))
+    os.truncate(shard, shard.stat().st_size // 2)
+    settings = Settings(model=str(copy), cache_dir=tmp_path)
+    report = build_report(settings, model=choose_model(settings, build_demo=False))
+    assert not report.ok
+    (error,) = report.errors
+    assert f"the weights in {copy} cannot be loaded: {shard.name} is truncated" in error, error
+    intact = Settings(model=str(demo), cache_dir=tmp_path)
+    assert build_report(intact, model=choose_model(intact, build_demo=False)).ok
