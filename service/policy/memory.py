@@ -122,6 +122,38 @@ def plan_memory(
         why = "memory limit unknown: " + ("KV cache size set by the user" if kv else "KV cache size left to vLLM")
         return MemoryPlan(kv // tp_size if kv else None, why, "user" if kv else "default", headroom)
 
+    room, machine_where = _room(limits, limit, model, lora_bytes, headroom, headroom_gib, tp_size, rank_memory)
+    if (error := _no_room(room, per_token, one_request, max_model_len)) is not None:
+        return MemoryPlan(None, error, "policy", headroom, error=error)
+    if kv_cache_gib is not None:
+        return _users_kv_cache(kv_cache_gib, room, one_request, max_model_len, machine_where, tp_size, headroom)
+    budget = room.kv_bytes
+    seqs = max_num_seqs or DEFAULT_MAX_SEQS
+    useful = per_token * (max_model_len * seqs + KV_SPARE_TOKENS)
+    kv = min(budget, useful) if useful else budget
+    reason = (
+        f"{room.where} - {room.needs.replace(' + ', ' - ')} = {gib(room.part(budget))} available{room.holds}"
+        + (f"; capped at {seqs} max-length sequences ({gib(useful)})" if useful and useful < budget else "")
+        + (f"; split over {tp_size} ranks" if tp_size > 1 else "")
+        + f"; holds {kv // per_token if per_token else 'any number of'} tokens"
+    )
+    if room.where != machine_where:  # a NUMA node's room is the tighter one
+        reason += f" (the machine's {machine_where})"
+    return MemoryPlan(kv // tp_size, reason, "policy", headroom)
+
+
+def _room(
+    limits: Limits,
+    limit: int,
+    model: ModelFacts,
+    lora_bytes: int,
+    headroom: int,
+    headroom_gib: float | None,
+    tp_size: int,
+    rank_memory: Sequence[tuple[int, NodeMemory]],
+) -> tuple[_Room, str]:
+    """What is left for the KV cache: of the machine's (or the cgroup's) memory, or of a rank's NUMA node where that
+    is tighter; and how the machine's limit reads."""
     where = f"limit is {gib(limit)} ({limits.memory_source})"
     free = limits.memory_available_bytes
     if free is not None and free < limit:
@@ -138,49 +170,40 @@ def plan_memory(
     node = _node_room(
         rank_memory, (model.weight_bytes + lora_bytes) // tp_size, headroom_gib, tp_size, per_rank_weights
     )
-    if node is not None and node.kv_bytes < room.kv_bytes:
-        room = node
+    return (node if node is not None and node.kv_bytes < room.kv_bytes else room), where
+
+
+def _no_room(room: _Room, per_token: int, one_request: int, max_model_len: int) -> str | None:
+    """Why not even one request of the max context fits, or None."""
     if room.kv_bytes < 0:
-        error = (
+        return (
             f"the model does not fit: {room.needs} = {gib(room.needed)}, {room.where}; "
             "even a context of 0 tokens does not fit"
         )
-        return MemoryPlan(None, error, "policy", headroom, error=error)
     if room.kv_bytes < one_request:
         fits = max(0, room.kv_bytes // per_token - KV_SPARE_TOKENS) if per_token else 0
-        error = (
+        return (
             f"needs {gib(room.needed + room.part(one_request))} ({room.needs} + KV cache for one {max_model_len}-token "
             f"request {gib(room.part(one_request))}{room.holds}), {room.where}; a max context of {fits} tokens fits "
             "(set max_model_len)"
         )
-        return MemoryPlan(None, error, "policy", headroom, error=error)
+    return None
 
-    if kv_cache_gib is not None:
-        kv = int(kv_cache_gib * GiB)
-        if kv < one_request:
-            error = (
-                f"kv_cache_gib={kv_cache_gib:g} cannot hold one {max_model_len}-token request "
-                f"({gib(one_request)} needed)"
-            )
-            return MemoryPlan(None, error, "user", headroom, error=error)
-        if kv > room.kv_bytes:
-            error = (
-                f"kv_cache_gib={kv_cache_gib:g} ({gib(room.part(kv))}{room.holds}) + {room.needs} = "
-                f"{gib(room.needed + room.part(kv))}, {room.where}"
-            )
-            return MemoryPlan(None, error, "user", headroom, error=error)
-        return MemoryPlan(kv // tp_size, f"set by the user; {where}", "user", headroom)
 
-    budget = room.kv_bytes
-    seqs = max_num_seqs or DEFAULT_MAX_SEQS
-    useful = per_token * (max_model_len * seqs + KV_SPARE_TOKENS)
-    kv = min(budget, useful) if useful else budget
-    reason = (
-        f"{room.where} - {room.needs.replace(' + ', ' - ')} = {gib(room.part(budget))} available{room.holds}"
-        + (f"; capped at {seqs} max-length sequences ({gib(useful)})" if useful and useful < budget else "")
-        + (f"; split over {tp_size} ranks" if tp_size > 1 else "")
-        + f"; holds {kv // per_token if per_token else 'any number of'} tokens"
-    )
-    if room is node:
-        reason += f" (the machine's {where})"
-    return MemoryPlan(kv // tp_size, reason, "policy", headroom)
+def _users_kv_cache(
+    kv_cache_gib: float, room: _Room, one_request: int, max_model_len: int, where: str, tp_size: int, headroom: int
+) -> MemoryPlan:
+    """The user's KV cache size, where it holds one request and fits."""
+    kv = int(kv_cache_gib * GiB)
+    if kv < one_request:
+        error = (
+            f"kv_cache_gib={kv_cache_gib:g} cannot hold one {max_model_len}-token request ({gib(one_request)} needed)"
+        )
+        return MemoryPlan(None, error, "user", headroom, error=error)
+    if kv > room.kv_bytes:
+        error = (
+            f"kv_cache_gib={kv_cache_gib:g} ({gib(room.part(kv))}{room.holds}) + {room.needs} = "
+            f"{gib(room.needed + room.part(kv))}, {room.where}"
+        )
+        return MemoryPlan(None, error, "user", headroom, error=error)
+    return MemoryPlan(kv // tp_size, f"set by the user; {where}", "user", headroom)

@@ -19,7 +19,7 @@ from service.facts.model import ModelFacts
 from service.facts.software import KERNELS_NOT_BUILT, SoftwareFacts
 from service.kernels.registry import KERNELS, KERNELS_ENV
 from service.measurements.store import cite
-from service.policy.decision import PolicyResult, Source, env, record
+from service.policy.decision import Decision, PolicyResult, Source, env, record
 from service.policy.dtype import BYTES
 from service.policy.gguf_architectures import architecture_problem
 from service.policy.gguf_config import config_mends
@@ -240,31 +240,51 @@ def plan_model_source(
     `blocks`: whether a GGUF file's linear layers keep their blocks (choose_blocks; None: dequantized);
     `serve_unchecked`: serve a GGUF architecture no test checks (gguf_architectures.py), with a warning;
     `loadable`: every model class vLLM can load, its own or through transformers (empty: not checked)."""
-    gguf = model.gguf
-    if gguf is None:
-        name = served_name or known_as or Path(model.path).name
-        why = "set by the user" if served_name else "the name it was asked for by" if known_as else "its directory"
-        decision = record("model", "served_name", name, why, "user" if served_name else "default")
-        problems = "; ".join(model.weight_problems)
-        errors = [f"the weights in {model.path} cannot be loaded: {problems}. Copy or download them again"]
-        errors = errors if problems else []
-        if loadable and model.architecture and model.architecture not in loadable:
-            errors.append(
-                f"the model's architecture {model.architecture!r} is neither in vLLM's model registry nor one of "
-                "transformers' classes (which vLLM runs through its Transformers backend): it cannot be served"
-            )
-        result = PolicyResult.of(decision, errors=errors)
-        return ModelSourcePlan(model.path, name, result)
-
-    name = served_name or known_as or gguf.served_name
-    why_name = (
-        "set by the user"
-        if served_name
-        else "the name it was asked for by"
-        if known_as
-        else "the GGUF file's name without its quantization suffix"
+    if model.gguf is None:
+        return _checkpoint_source(model, served_name, known_as, loadable)
+    return _gguf_source(
+        model.gguf, dtype, cache_dir, software, architectures, served_name, known_as, blocks, serve_unchecked
     )
-    named = record("model", "served_name", name, why_name, "user" if served_name else "default")
+
+
+def _served_name(served_name: str | None, known_as: str | None, own: str, own_why: str) -> tuple[str, Decision]:
+    """The name the model is served under: the user's, the one it was asked for by, or its own."""
+    name = served_name or known_as or own
+    why = "set by the user" if served_name else "the name it was asked for by" if known_as else own_why
+    return name, record("model", "served_name", name, why, "user" if served_name else "default")
+
+
+def _checkpoint_source(
+    model: ModelFacts, served_name: str | None, known_as: str | None, loadable: frozenset[str]
+) -> ModelSourcePlan:
+    """A checkpoint directory is loaded as it is: its name, and whether its weights and architecture can be."""
+    name, decision = _served_name(served_name, known_as, Path(model.path).name, "its directory")
+    problems = "; ".join(model.weight_problems)
+    errors = [f"the weights in {model.path} cannot be loaded: {problems}. Copy or download them again"]
+    errors = errors if problems else []
+    if loadable and model.architecture and model.architecture not in loadable:
+        errors.append(
+            f"the model's architecture {model.architecture!r} is neither in vLLM's model registry nor one of "
+            "transformers' classes (which vLLM runs through its Transformers backend): it cannot be served"
+        )
+    return ModelSourcePlan(model.path, name, PolicyResult.of(decision, errors=errors))
+
+
+def _gguf_source(
+    gguf: GgufFacts,
+    dtype: str,
+    cache_dir: Path,
+    software: SoftwareFacts,
+    architectures: frozenset[str],
+    served_name: str | None,
+    known_as: str | None,
+    blocks: BlocksChoice | None,
+    serve_unchecked: bool,
+) -> ModelSourcePlan:
+    """A GGUF file is converted once to safetensors in the engine dtype (its blocks kept where `blocks` says)."""
+    name, named = _served_name(
+        served_name, known_as, gguf.served_name, "the GGUF file's name without its quantization suffix"
+    )
     errors = gguf_errors(gguf, architectures, software)
     unchecked_error, unchecked_warning = architecture_problem(gguf.architecture, serve_unchecked)
     errors += [f"GGUF file {gguf.path}: {unchecked_error}"] if unchecked_error else []
@@ -276,41 +296,14 @@ def plan_model_source(
     kept = blocks.type_name if blocks is not None else None
     # Named by content alone: the same file under another name or path is the same copy.
     target = cache_dir / "models" / "gguf" / f"{gguf.sha256[:16]}-{dtype}-{key}{f'-{kept}' if kept else ''}"
-    before, after = gguf.read_per_token_bytes, gguf.read_per_token_elements * BYTES[dtype]
     heads = kept_heads(gguf) if kept else ()
-    tied = not any(h.name == "output.weight" for h in gguf.heads)
-    if kept:
-        read_bytes, read_elements = kept_bytes(gguf, per_token=True)
-        after = read_bytes + (gguf.read_per_token_elements - read_elements) * BYTES[dtype]
-        what = f"its linear layers' {kept} blocks"
-        if heads:
-            what += f" and its {_describe_heads(heads, tied)} blocks"
-        what += f" copied as stored, for ggml's kernel; {'norms' if heads else 'embeddings and norms'} dequantized"
-        what += "".join(f"; ggml holds {h}" for h in held_as(gguf))
-    else:
-        what = "every block dequantized"
-    reason = (
-        f"GGUF file {gguf.path} ({gguf.architecture}, {gguf.parameters / 1e6:,.1f} M parameters, "
-        f"{gguf.describe_types()}; {_mb(gguf.size_bytes)}) converted once to {dtype} safetensors, the engine dtype "
-        f"(vLLM 0.32 has no CPU GGUF loader): {what}, config and tokenizer from the metadata by "
-        f"transformers' GGUF mapping{_split_note(gguf)}; keyed by the file's sha256 {gguf.sha256[:12]} and the converter ({converter}). "
-        f"A decode step reads {_mb(before)} as the file stores it, {_mb(after)} as the engine holds it "
-        f"(x{after / before:.2f})"
-    )
-    source = record("model", "source", str(target), reason, "policy")
-    decided = [named, source]
+    reason = _conversion_reason(gguf, dtype, kept, heads, converter)
+    decided = [named, record("model", "source", str(target), reason, "policy")]
     if rope_why:
         decided.append(record("model", "gguf_rope", "rope_freqs as LongRoPE factors", rope_why, "policy"))
     if mend_why:
         decided.append(record("model", "gguf_config", mended, mend_why, "policy"))
-    if blocks is not None:
-        decided.append(record("model", "gguf_blocks", kept or "dequantized", blocks.reason, blocks.source))
-    if kept:
-        op = f"{BLOCKS_KERNEL.op}; the service's vLLM plugin registers it"
-        decided.append(env(KERNELS_ENV, BLOCKS_KERNEL.vllm_class, op, blocks.source if blocks else "policy"))
-        head_value = _describe_heads(heads, tied) if heads else "dequantized"
-        head_why = HEAD_MEASURED if heads else _no_head_blocks(gguf)
-        decided.append(record("model", "gguf_head_blocks", head_value, head_why, "policy"))
+    decided += _block_decisions(gguf, blocks, heads)
     conversion = GgufConversion(
         gguf.path,
         gguf.sha256,
@@ -336,3 +329,45 @@ def plan_model_source(
         errors.append(blocks.error)
     result = PolicyResult.of(*decided, warnings=warnings, errors=errors)
     return ModelSourcePlan(str(target), name, result, conversion)
+
+
+def _conversion_reason(
+    gguf: GgufFacts, dtype: str, kept: str | None, heads: tuple[HeadTensor, ...], converter: str
+) -> str:
+    """What the conversion keeps and dequantizes, and what a decode step reads before and after."""
+    before, after = gguf.read_per_token_bytes, gguf.read_per_token_elements * BYTES[dtype]
+    tied = not any(h.name == "output.weight" for h in gguf.heads)
+    if kept:
+        read_bytes, read_elements = kept_bytes(gguf, per_token=True)
+        after = read_bytes + (gguf.read_per_token_elements - read_elements) * BYTES[dtype]
+        what = f"its linear layers' {kept} blocks"
+        if heads:
+            what += f" and its {_describe_heads(heads, tied)} blocks"
+        what += f" copied as stored, for ggml's kernel; {'norms' if heads else 'embeddings and norms'} dequantized"
+        what += "".join(f"; ggml holds {h}" for h in held_as(gguf))
+    else:
+        what = "every block dequantized"
+    return (
+        f"GGUF file {gguf.path} ({gguf.architecture}, {gguf.parameters / 1e6:,.1f} M parameters, "
+        f"{gguf.describe_types()}; {_mb(gguf.size_bytes)}) converted once to {dtype} safetensors, the engine dtype "
+        f"(vLLM 0.32 has no CPU GGUF loader): {what}, config and tokenizer from the metadata by "
+        f"transformers' GGUF mapping{_split_note(gguf)}; keyed by the file's sha256 {gguf.sha256[:12]} and the converter ({converter}). "
+        f"A decode step reads {_mb(before)} as the file stores it, {_mb(after)} as the engine holds it "
+        f"(x{after / before:.2f})"
+    )
+
+
+def _block_decisions(gguf: GgufFacts, blocks: BlocksChoice | None, heads: tuple[HeadTensor, ...]) -> list[Decision]:
+    """Whether the blocks are kept, the kernel that runs them, and whether the LM head keeps its own."""
+    if blocks is None:
+        return []
+    kept = blocks.type_name
+    decided = [record("model", "gguf_blocks", kept or "dequantized", blocks.reason, blocks.source)]
+    if kept:
+        tied = not any(h.name == "output.weight" for h in gguf.heads)
+        op = f"{BLOCKS_KERNEL.op}; the service's vLLM plugin registers it"
+        decided.append(env(KERNELS_ENV, BLOCKS_KERNEL.vllm_class, op, blocks.source))
+        head_value = _describe_heads(heads, tied) if heads else "dequantized"
+        head_why = HEAD_MEASURED if heads else _no_head_blocks(gguf)
+        decided.append(record("model", "gguf_head_blocks", head_value, head_why, "policy"))
+    return decided

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from service.facts.quantization import QuantFacts
@@ -286,18 +287,7 @@ def plan_quant(
 
     handover = next((h for h in HANDOVERS if facts.key in h.families), None)
 
-    def misfit(kernel: str) -> str | None:
-        """The layers none of the kernel's candidates runs, said as the policy's refusal would."""
-        assert handover is not None
-        layers = [Layer(facts, shape, dtype or "bfloat16", False, False) for shape in facts.linear_shapes or (None,)]
-        out = [
-            f"{layer.shape.name if layer.shape else 'all layers'} ({'; '.join(why)})"
-            for layer in layers
-            for chosen, why in [_choose(handover.ours[kernel], layer)]
-            if chosen is None
-        ]
-        return ", ".join(out) or None
-
+    misfit = partial(_misfit, facts, dtype, handover)
     choice = (
         _our_kernel(handover, backend, settings, user, installed, calibrated or {}, misfit, vnni) if handover else None
     )
@@ -321,19 +311,7 @@ def plan_quant(
     ours = choice is not None and choice.ours
     int4 = Knob(True) if ours else _int4_knob(facts, backend, settings, user, environ, calibrated or {})
     w8a8 = Knob(True) if ours else _w8a8_knob(facts, backend, settings, user, environ, calibrated or {})
-    shapes = facts.linear_shapes or (None,)
-    chosen: dict[str, list[str]] = {}
-    why_not: dict[str, list[str]] = {}
-    refused_layers = []
-    for shape in shapes:
-        layer = Layer(facts, shape, dtype or "bfloat16", int4.enabled, w8a8.enabled)
-        kernel, passed_over = _choose(rules, layer)
-        label = shape.name if shape else "all layers"
-        if kernel is None:
-            refused_layers.append(f"{label} ({'; '.join(passed_over)})")
-            continue
-        chosen.setdefault(kernel, []).append(label)
-        why_not.setdefault(kernel, passed_over)
+    chosen, why_not, refused_layers = _per_layer(rules, facts, dtype, int4, w8a8)
     handed = _handover_decisions(choice, environ) if choice and choice.ours else ()
     knobs = (fmt, int4.decision, w8a8.decision, *handed)
     if refused_layers:
@@ -344,6 +322,54 @@ def plan_quant(
         )
         return PolicyResult.of(*knobs, errors=[error])
 
+    kernel_decision, warnings = _kernel_decision(facts, backend, dtype, chosen, why_not, int4, w8a8, choice, vnni)
+    return PolicyResult.of(*knobs, kernel_decision, warnings=warnings)
+
+
+def _misfit(facts: QuantFacts, dtype: str | None, handover: Handover | None, kernel: str) -> str | None:
+    """The layers none of the kernel's candidates runs, said as the policy's refusal would."""
+    assert handover is not None
+    layers = [Layer(facts, shape, dtype or "bfloat16", False, False) for shape in facts.linear_shapes or (None,)]
+    out = [
+        f"{layer.shape.name if layer.shape else 'all layers'} ({'; '.join(why)})"
+        for layer in layers
+        for chosen, why in [_choose(handover.ours[kernel], layer)]
+        if chosen is None
+    ]
+    return ", ".join(out) or None
+
+
+def _per_layer(
+    rules: tuple[Rule, ...], facts: QuantFacts, dtype: str | None, int4: Knob, w8a8: Knob
+) -> tuple[dict[str, list[str]], dict[str, list[str]], list[str]]:
+    """Per kernel, the layers it runs and why the candidates before it did not; and the layers no candidate runs."""
+    chosen: dict[str, list[str]] = {}
+    why_not: dict[str, list[str]] = {}
+    refused_layers = []
+    for shape in facts.linear_shapes or (None,):
+        layer = Layer(facts, shape, dtype or "bfloat16", int4.enabled, w8a8.enabled)
+        kernel, passed_over = _choose(rules, layer)
+        label = shape.name if shape else "all layers"
+        if kernel is None:
+            refused_layers.append(f"{label} ({'; '.join(passed_over)})")
+            continue
+        chosen.setdefault(kernel, []).append(label)
+        why_not.setdefault(kernel, passed_over)
+    return chosen, why_not, refused_layers
+
+
+def _kernel_decision(
+    facts: QuantFacts,
+    backend: Backend,
+    dtype: str | None,
+    chosen: dict[str, list[str]],
+    why_not: dict[str, list[str]],
+    int4: Knob,
+    w8a8: Knob,
+    choice: KernelChoice | None,
+    vnni: bool,
+) -> tuple[Decision, list[str]]:
+    """The quantized layers' kernel decision, with what it rests on, and the warnings its kernels carry."""
     reasons = []
     for kernel, layers in chosen.items():
         k = KERNELS[kernel]
@@ -367,7 +393,7 @@ def plan_quant(
     source: Source = "user" if by_user else "calibration" if calibrated_here else "policy"
     kernel_decision = record("quant", "linear_kernel", "+".join(chosen), "; ".join(reasons + notes), source)
     warnings = [FALLBACK_WARNINGS[k] for k in chosen if k in FALLBACK_WARNINGS] + saturates
-    return PolicyResult.of(*knobs, kernel_decision, warnings=warnings)
+    return kernel_decision, warnings
 
 
 # The bench's copies (bench/quant_kernels.py builds W8A8 and W4A16) per format key. A GPTQ or AWQ int4 checkpoint is

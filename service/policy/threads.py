@@ -229,17 +229,7 @@ def _policy_threads(
     notes = [f"{cores} physical core(s) on the allowed CPUs {format_cpulist(allowed)} ({limits.allowed_cpus_source})"]
     if any(len(c.cpus) > 1 for c in topology.cores):
         notes.append("one thread per physical core, SMT siblings left out")
-    if limits.cpu_quota is not None:
-        budget = max(tp, math.floor(limits.cpu_quota) - reserved_cpus)
-        trimmed = _apply_quota(ranks, budget)
-        if trimmed != ranks:
-            notes.append(f"CPU quota of {limits.cpu_quota:g} CPUs: engine threads cut to {budget}")
-        ranks = trimmed
-    used = {cpu for r in ranks for cpu in r}
-    spare = [cpu for node_cpus in by_node.values() for cpu in node_cpus if cpu not in used]
-    ranks, reserved, reserve_warnings = _reserve(ranks, spare, reserved_cpus)
-    if reserved:
-        notes.append(f"CPU(s) {format_cpulist(reserved)} kept for the API server and engine core")
+    ranks, reserved, reserve_warnings = _quota_and_reserve(ranks, by_node, limits, tp, reserved_cpus, notes)
     return ThreadPlan(
         ranks=tuple(tuple(r) for r in ranks),
         reserved=tuple(reserved),
@@ -293,3 +283,26 @@ def thread_decisions(threads: ThreadPlan, environ: Mapping[str, str]) -> PolicyR
             )
         )
     return PolicyResult.of(*decisions, warnings=threads.warnings, errors=errors)
+
+
+def _quota_and_reserve(
+    ranks: list[list[int]],
+    by_node: dict[int, list[int]],
+    limits: Limits,
+    tp: int,
+    reserved_cpus: int,
+    notes: list[str],
+) -> tuple[list[list[int]], list[int], list[str]]:
+    """The ranks cut to the CPU quota, and the CPUs kept for the API server and engine core (noted in `notes`)."""
+    if limits.cpu_quota is not None:
+        budget = max(tp, math.floor(limits.cpu_quota) - reserved_cpus)
+        trimmed = _apply_quota(ranks, budget)
+        if trimmed != ranks:
+            notes.append(f"CPU quota of {limits.cpu_quota:g} CPUs: engine threads cut to {budget}")
+        ranks = trimmed
+    used = {cpu for r in ranks for cpu in r}
+    spare = [cpu for node_cpus in by_node.values() for cpu in node_cpus if cpu not in used]
+    ranks, reserved, reserve_warnings = _reserve(ranks, spare, reserved_cpus)
+    if reserved:
+        notes.append(f"CPU(s) {format_cpulist(reserved)} kept for the API server and engine core")
+    return ranks, reserved, reserve_warnings
