@@ -1,5 +1,5 @@
 """Linear kernels the service hands to vLLM where vLLM has none fast enough (or none at all) on this CPU; the
-policy (service/policy/quant_kernels.py KERNELS, those with a provider) decides where each runs."""
+registry (service/kernels/registry.py KERNELS, those with a provider) names them; the policy decides where each runs."""
 
 from __future__ import annotations
 

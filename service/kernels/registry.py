@@ -118,6 +118,10 @@ class Kernel:
     formats: tuple[str, ...] = ()  # what it takes: quantized families (FAMILIES), "gguf" blocks, "dense" layers
     needs: tuple[str, ...] = ()  # the CONDITIONS a layer must meet for it (vLLM's can_implement, as data)
     cites: tuple[str, ...] = ()  # measurement-store keys its claims rest on (rows naming it as `kernel` count too)
+    # The service's own kernels a setting chooses: the int4_kernel / int8_kernel value that names it (kernels of one
+    # value are tried in this registry's order), and what must be installed for it.
+    chosen_by: str | None = None
+    requires: str | None = None
 
     def can_implement(self, layer: Layer) -> tuple[bool, str | None]:
         """Whether this kernel takes `layer`, and if not what it needs (as vLLM's can_implement would refuse)."""
@@ -198,6 +202,8 @@ KERNELS: dict[str, Kernel] = {
         provider="service.kernels.ark_wna16",
         formats=INT4_WEIGHT_ONLY,
         needs=("ark_shape",),
+        chosen_by="auto-round",
+        requires="auto-round-lib (the service depends on it)",
     ),
     "ggml-q4_0": Kernel(
         "GgmlLinearKernel",
@@ -209,6 +215,8 @@ KERNELS: dict[str, Kernel] = {
         formats=INT4_WEIGHT_ONLY,
         needs=("ggml_blocks", "symmetric_weights"),
         cites=("claim/int4-ggml-read/zen2",),
+        chosen_by="ggml",
+        requires="the service's ggml kernel (make kernels)",
     ),
     "ggml-q4_1": Kernel(
         "GgmlLinearKernel",
@@ -222,6 +230,8 @@ KERNELS: dict[str, Kernel] = {
         formats=INT4_WEIGHT_ONLY,
         needs=("ggml_blocks",),
         cites=("claim/int4-ggml-read/zen2",),
+        chosen_by="ggml",
+        requires="the service's ggml kernel (make kernels)",
     ),
     "ggml-q8_0": Kernel(
         "GgmlInt8LinearKernel",
@@ -233,6 +243,8 @@ KERNELS: dict[str, Kernel] = {
         formats=("w8a8",),
         needs=("ggml_blocks",),
         cites=("claim/int8-ggml-read/zen2",),
+        chosen_by="ggml",
+        requires="the service's ggml kernel (make kernels)",
     ),
     "ggml-gguf": Kernel(
         "GgufBlocksLinearMethod",

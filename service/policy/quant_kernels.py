@@ -50,12 +50,18 @@ W4A16_ZEN = (
     Rule("zentorch-woq"),
     Rule("wna16-vec"),
 )
-# The service's kernels: each runs alone, vLLM's kernels of the family are disabled.
-AUTO_ROUND = (Rule("auto-round"),)
-GGML = (Rule("ggml-q4_0"), Rule("ggml-q4_1"))
-GGML_INT8 = (Rule("ggml-q8_0"),)
 # The values of int4_kernel / int8_kernel that name the service's kernels: what must be installed for each.
-OURS = {"auto-round": "auto-round-lib (the service depends on it)", "ggml": "the service's ggml kernel (make kernels)"}
+OURS = {k.chosen_by: k.requires or "" for k in KERNELS.values() if k.chosen_by}
+
+
+def ours(families: tuple[str, ...]) -> dict[str, tuple[Rule, ...]]:
+    """The service's kernels for these format families, per setting value, in the registry's order: each runs alone,
+    vLLM's kernels of the family are disabled."""
+    rules: dict[str, tuple[Rule, ...]] = {}
+    for name, kernel in KERNELS.items():
+        if kernel.chosen_by and set(kernel.formats) <= set(families):
+            rules[kernel.chosen_by] = (*rules.get(kernel.chosen_by, ()), Rule(name))
+    return rules
 
 
 @dataclass(frozen=True)
@@ -72,10 +78,8 @@ class Handover:
     vllm_kernels: tuple[str, ...]
 
 
-INT4_HANDOVER = Handover(
-    "int4_kernel", "int4", "w4a16", INT4_WEIGHT_ONLY, {"auto-round": AUTO_ROUND, "ggml": GGML}, VLLM_INT4_KERNELS
-)
-INT8_HANDOVER = Handover("int8_kernel", "int8", "w8a8", ("w8a8",), {"ggml": GGML_INT8}, VLLM_INT8_KERNELS)
+INT4_HANDOVER = Handover("int4_kernel", "int4", "w4a16", INT4_WEIGHT_ONLY, ours(INT4_WEIGHT_ONLY), VLLM_INT4_KERNELS)
+INT8_HANDOVER = Handover("int8_kernel", "int8", "w8a8", ("w8a8",), ours(("w8a8",)), VLLM_INT8_KERNELS)
 HANDOVERS = (INT4_HANDOVER, INT8_HANDOVER)
 FP8_AMX = (Rule("amx-fp8"),)
 FP8_TORCH = (Rule("torch-fp8"),)

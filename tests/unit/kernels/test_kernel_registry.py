@@ -24,6 +24,8 @@ def problems(name: str, kernel: Kernel) -> list[str]:
         found.append(f"{name}: formats {kernel.formats} not among {FORMATS}")
     found += [f"{name}: condition {n} is not in CONDITIONS" for n in kernel.needs if n not in CONDITIONS]
     found += [f"{name}: cites {key}, not in the store" for key in kernel.cites if key not in rows.rows]
+    if kernel.chosen_by and not (kernel.provider and kernel.requires):
+        found.append(f"{name}: a setting chooses it, so it is the service's own and says what it requires")
     if kernel.provider:
         spec = importlib.util.find_spec(kernel.provider)
         source = Path(spec.origin).read_text() if spec and spec.origin else ""
@@ -46,6 +48,7 @@ def test_an_incomplete_entry_is_caught():
     assert problems("x", dataclasses.replace(ours, needs=("no_such_condition",))) != []
     assert problems("x", dataclasses.replace(ours, cites=(), provider="service.kernels.ggml_int8_missing")) != []
     assert problems("x", dataclasses.replace(ours, cites=("claim/not-measured",))) != []
+    assert problems("x", dataclasses.replace(ours, requires=None)) != []
 
 
 def test_can_implement_says_what_a_layer_lacks():
