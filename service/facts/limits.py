@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from service.facts.kernel_files import cpu_list, whole_number
+from service.facts.sysfs_value import cpu_list, whole_number
 
 _Number = TypeVar("_Number", int, float)
 

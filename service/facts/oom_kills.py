@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.facts.hardware import CGROUP_MOUNT, cgroup_dir, cgroup_v1_dirs
-from service.facts.kernel_files import whole_number
+from service.facts.sysfs_value import whole_number
 
 CGROUP, MACHINE = "this cgroup", "this machine"  # whose processes a count counts
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from service.facts.cpu import CpuInfo, LogicalCpu
 from service.facts.cpulist import format_cpulist
-from service.facts.kernel_files import cpu_list, whole_number
+from service.facts.sysfs_value import cpu_list, whole_number
 
 
 @dataclass(frozen=True)

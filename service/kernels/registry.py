@@ -4,7 +4,7 @@ Each entry declares the vLLM class it implements (named in vLLM's log), what com
 bytes per 32 weights it holds, the conditions a layer must meet for it (`can_implement`, mirroring vLLM's
 model_executor/kernels/linear), and the measurement-store keys its claims rest on. An entry with a `provider` is the
 service's own kernel: that module's `register()` hands it to vLLM in every vLLM process where KERNELS_ENV names it.
-The policy (policy/quant_kernels.py, policy/backends.py) reads the registry to decide which kernel runs where;
+The policy (policy/kernel_candidates.py, policy/backends.py) reads the registry to decide which kernel runs where;
 nothing here decides.
 """
 

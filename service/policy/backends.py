@@ -1,8 +1,8 @@
 """The CPU backends, best first: one entry per family, and every policy reads its part from the entry.
 
 An entry holds whether the machine can run it (its check), the vLLM platform class it runs on and the kernel build
-that computes, what those kernels can run (service/facts/kernels.py), its quantized linear kernels per format family
-(service/policy/quant_kernels.py) or why it has none, the defaults of the knobs that steer them, its OpenMP runtime,
+that computes, what those kernels can run (service/facts/vllm_kernel_limits.py), its quantized linear kernels per format family
+(service/policy/kernel_candidates.py) or why it has none, the defaults of the knobs that steer them, its OpenMP runtime,
 how it computes bf16 where the CPU has no native bf16 (the dtype policy's measurement key), the backends the user may
 ask for instead on a CPU where it is best, and the decisions only it makes. Adding a family is one entry here (plus
 its facts, if the CPU readers do not know it yet); tests/unit/policy/test_backends.py fails where an entry leaves a table
@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from service.facts.cpu import CpuInfo
-from service.facts.kernels import AMX, X86, ZEN, BackendKernels
 from service.facts.software import SoftwareFacts
+from service.facts.vllm_kernel_limits import AMX, X86, ZEN, BackendKernels
 from service.measurements.store import cite
 from service.policy.decision import PolicyResult, Source, env
 from service.policy.ggml_handover import BF16_AMX, BF16_AVX512, BF16_ZEN4, FP32_AVX512, FP32_ZEN2, GgmlHandover
-from service.policy.quant_kernels import (
+from service.policy.kernel_candidates import (
     FP8_AMX,
     FP8_TORCH,
     W4A16_ZEN,
@@ -103,7 +103,7 @@ class Backend:
     platform_imports: tuple[str, ...]  # modules whose import registers the platform's kernels (zentorch's ops)
     computes_with: str  # what computes: said in the platform decision
     kernels: BackendKernels
-    # format family (quant_kernels.FAMILIES) -> the candidates in vLLM's order, or why this backend runs none
+    # format family (kernels/registry.py FAMILIES) -> the candidates in vLLM's order, or why this backend runs none
     quant: Mapping[str, tuple[Rule, ...] | str]
     openmp: Literal["intel", "gnu"]  # the OpenMP runtime its kernels are built against (the preload policy)
     dtype_class: str  # how bf16 is computed where the CPU lacks native bf16: the dtype measurements' key

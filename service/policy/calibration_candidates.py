@@ -39,7 +39,7 @@ def w8a8_options(
     """The W8A8 settings the calibration can weigh here: vLLM's kernel (zentorch's or oneDNN's where the backend has
     both and neither the user's setting nor their VLLM_DISABLED_KERNELS chose) or the service's ggml one. Where the
     user set int8_kernel, every option plans their kernel and they fold into one candidate. Without VNNI vLLM's
-    oneDNN kernel saturates (quant_kernels.SATURATES_WITHOUT_VNNI): its speed is not weighed against an exact one."""
+    oneDNN kernel saturates (kernel_candidates.SATURATES_WITHOUT_VNNI): its speed is not weighed against an exact one."""
     if not vnni:
         return [("ggml", {"int8_kernel": "ggml"})]
     vllm: list[tuple[str, dict[str, Any]]] = [("vllm", {"int8_kernel": "vllm"})]

@@ -2,7 +2,7 @@
 it, and a pre-flight refusal where no CPU kernel exists.
 
 The candidates per backend and format family come from the backend registry (service/policy/backends.py), in vLLM's
-order, with the conditions each needs (service/policy/quant_kernels.py); the first whose conditions hold is the
+order, with the conditions each needs (service/policy/kernel_candidates.py); the first whose conditions hold is the
 kernel. Int4 weight-only and W8A8 checkpoints run either those or one of the service's own kernels (ggml's,
 auto-round-lib's), per backend default, calibration or the user's int4_kernel / int8_kernel. Defaults between
 candidates come from measurements (service/policy/quant_measurements.py), cited in each reason.
@@ -19,7 +19,7 @@ from service.facts.quantization import QuantFacts
 from service.kernels.registry import KERNELS, KERNELS_ENV, Layer
 from service.policy.backends import Backend
 from service.policy.decision import Decision, PolicyResult, Source, env, record
-from service.policy.quant_kernels import (
+from service.policy.kernel_candidates import (
     FALLBACK_WARNINGS,
     HANDOVERS,
     INT8_HANDOVER,

@@ -30,7 +30,6 @@ from service.policy.dense_kernel import FP32_ENGINE_BF16, plan_dense_kernel
 from service.policy.dtype import BYTES, choose_dtype
 from service.policy.general import general_decisions
 from service.policy.ggml_handover import plan_handover
-from service.policy.kernels import check_kernels, dtype_limit
 from service.policy.kv_cache import kv_cache_decision, model_lora_runtime
 from service.policy.lora import lora_decisions
 from service.policy.memory import plan_memory, rank_nodes
@@ -38,6 +37,7 @@ from service.policy.model_source import choose_blocks, converted_bytes, plan_mod
 from service.policy.patches import fxgraph_patch
 from service.policy.plan_state import Draft, PlanInputs, Step
 from service.policy.platform import choose_platform
+from service.policy.preflight import check_kernels, dtype_limit
 from service.policy.preload import choose_preload
 from service.policy.quant import plan_quant
 from service.policy.threads import BIND_ENV, ThreadPlan, plan_threads, thread_decisions

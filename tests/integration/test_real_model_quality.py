@@ -57,7 +57,7 @@ from harness.quantized_models import dequantized_state, dynamic_int8_inputs, ens
 from service.facts.cpu import read_cpuinfo
 from service.facts.software import read_software
 from service.policy.backends import BACKENDS
-from service.policy.quant_kernels import INT4_HANDOVER, INT8_HANDOVER, SATURATES_WITHOUT_VNNI
+from service.policy.kernel_candidates import INT4_HANDOVER, INT8_HANDOVER, SATURATES_WITHOUT_VNNI
 from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import build_report, choose_model

@@ -7,7 +7,7 @@ from typing import get_args
 
 import pytest
 
-from service.facts.kernels import BackendKernels
+from service.facts.vllm_kernel_limits import BackendKernels
 from service.kernels.registry import CONDITIONS, FAMILIES, KERNELS
 from service.policy.backends import BACKENDS, ORDER
 from service.policy.dtype import MEASUREMENTS

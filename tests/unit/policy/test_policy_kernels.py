@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 
 from service.__main__ import app
 from service.facts.cpu import Isa
-from service.facts.kernels import GDN
 from service.facts.model import inspect_model
+from service.facts.vllm_kernel_limits import GDN
 from service.policy.backends import BACKENDS
-from service.policy.kernels import check_kernels
+from service.policy.preflight import check_kernels
 from tests.unit.conftest import CPUINFO, MODELS
 
 SETTING = "preflight.kernels"

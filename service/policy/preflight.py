@@ -9,8 +9,8 @@ and the model's values.
 from __future__ import annotations
 
 from service.facts.cpu import Isa
-from service.facts.kernels import BackendKernels
 from service.facts.model import ModelFacts
+from service.facts.vllm_kernel_limits import BackendKernels
 from service.policy.backends import Backend
 from service.policy.decision import PolicyResult, record
 
