@@ -59,7 +59,7 @@ LINTED := service tests bench harness
 lint: setup
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
-	$(VENV)/bin/mypy service/facts service/policy service/startup/report.py service/settings.py bench
+	$(VENV)/bin/mypy service/facts service/policy service/kernels/registry.py service/measurements service/startup/report.py service/settings.py bench
 	$(VENV)/bin/lint-imports
 
 # container-tools (mk/container.mk): buildah, podman, mmdebstrap, compose and hadolint for the image tests.
