@@ -6,8 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 GUIDE = ROOT / "docs" / "development.md"
+needs_the_guide = pytest.mark.skipif(not GUIDE.is_file(), reason="docs/ is not in this build context (the test image)")
 
 
 def diff_sections(text: str) -> list[tuple[str, bool, list[str]]]:
@@ -44,6 +47,7 @@ def stale(text: str, root: Path = ROOT) -> list[str]:
     return found
 
 
+@needs_the_guide
 def test_every_recipe_diff_applies_to_the_tree():
     text = GUIDE.read_text()
     assert len(diff_sections(text)) >= 10
