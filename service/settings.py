@@ -105,6 +105,12 @@ class Settings(BaseSettings):
         description="KV cache element type: auto (the model dtype) or fp8 (fp8 = fp8_e4m3; 1 byte a value: twice the "
         "tokens of bf16, four times fp32's, at a quality cost; AVX-512 or AMX)",
     )
+    speculative: str = Field(
+        "auto",
+        description="Speculative decoding: off, ngram (drafts from the prompt's own n-grams: pays where text repeats, "
+        "as in agent and RAG traffic), suffix (needs arctic-inference), or a draft model's directory; auto: policy "
+        "(what measured best on this CPU class)",
+    )
     memory_headroom_gib: float | None = Field(
         None, ge=0, description="Memory kept free; default: policy", json_schema_extra={"shown": "policy"}
     )
@@ -266,6 +272,14 @@ class Settings(BaseSettings):
         if bad := [item for item, pair in zip(value, pairs, strict=True) if len(pair) != 2 or not pair[0].strip()]:
             raise ValueError(f"a LoRA adapter is given as name=path, not {bad[0]!r}")
         return {name.strip(): path.strip() for name, path in pairs}
+
+    @field_validator("speculative")
+    @classmethod
+    def _speculative(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError("speculative: auto, off, ngram, suffix or a draft model's directory")
+        return value
 
     @field_validator("api_key", mode="before")
     @classmethod

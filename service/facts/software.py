@@ -26,6 +26,7 @@ class SoftwareFacts:
     gguf: str | None = None  # gguf-py: reads GGUF files and dequantizes their blocks
     auto_round_lib: str | None = None  # Intel's prebuilt weight-only kernels (the service's int4 kernel)
     ggml_kernel: str | None = None  # the service's ggml kernel as built here (`make kernels`): ggml's version
+    arctic_inference: str | None = None  # what vLLM's suffix-decoding proposer needs
 
 
 SERVICE_DISTRIBUTION = "cpu-llm-service"
@@ -149,4 +150,5 @@ def read_software() -> SoftwareFacts:
         gguf=installed_version("gguf"),
         auto_round_lib=installed_version("auto-round-lib"),
         ggml_kernel=ggml_kernel_built(),
+        arctic_inference=installed_version("arctic-inference"),
     )

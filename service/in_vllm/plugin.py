@@ -28,6 +28,7 @@ from service.in_vllm.exit_gc import skip_exit_collection
 from service.in_vllm.fx_graph_cache_patch import PATCH_ENV, apply_fxgraph_pickle_patch
 from service.in_vllm.lora_rows import apply_lora_rows_fix
 from service.in_vllm.parent_watch import watch_parent
+from service.in_vllm.rejection_sampler import SAMPLER_ENV, use_torch_expand
 from service.kernels import register_kernels
 from service.kernels.ggml_linear import planned_handover
 from service.kernels.registry import KERNELS_ENV
@@ -65,11 +66,12 @@ def platform() -> str | None:
 
 
 def every_process() -> None:
-    if not {PATCH_ENV, PLATFORM_ENV, KERNELS_ENV, AMX_STATE_ENV, LORA_ROWS_ENV} & os.environ.keys():
+    if not {PATCH_ENV, PLATFORM_ENV, KERNELS_ENV, AMX_STATE_ENV, LORA_ROWS_ENV, SAMPLER_ENV} & os.environ.keys():
         return
     amx = request_amx_state(os.environ.get(AMX_STATE_ENV) == "1")
     patch = apply_fxgraph_pickle_patch(os.environ.get(PATCH_ENV) == "1")
     lora_rows = apply_lora_rows_fix(os.environ.get(LORA_ROWS_ENV) == "1")
+    sampler = use_torch_expand(os.environ.get(SAMPLER_ENV) == "torch")
     kernels = register_kernels(os.environ.get(KERNELS_ENV, ""))
     parent = watch_parent()
     skip_exit_collection()
@@ -89,6 +91,7 @@ def every_process() -> None:
         "linear_kernels": kernels,
         "ggml_handover": planned_handover(),
         "lora_rows_fix": lora_rows,
+        "rejection_sampler": sampler,
         "amx_tile_state": amx,
         "watched_parent": parent,
         "usage_stats": is_usage_stats_enabled(),  # vLLM's own verdict: would this process report usage

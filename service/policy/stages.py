@@ -40,6 +40,7 @@ from service.policy.platform import choose_platform
 from service.policy.preflight import check_kernels, dtype_limit
 from service.policy.preload import choose_preload
 from service.policy.quant import plan_quant
+from service.policy.speculative import plan_speculative
 from service.policy.threads import BIND_ENV, ThreadPlan, plan_threads, thread_decisions
 
 FALLBACK_MAX_MODEL_LEN = 2048
@@ -227,6 +228,18 @@ def quantization(inputs: PlanInputs, draft: Draft) -> Step:
         w8a8 = w8a8_question(model.quant, dtype, *candidates(quant, w8a8_choices))
         questions = tuple(q for q in (int4, w8a8) if q is not None)
     return Step.of_result(citing_reads(quantized, reads) + PolicyResult.of(*reads), questions=questions)
+
+
+def speculative(inputs: PlanInputs, draft: Draft) -> Step:
+    """Whether the engine drafts tokens (policy/speculative.py); a pooling model generates none."""
+    if _model(inputs).is_embedding:
+        return Step()
+    user = "speculative" in inputs.user
+    software = inputs.software
+    decided = plan_speculative(
+        inputs.settings.speculative, user, draft.entry.name, software.arctic_inference, software.vllm
+    )
+    return Step.of_result(decided)
 
 
 def calibration_verdicts(inputs: PlanInputs, draft: Draft) -> Step:
