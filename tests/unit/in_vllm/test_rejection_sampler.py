@@ -25,8 +25,12 @@ def test_integer_values_and_requests_without_tokens():
 
 
 def test_the_cpu_fallback_it_replaces_leaves_a_float_output_unwritten():
-    import vllm._C  # noqa: F401 (registers torch.ops._C)
+    from vllm.platforms import current_platform
     from vllm.utils import cpu_triton_utils
+
+    # vLLM's own pick of its op library for this CPU (the AVX-512 BF16, AVX-512 or AVX2 build): `vllm._C` itself
+    # aborts the process on a CPU without AVX-512 BF16.
+    current_platform.import_kernels()
 
     fallback = cpu_triton_utils._expand_kernel_impl
     assert fallback is not expand  # the plugin replaces it only in vLLM's processes
