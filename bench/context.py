@@ -20,12 +20,6 @@ from bench.options import BenchOptions
 from bench.output import log
 from harness import ServerProcess
 
-# llama.cpp's tools (`make bench-tools`); BENCH_LLAMA_CPP_BUILD: a build with other flags (e.g. AVX2 alone, for the
-# AVX2 emulation: docs/development.md).
-LLAMA_CPP_BIN = (
-    Path(os.environ.get("BENCH_LLAMA_CPP_BUILD") or Path(__file__).resolve().parents[1] / ".cache/llama.cpp-build")
-    / "bin"
-)
 REPACK_OFF = {"LLAMA_ARG_REPACK": "0"}  # llama.cpp's --no-repack, for its server and its tools
 # Exit codes of a llama.cpp program killed while it loads with repacking on (its AMX path in Intel guests with AMX:
 # `tilezero` raised SIGILL on one, a general protection fault in libggml-cpu on another), and what the bench calls them

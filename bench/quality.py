@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.context import LLAMA_CPP_BIN as BIN
 from bench.context import LOAD_CRASHES, REPACK_OFF, Context
 from bench.output import Output, log
+from bench.servers import LLAMA_CPP_BIN as BIN
 from bench.stats import Comparison, DecodeResult
 from harness import ServerProcess
 from harness.perplexity import license_text

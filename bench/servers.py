@@ -4,6 +4,7 @@ llama-server (bench/peer.py)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,14 @@ from service.policy.dense_kernel import FP32_ENGINE_BF16, OURS_BF16
 from service.server.supervision.engine_start import engine_flags
 
 VLLM_SERVER = "vllm.entrypoints.openai.api_server"
+# llama.cpp's tools (`make bench-tools`); BENCH_LLAMA_CPP_BUILD: a build with other flags (e.g. AVX2 alone, for the
+# AVX2 emulation: docs/development.md).
+LLAMA_CPP_BIN = (
+    Path(os.environ.get("BENCH_LLAMA_CPP_BUILD") or Path(__file__).resolve().parents[1] / ".cache/llama.cpp-build")
+    / "bin"
+)
+SERVED = "bench-llama"  # llama-server's model name
+CTX_PER_SLOT = 512  # prompt + answer of every workload here, with room
 # Given to both sides (the service does not report it): admitted requests, far above any concurrency measured.
 MAX_QUEUED = 64
 
@@ -128,3 +137,51 @@ def vllm_defaults(model: str, served: str, kv_cache_bytes: int | None, log_path:
     process, on a shared machine. It gets the same KV size as the policy chose."""
     args = {"kv_cache_memory_bytes": kv_cache_bytes} if kv_cache_bytes else {}
     return ServerProcess(bench_env(), log_path, vllm_argv(model, served, args, None), "/v1/models", "vllm-defaults")
+
+
+def llama_server(
+    gguf: Path,
+    cpus: list[int],
+    slots: int,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    extra: tuple[str, ...] = (),
+) -> ServerProcess:
+    """llama-server with the engine's compute cores as its threads (pinned there, strictly), `slots` parallel slots
+    (continuous batching is its default), a context of CTX_PER_SLOT per slot; `extra`: more of its options."""
+    mask = hex(sum(1 << c for c in cpus))
+    argv = [
+        str(LLAMA_CPP_BIN / "llama-server"),
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "-a",
+        SERVED,
+        "-np",
+        str(slots),
+        "-c",
+        str(CTX_PER_SLOT * slots),
+        "-t",
+        str(len(cpus)),
+        "-tb",
+        str(len(cpus)),
+        "-C",
+        mask,
+        "--cpu-strict",
+        "1",
+        "-Cb",
+        mask,
+        "--cpu-strict-batch",
+        "1",
+        "--no-webui",
+        # No SSE keep-alive comments: a request that waits 30 s for its first token (16 slots on one thread) got a
+        # ":" ping before any data, which vLLM's benchmark client strips of its blank line and then reads every
+        # later event as part of that comment ("Never received a valid chunk"): cells left out at c=16.
+        "--sse-ping-interval",
+        "-1",
+        "--metrics",  # its own count of generated tokens, which the bench's client cannot read (predicted_tokens)
+    ]
+    return ServerProcess(bench_env() | (env or {}), log_path, argv, "/health", "llama.cpp")

@@ -46,10 +46,10 @@ def test_a_new_row_reaches_the_rendered_table():
     assert "| zen9 | 1 stream: llama.cpp (x0.50); 16: this service (x3.00) |" in after
 
 
-def test_promote_writes_a_runs_comparisons_as_rows(tmp_path):
-    runs = [
+def peer_run(comparison: str) -> list[dict]:
+    return [
         {
-            "comparison": "peer-q8_0",
+            "comparison": comparison,
             "server": server,
             "concurrency": 1,
             "rep": rep,
@@ -58,13 +58,19 @@ def test_promote_writes_a_runs_comparisons_as_rows(tmp_path):
         for rep in range(3)
         for server, tput in (("ours", 20.0 + rep), ("llama.cpp", 10.0 + rep / 2))
     ]
-    results = {
+
+
+def peer_results(runs: list[dict]) -> dict:
+    return {
         "command": "make bench-peer",
         "started": "2027-01-02T03:04:05",
         "machine": {"cpu": "AMD EPYC", "family_model": "25/17", "microarchitecture": "zen4", "backend": "zen"},
         "peer": {"runs": runs},
     }
-    rows = peer_rows(results, "bench/results/x")
+
+
+def test_promote_writes_a_runs_comparisons_as_rows(tmp_path):
+    rows = peer_rows(peer_results(peer_run("peer-q8_0")), "bench/results/x")
     output = next(r for r in rows if r.key == "peer/zen4/q8_0/c1/output")
     assert output.value == pytest.approx(2.0, rel=0.05) and output.date == "2027-01-02 03:04"
     path = tmp_path / "peers.yaml"
@@ -89,3 +95,9 @@ def test_the_readme_stays_a_users_page():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 200
     assert not DATE.search(readme.replace("<!--", "")), "a dated figure belongs in the store"
+
+
+def test_a_users_own_file_stays_in_its_run():
+    """`--peer-file`: the store's peer rows are the project's formats, not whatever file a user measured."""
+    results = peer_results(peer_run("peer-q8_0") + peer_run("peer-file"))
+    assert {r.params["format"] for r in peer_rows(results, "bench/results/x")} == {"q8_0"}

@@ -38,6 +38,8 @@ def test_quick_runs_the_quick_parts_and_a_part_option_reaches_its_part():
     chosen = options(parser().parse_args(["--only-peer", "--peer-format", "q8_0", "--peer-repetitions", "1"]))
     assert chosen.of("peer").format == ("q8_0",) and chosen.of("peer").repetitions == 1
     assert chosen.of("quant") == next(p for p in PARTS if p.name == "quant").defaults()
+    named = options(parser().parse_args(["--only-peer", "--peer-file", "/models/gemma.Q4_K_M.gguf"]))
+    assert named.of("peer").file == "/models/gemma.Q4_K_M.gguf"
 
 
 def test_the_report_shows_a_section_for_each_part_that_ran_and_none_for_one_that_did_not():

@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from bench import peer
+from bench import peer, servers
 
 
 def test_llama_server_gets_the_engine_cores_and_one_slot_per_concurrent_request(tmp_path):
-    server = peer.llama_server(tmp_path / "m.gguf", [2, 3], 16, tmp_path / "log")
+    server = servers.llama_server(tmp_path / "m.gguf", [2, 3], 16, tmp_path / "log")
     argv = server.argv
     opt = dict(zip(argv, argv[1:]))
     assert argv[0].endswith("llama-server") and opt["-m"] == str(tmp_path / "m.gguf")
     assert opt["-t"] == "2" and opt["-tb"] == "2"
     assert opt["-C"] == "0xc" and opt["-Cb"] == "0xc" and opt["--cpu-strict"] == "1"
-    assert opt["-np"] == "16" and opt["-c"] == str(16 * peer.CTX_PER_SLOT)
-    assert opt["--port"] == "{port}" and opt["-a"] == peer.SERVED and server.ready_path == "/health"
+    assert opt["-np"] == "16" and opt["-c"] == str(16 * servers.CTX_PER_SLOT)
+    assert opt["--port"] == "{port}" and opt["-a"] == servers.SERVED and server.ready_path == "/health"
 
 
 def test_llama_server_sends_no_sse_ping_that_vllms_benchmark_client_would_misread(tmp_path):
@@ -30,7 +30,7 @@ def test_llama_server_sends_no_sse_ping_that_vllms_benchmark_client_would_misrea
     for reads, parsed in (([event], 1), ([b":\n\n", event, event], 0)):
         handler = StreamedResponseHandler()
         assert len([m for read in reads for m in handler.add_chunk(read.strip())]) == parsed
-    argv = peer.llama_server(tmp_path / "m.gguf", [0], 16, tmp_path / "log").argv
+    argv = servers.llama_server(tmp_path / "m.gguf", [0], 16, tmp_path / "log").argv
     opt = dict(zip(argv, argv[1:]))
     assert opt["--sse-ping-interval"] == "-1"
 
@@ -141,11 +141,11 @@ def test_a_llama_server_that_crashes_while_loading_runs_with_repacking_off_and_t
     fake.parent.mkdir()
     fake.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable, signal=crash))
     fake.chmod(0o755)
-    monkeypatch.setattr(peer, "BIN", fake.parent)
+    monkeypatch.setattr(servers, "LLAMA_CPP_BIN", fake.parent)
     monkeypatch.delenv("LLAMA_ARG_REPACK", raising=False)
     ctx, state = SimpleNamespace(startup_s={}), {}
-    servers = [peer.start_llama(ctx, state, tmp_path / "m.gguf", [0], c, tmp_path / f"c{c}.log") for c in (1, 4)]
-    for server in servers:
+    started = [peer.start_llama(ctx, state, tmp_path / "m.gguf", [0], c, tmp_path / f"c{c}.log") for c in (1, 4)]
+    for server in started:
         assert server.env["LLAMA_ARG_REPACK"] == "0" and server.proc.poll() is None
         server.close()
     assert crash in state["repack_off"] and "m.gguf" in state["repack_off"]
