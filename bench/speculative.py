@@ -2,12 +2,14 @@
 (service/policy/speculative.py).
 
   .venv/bin/python -m bench.speculative [--repetitions 2] [--requests 3] [--max-tokens 128] [--concurrency 1 4]
+                                       [--model FILE.gguf] [--peer]
 
 The default model is served twice at once, with the n-gram proposer and without, and answers the same chat requests
-in adjacent pairs, order alternating. Two workloads: text that repeats its context (a licence an installed package
+in adjacent requests, order alternating. With `--peer`, llama.cpp's server (`make bench-tools`) on the same GGUF file
+joins them twice, with its prompt lookup and without, on the engine's cores. Two workloads: text that repeats its context (a licence an installed package
 ships, copied; a standard-library function, edited; a package's metadata as a JSON tool result, summarised) and free
 generation (a story, an explanation). Per workload and concurrency: completion tokens per second of wall time,
-ngram/off per pair, averaged as logs per repetition (a restart of both); and the n-gram proposer's acceptance from
+each ratio of RATIOS per request round, averaged as logs per repetition (a restart of all); and the n-gram proposer's acceptance from
 the server's own `vllm:spec_decode_*` counters.
 """
 
@@ -30,8 +32,14 @@ import httpx
 
 from bench.stats import estimate
 from harness import REPO, ServerProcess, offline_env
+from harness.metrics import counter_totals
 
+# Our service with the n-gram proposer and without; with --peer, llama.cpp's server on the same GGUF file with its own
+# prompt lookup (ngram-simple, at its defaults: the setting its maintainers chose) and without.
 VARIANTS = {"ngram": {"SERVICE_SPECULATIVE": "ngram"}, "off": {"SERVICE_SPECULATIVE": "off"}}
+PEER_VARIANTS = {"llama.cpp-lookup": ("--spec-type", "ngram-simple"), "llama.cpp": ()}
+# candidate/baseline: the proposer's gain on our side; then ours against llama.cpp, each with its drafting and without.
+RATIOS = (("ngram", "off"), ("ngram", "llama.cpp-lookup"), ("off", "llama.cpp"), ("llama.cpp-lookup", "llama.cpp"))
 COUNTERS = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
 
 
@@ -56,21 +64,15 @@ def workloads() -> dict[str, list[str]]:
 
 
 def counters(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    found = dict.fromkeys(COUNTERS, 0.0)
-    for line in text.splitlines():
-        name = line.split("{")[0].split(" ")[0]
-        if name in found:
-            found[name] += float(line.rsplit(" ", 1)[1])
-    return found
+    return dict.fromkeys(COUNTERS, 0.0) | counter_totals(url, "vllm:spec_decode_num_")
 
 
-def throughput(url: str, messages: list[str], concurrency: int, max_tokens: int) -> float:
+def throughput(url: str, messages: list[str], concurrency: int, max_tokens: int, served: str = "bench") -> float:
     """Completion tokens per second of wall time, `concurrency` requests at once, each message once per slot."""
 
     def one(content: str) -> int:
         body = {
-            "model": "bench",
+            "model": served,
             "messages": [{"role": "user", "content": content}],
             "max_tokens": max_tokens,
             "temperature": 0,
@@ -86,6 +88,30 @@ def throughput(url: str, messages: list[str], concurrency: int, max_tokens: int)
     return tokens / (time.perf_counter() - start)
 
 
+def start_all(base: dict[str, str], peer_file: Path | None, slots: int, log_dir: Path, rep: int) -> dict[str, Any]:
+    """Every variant's server, started in an order that alternates with `rep`; llama.cpp's on our engine's cores."""
+    from bench.servers import Reported, llama_server
+
+    started: dict[str, ServerProcess] = {}
+    try:
+        for variant in list(VARIANTS) if rep % 2 == 0 else list(VARIANTS)[::-1]:
+            started[variant] = ServerProcess(
+                base | VARIANTS[variant], log_dir / f"server-{variant}-{rep}.log", name=variant
+            ).start()
+            started[variant].wait_ready(900)
+        if peer_file is not None:
+            cpus = Reported.fetch(started["ngram"].url).engine_cpus
+            for variant, extra in PEER_VARIANTS.items():
+                log_path = log_dir / f"server-{variant}-{rep}.log"
+                started[variant] = llama_server(peer_file, cpus, slots, log_path, extra=extra).start()
+                started[variant].wait_ready(900)
+    except BaseException:
+        for server in started.values():
+            server.close()
+        raise
+    return started
+
+
 def measure(
     model: Path | None,
     cache_dir: Path,
@@ -94,8 +120,12 @@ def measure(
     requests: int,
     max_tokens: int,
     levels: list[int],
+    peer_file: Path | None = None,
 ) -> dict[str, Any]:
-    """`model` None: the default model as `make serve` serves it. Both servers run at once: a KV cache of 1 GiB each."""
+    """`model` None: the default model as `make serve` serves it. All servers run at once (a KV cache of 1 GiB each
+    of ours) and answer one at a time. `peer_file`: the GGUF file llama.cpp's servers load (the one ours serves)."""
+    from bench.servers import SERVED
+
     log_dir.mkdir(parents=True, exist_ok=True)
     base = offline_env(drop=("SERVICE_", "LD_PRELOAD"))
     base.update(SERVICE_SERVED_MODEL_NAME="bench", SERVICE_CACHE_DIR=str(cache_dir), SERVICE_KV_CACHE_GIB="1")
@@ -103,32 +133,34 @@ def measure(
         base.update(SERVICE_MODEL=str(model))
     loads = workloads()
     keys = [f"{w}/c{c}" for w in loads for c in levels]
-    ratios: dict[str, list[float]] = {k: [] for k in keys}
-    rates: dict[str, dict[str, list[float]]] = {k: {v: [] for v in VARIANTS} for k in keys}
+    variants = [*VARIANTS, *(PEER_VARIANTS if peer_file else ())]
+    ratios: dict[str, dict[str, list[float]]] = {
+        f"{a}/{b}": {k: [] for k in keys} for a, b in RATIOS if a in variants and b in variants
+    }
+    rates: dict[str, dict[str, list[float]]] = {k: {v: [] for v in variants} for k in keys}
     accepted: dict[str, list[float]] = {w: [] for w in loads}
     for rep in range(repetitions):
-        started: dict[str, ServerProcess] = {}
+        started = start_all(base, peer_file, max(levels), log_dir, rep)
         try:
-            for variant in list(VARIANTS) if rep % 2 == 0 else list(VARIANTS)[::-1]:
-                log_path = log_dir / f"server-{variant}-{rep}.log"
-                started[variant] = ServerProcess(base | VARIANTS[variant], log_path, name=variant).start()
-                started[variant].wait_ready(900)
-            for server in started.values():  # first requests after start: not timed
-                throughput(server.url, ["Say hello."], 1, 8)
+            for variant, server in started.items():  # first requests after start: not timed
+                throughput(server.url, ["Say hello."], 1, 8, "bench" if variant in VARIANTS else SERVED)
             for workload, messages in loads.items():
                 before = counters(started["ngram"].url)
                 for c in levels:
-                    pairs = []
+                    key = f"{workload}/c{c}"
+                    pairs: dict[str, list[float]] = {name: [] for name in ratios}
                     for i in range(requests):
                         got = {}
-                        for variant in list(VARIANTS) if i % 2 == 0 else list(VARIANTS)[::-1]:
-                            got[variant] = throughput(started[variant].url, messages, c, max_tokens)
-                            rates[f"{workload}/c{c}"][variant].append(got[variant])
-                        pairs.append(got["ngram"] / got["off"])
-                    ratios[f"{workload}/c{c}"].append(math.exp(statistics.fmean(map(math.log, pairs))))
-                    print(
-                        f"rep {rep} {workload} c={c}: ngram/off " + " ".join(f"{p:.3f}" for p in pairs), file=sys.stderr
-                    )
+                        for variant in variants if i % 2 == 0 else variants[::-1]:
+                            served = "bench" if variant in VARIANTS else SERVED
+                            got[variant] = throughput(started[variant].url, messages, c, max_tokens, served)
+                            rates[key][variant].append(got[variant])
+                        for name in ratios:
+                            a, b = name.split("/")
+                            pairs[name].append(got[a] / got[b])
+                    for name, values in pairs.items():
+                        ratios[name][key].append(math.exp(statistics.fmean(map(math.log, values))))
+                        print(f"rep {rep} {key} {name}: " + " ".join(f"{p:.3f}" for p in values), file=sys.stderr)
                 after = counters(started["ngram"].url)
                 drafted = after[COUNTERS[0]] - before[COUNTERS[0]]
                 accepted[workload].append((after[COUNTERS[1]] - before[COUNTERS[1]]) / drafted if drafted else 0.0)
@@ -140,12 +172,15 @@ def measure(
     cpu = read_hardware().cpu
     return {
         "model": str(model) if model else "the default model (SmolLM2-135M-Instruct, as make serve serves it)",
+        "peer_file": str(peer_file) if peer_file else None,
         "cpu": f"{cpu.vendor} {cpu.model_name} ({cpu.microarchitecture})",
         "max_tokens": max_tokens,
         "requests_per_start": requests,
         "ratios": ratios,
-        "estimates": {k: estimate(f"{k} ngram/off", "ratio", v).fmt() for k, v in ratios.items()},
-        "interval": {k: _interval(v) for k, v in ratios.items()},
+        "estimates": {
+            name: {k: estimate(f"{k} {name}", "ratio", v).fmt() for k, v in by.items()} for name, by in ratios.items()
+        },
+        "interval": {name: {k: _interval(v) for k, v in by.items()} for name, by in ratios.items()},
         "median_tok_s": {k: {v: statistics.median(r) for v, r in by.items()} for k, by in rates.items()},
         "acceptance": {w: statistics.fmean(a) for w, a in accepted.items()},
     }
@@ -167,9 +202,13 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--peer", action="store_true", help="llama.cpp's server on the same GGUF file, lookup on and off")
     ap.add_argument("--out", type=Path, default=REPO / ".cache" / "bench-speculative")
     args = ap.parse_args()
-    assert args.model or packaged_default_model_path(), "no model: the default model's wheel is not installed"
+    model = args.model or packaged_default_model_path()
+    assert model, "no model: the default model's wheel is not installed"
+    if args.peer and model.suffix != ".gguf":
+        ap.error(f"--peer: llama.cpp loads a GGUF file, and {model} is not one")
     result = measure(
         args.model,
         args.cache_dir,
@@ -178,11 +217,13 @@ def main() -> None:
         args.requests,
         args.max_tokens,
         args.concurrency,
+        model if args.peer else None,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speculative.json").write_text(json.dumps(result, indent=2))
-    for text in result["estimates"].values():
-        print(f"{result['cpu']}: {text}")
+    for by in result["estimates"].values():
+        for text in by.values():
+            print(f"{result['cpu']}: {text}")
     print("acceptance (accepted / drafted): " + ", ".join(f"{w} {a:.2f}" for w, a in result["acceptance"].items()))
 
 

@@ -8,12 +8,14 @@ import importlib.metadata
 import httpx
 import pytest
 
+from harness.metrics import counter_totals
 from tests.integration.conftest import _start
 from tests.support.release import release
 from tests.support.server import DEFAULT_MODEL
 
 pytestmark = pytest.mark.engine
 SERVED = "SmolLM2-135M-Instruct"
+SPEC_DECODE = "vllm:spec_decode_num_"  # vLLM's drafted and accepted token counters
 # Text an installed package ships, and a request that repeats it: where n-gram drafting accepts most.
 LICENCE = (importlib.metadata.distribution("httpx").read_text("licenses/LICENSE.md") or "")[:600]
 PROMPTS = [
@@ -37,15 +39,6 @@ def greedy(url: str, content: str) -> str:
     return resp.json()["choices"][0]["message"]["content"]
 
 
-def counters(url: str) -> dict[str, float]:
-    found: dict[str, float] = {}
-    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
-        name = line.split("{")[0].split(" ")[0]
-        if name.startswith("vllm:spec_decode_num_") and name.endswith("_total"):
-            found[name] = found.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return found
-
-
 def test_the_report_says_the_engine_drafts_with_ngrams(ngram_server):
     decisions = httpx.get(f"{ngram_server.url}/v1/hardware", timeout=30).json()["decisions"]
     (spec,) = [d for d in decisions if d["setting"] == "engine.speculative_config"]
@@ -58,9 +51,9 @@ def test_greedy_answers_are_the_same_with_and_without_drafting(ngram_server, def
 
 
 def test_acceptance_reaches_the_metrics(ngram_server):
-    before = counters(ngram_server.url)
+    before = counter_totals(ngram_server.url, SPEC_DECODE)
     greedy(ngram_server.url, PROMPTS[0])
-    after = counters(ngram_server.url)
+    after = counter_totals(ngram_server.url, SPEC_DECODE)
     drafted = after["vllm:spec_decode_num_draft_tokens_total"] - before.get(
         "vllm:spec_decode_num_draft_tokens_total", 0
     )
