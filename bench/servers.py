@@ -146,9 +146,10 @@ def llama_server(
     log_path: Path,
     env: dict[str, str] | None = None,
     extra: tuple[str, ...] = (),
+    ctx_per_slot: int = CTX_PER_SLOT,
 ) -> ServerProcess:
     """llama-server with the engine's compute cores as its threads (pinned there, strictly), `slots` parallel slots
-    (continuous batching is its default), a context of CTX_PER_SLOT per slot; `extra`: more of its options."""
+    (continuous batching is its default), a context of `ctx_per_slot` per slot; `extra`: more of its options."""
     mask = hex(sum(1 << c for c in cpus))
     argv = [
         str(LLAMA_CPP_BIN / "llama-server"),
@@ -163,7 +164,7 @@ def llama_server(
         "-np",
         str(slots),
         "-c",
-        str(CTX_PER_SLOT * slots),
+        str(ctx_per_slot * slots),
         "-t",
         str(len(cpus)),
         "-tb",

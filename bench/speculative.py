@@ -40,6 +40,7 @@ VARIANTS = {"ngram": {"SERVICE_SPECULATIVE": "ngram"}, "off": {"SERVICE_SPECULAT
 PEER_VARIANTS = {"llama.cpp-lookup": ("--spec-type", "ngram-simple"), "llama.cpp": ()}
 # candidate/baseline: the proposer's gain on our side; then ours against llama.cpp, each with its drafting and without.
 RATIOS = (("ngram", "off"), ("ngram", "llama.cpp-lookup"), ("off", "llama.cpp"), ("llama.cpp-lookup", "llama.cpp"))
+CTX = 2048  # llama.cpp's context per slot: the longest request here (a licence quoted, 128 tokens out) with room
 COUNTERS = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
 
 
@@ -103,7 +104,7 @@ def start_all(base: dict[str, str], peer_file: Path | None, slots: int, log_dir:
             cpus = Reported.fetch(started["ngram"].url).engine_cpus
             for variant, extra in PEER_VARIANTS.items():
                 log_path = log_dir / f"server-{variant}-{rep}.log"
-                started[variant] = llama_server(peer_file, cpus, slots, log_path, extra=extra).start()
+                started[variant] = llama_server(peer_file, cpus, slots, log_path, extra=extra, ctx_per_slot=CTX).start()
                 started[variant].wait_ready(900)
     except BaseException:
         for server in started.values():
