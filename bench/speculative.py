@@ -5,12 +5,13 @@
                                        [--model FILE.gguf] [--peer]
 
 The default model is served twice at once, with the n-gram proposer and without, and answers the same chat requests
-in adjacent requests, order alternating. With `--peer`, llama.cpp's server (`make bench-tools`) on the same GGUF file
-joins them twice, with its prompt lookup and without, on the engine's cores. Two workloads: text that repeats its context (a licence an installed package
-ships, copied; a standard-library function, edited; a package's metadata as a JSON tool result, summarised) and free
-generation (a story, an explanation). Per workload and concurrency: completion tokens per second of wall time,
-each ratio of RATIOS per request round, averaged as logs per repetition (a restart of all); and the n-gram proposer's acceptance from
-the server's own `vllm:spec_decode_*` counters.
+in adjacent requests, order alternating. With `--peer`, llama.cpp's server (`make bench-tools`) joins them twice, with
+its prompt lookup and without, on the engine's cores, and both sides load the one GGUF file (the service with its own
+choices on it, blocks kept where it keeps them). Two workloads: text that repeats its context (a licence an installed
+package ships, copied; a standard-library function, edited; a package's metadata as a JSON tool result, summarised)
+and free generation (a story, an explanation). Per workload and concurrency: completion tokens per second of wall
+time, each ratio of RATIOS per request round, averaged as logs per repetition (a restart of all); and the n-gram
+proposer's acceptance from the server's own `vllm:spec_decode_*` counters.
 """
 
 from __future__ import annotations
@@ -139,12 +140,13 @@ def measure(
         f"{a}/{b}": {k: [] for k in keys} for a, b in RATIOS if a in variants and b in variants
     }
     rates: dict[str, dict[str, list[float]]] = {k: {v: [] for v in variants} for k in keys}
+    served = {v: "bench" if v in VARIANTS else SERVED for v in variants}  # each server's model name
     accepted: dict[str, list[float]] = {w: [] for w in loads}
     for rep in range(repetitions):
         started = start_all(base, peer_file, max(levels), log_dir, rep)
         try:
             for variant, server in started.items():  # first requests after start: not timed
-                throughput(server.url, ["Say hello."], 1, 8, "bench" if variant in VARIANTS else SERVED)
+                throughput(server.url, ["Say hello."], 1, 8, served[variant])
             for workload, messages in loads.items():
                 before = counters(started["ngram"].url)
                 for c in levels:
@@ -153,8 +155,7 @@ def measure(
                     for i in range(requests):
                         got = {}
                         for variant in variants if i % 2 == 0 else variants[::-1]:
-                            served = "bench" if variant in VARIANTS else SERVED
-                            got[variant] = throughput(started[variant].url, messages, c, max_tokens, served)
+                            got[variant] = throughput(started[variant].url, messages, c, max_tokens, served[variant])
                             rates[key][variant].append(got[variant])
                         for name in ratios:
                             a, b = name.split("/")
@@ -210,8 +211,10 @@ def main() -> None:
     assert model, "no model: the default model's wheel is not installed"
     if args.peer and model.suffix != ".gguf":
         ap.error(f"--peer: llama.cpp loads a GGUF file, and {model} is not one")
+    # --peer: the service loads the file llama.cpp loads (without --model, `make serve` serves the packaged file
+    # dequantized, which llama.cpp's side would not match)
     result = measure(
-        args.model,
+        model if args.peer else args.model,
         args.cache_dir,
         args.out / "logs",
         args.repetitions,
