@@ -50,8 +50,10 @@ def _replica(tmp_path: Path, cache: Path, name: str) -> ServerProcess:
 
 
 def _building(gguf_dir: Path) -> bool:
+    """A staging directory is there: made only once its builder holds the lock. (The lock file is not a sign: it is
+    created a moment before the lock is taken, and a replica stopped in that moment holds nothing.)"""
     try:
-        return any(e.name.endswith((".partial", ".lock")) for e in os.scandir(gguf_dir))
+        return any(e.name.endswith(".partial") for e in os.scandir(gguf_dir))
     except FileNotFoundError:
         return False
 
@@ -69,6 +71,7 @@ def test_two_replicas_in_two_pid_namespaces_convert_once_into_one_cache(tmp_path
             time.sleep(0.001)
         os.killpg(first.pid, signal.SIGSTOP)
         held = sorted(p.name for p in gguf_dir.iterdir())
+        assert any(name.endswith(".partial") for name in held), held  # stopped mid-way, not after its rename
         second = _replica(tmp_path, cache, "second").start()
         while "waiting for another build of" not in second.log_path.read_text(errors="replace"):
             assert second.proc.poll() is None and time.monotonic() < deadline, second.log_tail()
