@@ -20,8 +20,8 @@ from bench.context import LOAD_CRASHES, REPACK_OFF, Context, cache_dir, ours_rea
 from bench.load import Workload
 from bench.output import Output, log
 from bench.profile import step_line
+from bench.servers import CTX_PER_SLOT, SERVED, llama_server
 from bench.servers import LLAMA_CPP_BIN as BIN
-from bench.servers import SERVED, llama_server
 from bench.stats import PEER_ESTIMATES, Comparison, DecodeResult, compare, decode_line, summary_line
 from bench.tables import PEER_COLUMNS, comparison_table, decode_table
 from harness import REPO, ServerProcess
@@ -355,7 +355,12 @@ def run(ctx: Context, options: PeerOptions) -> Output:
                         model,
                         SERVED,
                         ctx.logdir / f"server-{name}-ours-rep{rep}.log",
-                        {"SERVICE_KV_CACHE_GIB": "1", **paired[fmt].settings},
+                        # The context llama.cpp gets per slot: a file made for 32k tokens needs no more here.
+                        {
+                            "SERVICE_KV_CACHE_GIB": "1",
+                            "SERVICE_MAX_MODEL_LEN": str(CTX_PER_SLOT),
+                            **paired[fmt].settings,
+                        },
                     ),
                     ctx,
                 )
