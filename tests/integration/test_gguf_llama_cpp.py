@@ -33,6 +33,11 @@ GREEDY = 24  # continuation tokens per text: with the prompts', a few dozen posi
 # guest (2026-12-04): logprob max 1.0e-05, mean 2.1e-06 at most over the architectures, against max 2.1-6.7 and mean
 # 0.62-1.9 with layer 0's norm off by one (the control below).
 MAX_DIFF, MEAN_DIFF, TIE = 1e-3, 1e-4, 1e-3
+# A file's Q8_0 blocks in the engine against llama.cpp on them, both with 8-bit activations per 32-block. Measured on
+# a Zen 3 guest (2026-12-05), Gemma 3: 72 of 72 greedy tokens, logprob max 0.47 / mean 0.042 (the fp32 file through
+# the engine: 0.008 / 0.0009; transformers on the dequantized Q8_0 file, fp32 activations: 0.39 / 0.067). The default
+# model's Q4_1 file, the same comparison: 0.35 / 0.071 (test_real_model_quality.py's GGUF_BLOCKS: 1.5 / 0.15).
+BLOCKS_MAX_DIFF, BLOCKS_MEAN_DIFF, BLOCKS_TIE = 1.0, 0.1, 0.5
 # llama.cpp's BPE pre-tokenizer whose split rules the demo tokenizer's byte-level splitting (GPT-2's) follows.
 PRE = "gpt-2"
 
@@ -209,6 +214,16 @@ def llama_cpp_file(name: str) -> Path:
     return path
 
 
+def llama_cpp_quantized(name: str, ftype: str) -> Path:
+    """`llama_cpp_file(name)` quantized by llama.cpp's quantizer, every 2-D tensor in `ftype` (`--pure`)."""
+    path = MODELS / "gguf" / f"llama-cpp-{name}-{ftype}-{VERSION}.gguf"
+    if not path.is_file():
+        with tempfile.TemporaryDirectory(dir=path.parent) as staging:
+            written = llama_cpp.quantize(llama_cpp_file(name), Path(staging) / path.name, ftype)
+            os.replace(written, path)
+    return path
+
+
 def _converted(gguf: Path) -> Path:
     plan = plan_model_source(inspect_model(str(gguf)), "float32", MODELS, read_software(), frozenset())
     assert not plan.result.errors, plan.result.errors
@@ -322,3 +337,37 @@ def test_the_engine_answers_a_llama_3_rope_file_as_llama_cpp_does(server_logs):
     print(f"\nthe engine on {gguf.name} against llama.cpp: {result}")
     assert result.top1_equal == result.greedy == GREEDY * len(TEXTS), result
     assert result.passes(MAX_DIFF, MEAN_DIFF), result
+
+
+@pytest.mark.engine
+def test_the_engine_serves_a_gemma3_files_blocks_as_llama_cpp_does(server_logs):
+    """A Gemma 3 file on its own blocks (service/policy/model_source.BLOCK_ARCHITECTURES), through the real engine:
+    every linear layer and the token embedding, which the LM head is tied to, in Q8_0 on ggml's kernel, as the
+    published Gemma 3 files keep it; vLLM's Gemma 3 (its embedding scale, soft-capping, sliding window) on the
+    converted copy, against llama.cpp on the same quantized file. Both quantize the activations to Q8_0 for ggml's
+    dot products; where the two differ by a rounding upstream, a value lands in the next 8-bit step (BLOCKS_*)."""
+    import httpx
+    from openai import OpenAI
+
+    from tests.integration.conftest import _start
+    from tests.support.reference import prompt_ids, query
+    from tests.support.release import release
+
+    gguf = llama_cpp_quantized("gemma3", "Q8_0")
+    server = _start("gguf-gemma3-blocks", server_logs, gguf.stem, model=str(gguf), kv_cache_gib="0.25", dtype="float32")
+    try:
+        report = httpx.get(f"{server.url}/v1/hardware", timeout=30).json()
+        decisions = {d["setting"]: d for d in report["decisions"]}
+        converted = Path(decisions["model.source"]["value"])
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        served = [query(client, gguf.stem, ids, GREEDY) for ids in prompt_ids(converted, TEXTS)]
+        log = server.process.log_tail(10**6)
+    finally:
+        release(server.process)
+    assert (decisions["model.gguf_blocks"]["value"], decisions["model.gguf_blocks"]["source"]) == ("Q8_0", "policy")
+    assert "[service] GGUF blocks: Q8_0 linear layers on ggml's kernel" in log
+    assert "[service] GGUF blocks: Q8_0 VocabParallelEmbedding on ggml's kernel" in log
+    result = compare(served, llama_cpp.logprobs(gguf, [s.prompt + s.tokens for s in served]), BLOCKS_TIE, 0.0)
+    print(f"\nthe engine on {gguf.name}'s blocks against llama.cpp: {result}")
+    assert result.top1_equal + result.near_ties == result.greedy == GREEDY * len(TEXTS), result
+    assert result.passes(BLOCKS_MAX_DIFF, BLOCKS_MEAN_DIFF), result

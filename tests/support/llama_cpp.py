@@ -7,6 +7,8 @@ that asked, not the session.
 - `convert(hf_dir, out, pre)`: llama.cpp's converter on a Hugging Face checkpoint, in F32, as users' files are made
   (the architecture's own tensor edits: llama's Q/K rows permuted, Gemma's norms stored plus one, ...). `pre` names
   the BPE pre-tokenizer, which the converter otherwise recognises only by a hash of a known model's tokenizer.
+- `quantize(gguf, out, ftype)`: llama.cpp's quantizer (`llama-quantize --pure`): every 2-D tensor in one type, the
+  token embedding and the output included, as `ftype` names it (a LLAMA_FTYPE_MOSTLY_* name: "Q8_0").
 - `logprobs(gguf, sequences)`: llama.cpp's log-softmax at every position of each sequence (a `Reference` of
   tests/support/reference.py, row j scoring token j+1), in fp32 with one thread.
 - `tokenize(gguf, texts)`: llama.cpp's token ids for each text, with the BOS the file asks for."""
@@ -46,6 +48,11 @@ def _run(*args: str, timeout: float = 600) -> str:
 
 def convert(hf_dir: Path, out: Path, pre: str) -> Path:
     _run("convert", str(hf_dir), str(out), pre)
+    return out
+
+
+def quantize(gguf: Path, out: Path, ftype: str) -> Path:
+    _run("quantize", str(gguf), str(out), ftype)
     return out
 
 
@@ -109,6 +116,16 @@ def _child_convert(hf_dir: str, out: str, pre: str) -> None:
     runpy.run_path(str(TREE / "convert_hf_to_gguf.py"), run_name="__main__")
 
 
+def _child_quantize(path: str, out: str, ftype: str) -> None:
+    lib = _bindings()
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.pure = True
+    params.nthread = 1
+    if lib.llama_model_quantize(path.encode(), out.encode(), params) != 0:
+        raise SystemExit(f"llama.cpp could not quantize {path} to {ftype}")
+
+
 def _child_logprobs(path: str, request: str, out_dir: str) -> None:
     import ctypes
 
@@ -162,4 +179,9 @@ def _child_tokenize(path: str, texts: str) -> None:
 
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
-    {"convert": _child_convert, "logprobs": _child_logprobs, "tokenize": _child_tokenize}[command](*arguments)
+    {
+        "convert": _child_convert,
+        "quantize": _child_quantize,
+        "logprobs": _child_logprobs,
+        "tokenize": _child_tokenize,
+    }[command](*arguments)
