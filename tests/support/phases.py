@@ -1,7 +1,9 @@
 """`make test`'s phase times beside each phase's budget, and the engine starts per family (tests/support/engines.py).
 
 The phases: set-up and lint (timed by make), then pytest's own, one per test directory (unit, integration,
-reliability, container; the container tests run beside the others, in a pytest of their own: scripts/test.sh).
+reliability, container; the container tests run beside the others, in a pytest of their own: scripts/test.sh). The
+integration files that stream runs too (MOVED_ENV names their directory) are a phase of their own, `integration-beside`,
+so that each stream's phases add up to its time.
 Every pytest session appends its phases and engine starts to the file TEST_PHASES names (`phase<TAB>seconds`,
 `engines<TAB>family<TAB>count`); `python -m tests.support.phases FILE` prints them all at the end. A session without
 TEST_PHASES prints its own. The budgets are the table in docs/development.md ("Time budget"), the suite's target on
@@ -23,6 +25,7 @@ from tests.support import engines
 REPO = Path(__file__).resolve().parents[2]
 BUDGET_DOC = REPO / "docs" / "development.md"
 PHASES_ENV = "TEST_PHASES"
+MOVED_ENV = "TEST_PHASES_MOVED"  # space-separated test directories whose files this session runs beside their own
 _ROW = re.compile(r"^\|\s*`?([\w-]+)`?\s*\|\s*(\d+)\s*\|")
 
 
@@ -38,7 +41,8 @@ def budgets(doc: Path = BUDGET_DOC) -> dict[str, int]:
 def phase_of(item: pytest.Item) -> str:
     """tests/<phase>/...: the test directory an item lives in."""
     parts = Path(str(item.path)).relative_to(REPO).parts
-    return parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+    phase = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+    return f"{phase}-beside" if phase in os.environ.get(MOVED_ENV, "").split() else phase
 
 
 def read_record(path: str | os.PathLike[str] | None) -> tuple[dict[str, float], Counter[str]]:

@@ -103,7 +103,8 @@ def test_an_unregistered_engine_or_one_start_too_many_fails_at_the_start(monkeyp
 @needs_the_budget_doc
 def test_the_phase_budgets_cover_every_phase_make_test_runs_and_fit_the_wall_time():
     table = budgets()
-    streams = (("set-up", "lint", "unit", "integration"), ("set-up", "container", "reliability"))  # scripts/test.sh
+    # scripts/test.sh
+    streams = (("set-up", "lint", "unit", "integration"), ("set-up", "container", "reliability", "integration-beside"))
     assert {phase for stream in streams for phase in stream} | {"wall"} == set(table), table
     for stream in streams:
         assert sum(table[phase] for phase in stream) <= table["wall"] <= 45, (stream, table)
@@ -121,3 +122,32 @@ def test_the_recorded_phases_and_engine_starts_are_read_back_and_reported(tmp_pa
     assert any(line.startswith("container") and line.endswith("OVER") for line in lines), lines
     assert not any(line.startswith("unit") and "OVER" in line for line in lines), lines
     assert lines[-1] == "engine starts: 4 (chat 1, image 3)"
+
+
+def test_an_integration_file_run_beside_is_a_phase_of_its_own(monkeypatch):
+    from types import SimpleNamespace
+
+    from tests.support.phases import MOVED_ENV, phase_of
+
+    moved, reliability = (SimpleNamespace(path=TESTS / p) for p in ("integration/test_x.py", "reliability/test_y.py"))
+    assert (phase_of(moved), phase_of(reliability)) == ("integration", "reliability")
+    monkeypatch.setenv(MOVED_ENV, "integration")
+    assert (phase_of(moved), phase_of(reliability)) == ("integration-beside", "reliability")
+
+
+def test_the_integration_files_run_beside_share_no_engine_of_their_package():
+    """scripts/test.sh's `moved`: a file that used a package-scoped server would start it a second time there."""
+    import re
+
+    script = (TESTS.parent / "scripts" / "test.sh").read_text()
+    moved = re.search(r"^moved=\(([^)]*)\)", script, re.M)
+    assert moved is not None
+    shared = re.findall(
+        r'@pytest\.fixture\(scope="package"\)\s*\ndef (\w+)', (TESTS / "integration/conftest.py").read_text()
+    )
+    assert "default_server" in shared, shared
+    for path in moved[1].split():
+        tree = ast.parse((TESTS.parent / path).read_text())
+        used = {a.arg for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) for a in f.args.args}
+        used |= {c.value for c in ast.walk(tree) if isinstance(c, ast.Constant)}  # request.getfixturevalue("...")
+        assert not used & set(shared), (path, used & set(shared))
