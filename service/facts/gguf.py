@@ -24,8 +24,9 @@ MAGIC = b"GGUF"
 _CONTROL, _USER_DEFINED = 3, 4
 # The tensors a decode step does not read whole: an untied token embedding is a row lookup.
 _EMBEDDING, _OUTPUT = "token_embd.weight", "output.weight"
-# The decoder's linear layers, by llama.cpp's tensor names: what a file's blocks can serve as they are.
-LINEAR_TENSOR = re.compile(r"blk\.\d+\.(?:attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight")
+# The decoder's linear layers, by llama.cpp's tensor names: what a file's blocks can serve as they are (attn_qkv:
+# Phi-3's fused q/k/v).
+LINEAR_TENSOR = re.compile(r"blk\.\d+\.(?:attn_q|attn_k|attn_v|attn_qkv|attn_output|ffn_gate|ffn_up|ffn_down)\.weight")
 # llama.cpp's file names end in the quantization ("Qwen3-0.6B-Q8_0.gguf", "model.Q4_K_M.gguf").
 _QUANT_SUFFIX = re.compile(r"[.-](?:I?Q\d[\w]*|[BF]F?16|F32)$", re.IGNORECASE)
 

@@ -19,7 +19,10 @@ CHECKED = {
         f"{_TINY}, with the settings service/policy/gguf_config.py mends; its Q8_0 blocks through the engine, same "
         "test file"
     ),
-    "phi3": f"{_TINY}; a file with LongRoPE factors is refused (service/policy/gguf_rope.py)",
+    "phi3": (
+        f"{_TINY}; its Q8_0 blocks through the engine, same test file; a file with LongRoPE factors is refused "
+        "(service/policy/gguf_rope.py)"
+    ),
     "qwen2": _TINY,
     "qwen2moe": f"{_TINY}, with the settings service/policy/gguf_config.py mends",
     "qwen3": _TINY,

@@ -26,7 +26,7 @@ from service.policy.gguf_config import config_mends
 from service.policy.gguf_rope import rope_config
 
 # Bump when the conversion's output changes for the same inputs (layout, files written, tokenizer rules).
-CONVERTER_VERSION = "10"
+CONVERTER_VERSION = "11"
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,9 @@ class ModelSourcePlan:
 # What the service's GGUF method (service/kernels/gguf_blocks.py) serves from a file's own blocks: the types ggml's
 # CPU matmul computes, for the architectures whose tensors transformers' mapping only renames or reorders by row and
 # whose blocks a test serves through the engine against llama.cpp (tests/integration/test_gguf_file.py,
-# test_real_model_quality.py and test_gguf_llama_cpp.py's Gemma 3). gemma2 and phi3 (its fused attn_qkv) have no
-# such test yet: dequantized.
+# test_real_model_quality.py and test_gguf_llama_cpp.py's Gemma 3 and Phi-3). gemma2 has no such test yet: dequantized.
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-BLOCK_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+BLOCK_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 BLOCKS_KERNEL = KERNELS["ggml-gguf"]
 # What keeping blocks rests on: ggml's kernel against the dequantized engine on the same CPU (docs/quantization.md).
 BLOCKS_MEASURED = cite("claim/gguf-blocks-dequantized/zen4")

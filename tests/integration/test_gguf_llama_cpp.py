@@ -8,6 +8,7 @@ checked against llama.cpp on the default model's real file in test_real_model_qu
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -339,22 +340,29 @@ def test_the_engine_answers_a_llama_3_rope_file_as_llama_cpp_does(server_logs):
     assert result.passes(MAX_DIFF, MEAN_DIFF), result
 
 
+BLOCKS_ENGINE = ("gemma3", "phi3")
+
+
 @pytest.mark.engine
-def test_the_engine_serves_a_gemma3_files_blocks_as_llama_cpp_does(server_logs):
-    """A Gemma 3 file on its own blocks (service/policy/model_source.BLOCK_ARCHITECTURES), through the real engine:
-    every linear layer and the token embedding, which the LM head is tied to, in Q8_0 on ggml's kernel, as the
-    published Gemma 3 files keep it; vLLM's Gemma 3 (its embedding scale, soft-capping, sliding window) on the
-    converted copy, against llama.cpp on the same quantized file. Both quantize the activations to Q8_0 for ggml's
+@pytest.mark.parametrize("name", BLOCKS_ENGINE)
+def test_the_engine_serves_a_files_blocks_as_llama_cpp_does(server_logs, name):
+    """A file of an architecture beyond llama/qwen on its own blocks (service/policy/model_source.BLOCK_ARCHITECTURES),
+    through the real engine: every linear layer and the token embedding, which the LM head is tied to, in Q8_0 on
+    ggml's kernel; vLLM's model of it on the converted copy (Gemma 3: its embedding scale, sliding window; Phi-3: its
+    fused q/k/v and gate/up, each one ggml handle), against llama.cpp on the same quantized file. Both quantize the activations to Q8_0 for ggml's
     dot products; where the two differ by a rounding upstream, a value lands in the next 8-bit step (BLOCKS_*)."""
     import httpx
+    from gguf import GGUFReader
     from openai import OpenAI
 
     from tests.integration.conftest import _start
     from tests.support.reference import prompt_ids, query
     from tests.support.release import release
 
-    gguf = llama_cpp_quantized("gemma3", "Q8_0")
-    server = _start("gguf-gemma3-blocks", server_logs, gguf.stem, model=str(gguf), kv_cache_gib="0.25", dtype="float32")
+    gguf = llama_cpp_quantized(name, "Q8_0")
+    server = _start(
+        f"gguf-arch-blocks/{name}", server_logs, gguf.stem, model=str(gguf), kv_cache_gib="0.25", dtype="float32"
+    )
     try:
         report = httpx.get(f"{server.url}/v1/hardware", timeout=30).json()
         decisions = {d["setting"]: d for d in report["decisions"]}
@@ -367,6 +375,10 @@ def test_the_engine_serves_a_gemma3_files_blocks_as_llama_cpp_does(server_logs):
     assert (decisions["model.gguf_blocks"]["value"], decisions["model.gguf_blocks"]["source"]) == ("Q8_0", "policy")
     assert "[service] GGUF blocks: Q8_0 linear layers on ggml's kernel" in log
     assert "[service] GGUF blocks: Q8_0 VocabParallelEmbedding on ggml's kernel" in log
+    # Every matrix of the file's blocks kept as blocks, a fused one (Phi-3's attn_qkv) included: none dequantized
+    kept = json.loads((converted / "config.json").read_text())["quantization_config"]["types"]
+    linear = [t.name for t in GGUFReader(gguf).tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+    assert len([module for module in kept if ".layers." in module]) == len(linear) > 0, (sorted(kept), linear)
     result = compare(served, llama_cpp.logprobs(gguf, [s.prompt + s.tokens for s in served]), BLOCKS_TIE, 0.0)
     print(f"\nthe engine on {gguf.name}'s blocks against llama.cpp: {result}")
     assert result.top1_equal + result.near_ties == result.greedy == GREEDY * len(TEXTS), result
