@@ -14,7 +14,10 @@ CHECKED = {
         f"{_TINY}, tests/integration/test_real_model_quality.py (SmolLM2-135M-Instruct's own Q4_1/Q8_0 file served "
         "on its blocks)"
     ),
-    "gemma2": f"{_TINY}, with the settings service/policy/gguf_config.py mends",
+    "gemma2": (
+        f"{_TINY}, with the settings service/policy/gguf_config.py mends; its Q8_0 blocks through the engine, same "
+        "test file"
+    ),
     "gemma3": (
         f"{_TINY}, with the settings service/policy/gguf_config.py mends; its Q8_0 blocks through the engine, same "
         "test file"

@@ -58,9 +58,9 @@ class ModelSourcePlan:
 # What the service's GGUF method (service/kernels/gguf_blocks.py) serves from a file's own blocks: the types ggml's
 # CPU matmul computes, for the architectures whose tensors transformers' mapping only renames or reorders by row and
 # whose blocks a test serves through the engine against llama.cpp (tests/integration/test_gguf_file.py,
-# test_real_model_quality.py and test_gguf_llama_cpp.py's Gemma 3 and Phi-3). gemma2 has no such test yet: dequantized.
+# test_real_model_quality.py and test_gguf_llama_cpp.py's BLOCKS_ENGINE).
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-BLOCK_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
+BLOCK_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 BLOCKS_KERNEL = KERNELS["ggml-gguf"]
 # What keeping blocks rests on: ggml's kernel against the dequantized engine on the same CPU (docs/quantization.md).
 BLOCKS_MEASURED = cite("claim/gguf-blocks-dequantized/zen4")
@@ -126,10 +126,17 @@ def _block_values(type_name: str) -> int:
     return 256 if type_name.endswith("_K") else 32
 
 
+# Architectures whose vLLM model builds its token embedding without the quant config: blocks would reach a float
+# weight (vLLM 0.32's gemma2.py), so the embedding and a head tied to it are dequantized.
+HEADS_DEQUANTIZED = {"gemma2": "vLLM's Gemma 2 builds its token embedding without a quantization method"}
+
+
 def kept_heads(gguf: GgufFacts) -> tuple[HeadTensor, ...]:
     """The token embedding and output tensors that keep their blocks when the linear layers do: those of a type
     ggml's kernel computes, whose rows (the hidden size) are whole blocks. The embedding's row lookup dequantizes the
     looked-up rows; the LM head is ggml's matmul."""
+    if gguf.architecture in HEADS_DEQUANTIZED:
+        return ()
     hidden = gguf.config.get("hidden_size")
     return tuple(
         h
@@ -183,6 +190,8 @@ def _describe_heads(heads: tuple[HeadTensor, ...], tied: bool) -> str:
 def _no_head_blocks(gguf: GgufFacts) -> str:
     if not gguf.heads:
         return "the file has no token embedding or output tensor"
+    if gguf.architecture in HEADS_DEQUANTIZED:
+        return HEADS_DEQUANTIZED[gguf.architecture]
     types = ", ".join(f"{h.name} {h.type_name}" for h in gguf.heads)
     return (
         f"{types}: not a type ggml's kernel computes ({', '.join(BLOCK_TYPES)}) in whole blocks of the hidden size "
@@ -294,11 +303,12 @@ def _gguf_source(
     mended, mend_why = config_mends(gguf)
     errors += [rope_error] if rope_error else []
     converter = converter_key(software)
-    key = hashlib.sha256(converter.encode()).hexdigest()[:8]
     kept = blocks.type_name if blocks is not None else None
+    heads = kept_heads(gguf) if kept else ()
+    # The heads kept are a policy of their own (HEADS_DEQUANTIZED): a copy made under another is another copy.
+    key = hashlib.sha256("".join([converter, *(h.name for h in heads)]).encode()).hexdigest()[:8]
     # Named by content alone: the same file under another name or path is the same copy.
     target = cache_dir / "models" / "gguf" / f"{gguf.sha256[:16]}-{dtype}-{key}{f'-{kept}' if kept else ''}"
-    heads = kept_heads(gguf) if kept else ()
     reason = _conversion_reason(gguf, dtype, kept, heads, converter)
     decided = [named, record("model", "source", str(target), reason, "policy")]
     if rope_why:

@@ -38,7 +38,9 @@ ENGINES: dict[str, Engine] = {
     "gguf-blocks": Engine(1, "a GGUF file's own blocks on ggml's kernel"),
     "hub": Engine(1, "a hub id downloaded on first start from a loopback hub, then served"),
     "gguf-llama3-rope": Engine(1, "a Llama 3.x file from llama.cpp's converter, its answers against llama.cpp's"),
-    "gguf-arch-blocks": Engine(2, "Gemma 3's and Phi-3's Q8_0 blocks, other models in vLLM, against llama.cpp"),
+    "gguf-arch-blocks": Engine(
+        3, "Gemma 2's, Gemma 3's and Phi-3's Q8_0 blocks, other models in vLLM, against llama.cpp"
+    ),
     "speculative": Engine(1, "SmolLM2 with n-gram drafting: an engine built with a speculative config"),
     "lora": Engine(1, "LoRA adapters: an engine built with LoRA slots"),
     "bf16-weights": Engine(1, "the service's bf16-weight kernel on an fp32 engine"),

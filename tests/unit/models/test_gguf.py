@@ -481,3 +481,15 @@ def test_a_tensor_differing_only_by_unit_dimensions_takes_the_models_shape():
     assert _unit_dims_as(torch.zeros(1, 1, 8), (1, 8)).shape == (1, 8)
     assert _unit_dims_as(torch.zeros(2, 8), (1, 16)).shape == (2, 8)  # not a unit-dimension difference: left to fail
     assert _unit_dims_as(torch.zeros(8), None).shape == (8,)
+
+
+def test_an_architecture_whose_vllm_embedding_takes_no_blocks_keeps_them_in_its_linear_layers_only():
+    from service.policy.model_source import HEADS_DEQUANTIZED, _no_head_blocks, kept_heads
+
+    facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0"))).gguf
+    assert kept_heads(facts)  # a llama file's Q8_0 embedding keeps its blocks
+    for architecture, why in HEADS_DEQUANTIZED.items():
+        relabelled = replace(facts, architecture=architecture)
+        assert kept_heads(relabelled) == () and _no_head_blocks(relabelled) == why
+        choice = choose_blocks(relabelled, "auto", False, "ggml", default_model=False)
+        assert choice.type_name == "Q8_0", choice
