@@ -25,7 +25,7 @@ from bench.servers import LLAMA_CPP_BIN as BIN
 from bench.stats import PEER_ESTIMATES, Comparison, DecodeResult, compare, decode_line, summary_line
 from bench.tables import PEER_COLUMNS, comparison_table, decode_table
 from harness import REPO, ServerProcess
-from harness.models import ensure_bench_model
+from harness.models import SIZES, ensure_bench_model
 from harness.quantized_models import quantized_bench
 
 LLAMA_CPP_VERSION = "0.3.36"  # mk/bench.mk's LLAMA_CPP_VERSION
@@ -287,6 +287,8 @@ class PeerOptions:
     format: tuple[str, ...] = ("bf16", "q8_0", "q4_0")  # FORMATS
     # A GGUF file of the user's: both servers load it (the service with its own choices), instead of the formats.
     file: str = ""
+    # The bench model's decoder shape (harness/models.SIZES): the size sweep runs the formats at 1.5b and 3b.
+    size: str = "0.5b"
     repetitions: int = 2
     rounds: int = 1
     input_len: int = 128
@@ -308,12 +310,15 @@ def run(ctx: Context, options: PeerOptions) -> Output:
         base, formats = Path(options.file), [USER_FILE]
         generated = {USER_FILE: base}
     else:
-        base, formats = ensure_bench_model(cache_dir()), list(options.format)
+        if options.size not in SIZES:
+            raise SystemExit(f"--peer-size {options.size}: one of {', '.join(SIZES)}")
+        base, formats = ensure_bench_model(cache_dir(), options.size), list(options.format)
         generated = gguf_models(base, formats, ctx.logdir / "gguf.log")
     paired = {fmt: sides(fmt, base, generated) for fmt in formats}
     ggufs = {fmt: paired[fmt].gguf for fmt in formats}
     peer: dict[str, Any] = {
         "model": str(base),
+        "size": None if options.file else options.size,
         "llama_server": f"llama.cpp from llama-cpp-python {LLAMA_CPP_VERSION}",
         "runs": [],
         "decode": [],

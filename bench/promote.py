@@ -25,6 +25,8 @@ def peer_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list
     cls = cpu or m["microarchitecture"]
     machine = f"{m['cpu']} (family/model {m['family_model']}, {m['microarchitecture']}), backend {m['backend']}"
     rows = []
+    # The size sweep's formats are rows of their own: "1.5b-q4_0-gguf" beside the 0.5 B bench model's "q4_0-gguf".
+    size = results.get("peer", {}).get("size") or "0.5b"
     for c in comparisons(results):
         fmt = c.name.removeprefix("peer-")
         if fmt == USER_FILE:  # a user's own file stays in its run: the store's rows are the project's formats
@@ -35,7 +37,7 @@ def peer_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list
                 continue
             rows.append(
                 Row(
-                    key=f"peer/{cls}/{fmt}/c{c.concurrency}/{short}",
+                    key=f"peer/{cls}/{fmt if size == '0.5b' else f'{size}-{fmt}'}/c{c.concurrency}/{short}",
                     cpu=cls,
                     machine=machine,
                     command=results["command"],
@@ -43,7 +45,13 @@ def peer_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list
                     value=round(e.value, 3),
                     unit="x",
                     interval=(round(e.low, 3), round(e.high, 3)) if e.low is not None and e.high is not None else None,
-                    params={"format": fmt, "concurrency": c.concurrency, "metric": short, "repetitions": e.n},
+                    params={
+                        "format": fmt,
+                        "concurrency": c.concurrency,
+                        "metric": short,
+                        "repetitions": e.n,
+                        **({"size": size} if size != "0.5b" else {}),
+                    },
                     run=run,
                 )
             )

@@ -1,5 +1,7 @@
 """The bandwidth-bound model for the decode measurement: Llama architecture, random weights, ~1 GB in bf16,
-built locally at bench time (never committed) with the demo model's tokenizer."""
+built locally at bench time (never committed) with the demo model's tokenizer. SIZES: the same at the decoder shapes
+of the checkpoints users run (the size sweep, `make bench-peer BENCH_ARGS="--peer-size 1.5b"`), with the demo
+tokenizer's small vocabulary: the decoder's cost, without the 128-152 k-row embedding and head of the real ones."""
 
 from __future__ import annotations
 
@@ -31,6 +33,15 @@ CONFIG = dict(
     attention_bias=False,
     mlp_bias=False,
 )
+
+
+# size -> the decoder's shape: Qwen2.5-1.5B's and Llama-3.2-3B's (their config.json), as Llama layers without biases.
+_SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+SIZES: dict[str, dict] = {
+    "0.5b": CONFIG,
+    "1.5b": {**CONFIG, **dict(zip(_SHAPE_KEYS, (1536, 8960, 28, 12, 2), strict=True))},
+    "3b": {**CONFIG, **dict(zip(_SHAPE_KEYS, (3072, 8192, 28, 24, 8), strict=True))},
+}
 
 
 def parameter_shapes(cfg: dict = CONFIG) -> dict[str, tuple[int, ...]]:
@@ -78,21 +89,23 @@ def bytes_per_token(dtype_bytes: int, cfg: dict = CONFIG) -> int:
     return sum(_numel(s) for k, s in shapes.items() if k != "model.embed_tokens.weight") * dtype_bytes
 
 
-def _write_weights(directory: Path) -> None:
+def _write_weights(directory: Path, cfg: dict = CONFIG) -> None:
     import torch
     from safetensors.torch import save_file
 
     gen = torch.Generator().manual_seed(0)
     tensors = {}
-    for name, shape in parameter_shapes().items():
+    for name, shape in parameter_shapes(cfg).items():
         if len(shape) == 1:
             tensors[name] = torch.ones(shape, dtype=torch.bfloat16)
         else:
             tensors[name] = (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(CONFIG, indent=2))
+    (directory / "config.json").write_text(json.dumps(cfg, indent=2))
     (directory / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
 
 
-def ensure_bench_model(cache_dir: Path) -> Path:
-    return build_model(cache_dir / "models" / f"{NAME}-{VERSION}", build_weights=_write_weights)
+def ensure_bench_model(cache_dir: Path, size: str = "0.5b") -> Path:
+    cfg = SIZES[size]
+    name = NAME if size == "0.5b" else f"bench-llama-{size}"
+    return build_model(cache_dir / "models" / f"{name}-{VERSION}", build_weights=lambda d: _write_weights(d, cfg))

@@ -101,3 +101,12 @@ def test_a_users_own_file_stays_in_its_run():
     """`--peer-file`: the store's peer rows are the project's formats, not whatever file a user measured."""
     results = peer_results(peer_run("peer-q8_0") + peer_run("peer-file"))
     assert {r.params["format"] for r in peer_rows(results, "bench/results/x")} == {"q8_0"}
+
+
+def test_a_size_sweep_run_files_its_rows_beside_the_bench_models():
+    """`--peer-size 1.5b`: the same formats on a larger decoder are rows of their own, not the 0.5 B model's."""
+    results = peer_results(peer_run("peer-q8_0"))
+    results["peer"]["size"] = "1.5b"
+    rows = peer_rows(results, "bench/results/x")
+    assert {r.key for r in rows} >= {"peer/zen4/1.5b-q8_0/c1/output"} and all("/1.5b-" in r.key for r in rows)
+    assert {r.params["size"] for r in rows} == {"1.5b"}

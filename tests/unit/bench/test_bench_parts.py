@@ -40,6 +40,8 @@ def test_quick_runs_the_quick_parts_and_a_part_option_reaches_its_part():
     assert chosen.of("quant") == next(p for p in PARTS if p.name == "quant").defaults()
     named = options(parser().parse_args(["--only-peer", "--peer-file", "/models/gemma.Q4_K_M.gguf"]))
     assert named.of("peer").file == "/models/gemma.Q4_K_M.gguf"
+    sized = options(parser().parse_args(["--only-peer", "--peer-size", "3b", "--peer-format", "q4_0-gguf"]))
+    assert (sized.of("peer").size, sized.of("peer").format) == ("3b", ("q4_0-gguf",))
 
 
 def test_the_report_shows_a_section_for_each_part_that_ran_and_none_for_one_that_did_not():
