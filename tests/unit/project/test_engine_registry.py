@@ -13,6 +13,7 @@ from tests.support.phases import BUDGET_DOC, budgets, read_record, report
 
 TESTS = Path(__file__).resolve().parents[2]
 needs_the_budget_doc = pytest.mark.skipif(not BUDGET_DOC.is_file(), reason="docs/ is not in this build context")
+TEST_SCRIPT = TESTS.parent / "scripts" / "test.sh"
 # Calls that start an engine, and where each takes the engine's name: a positional index or a keyword.
 STARTERS = {
     "_start": 0,  # tests/integration/conftest.py
@@ -135,11 +136,12 @@ def test_an_integration_file_run_beside_is_a_phase_of_its_own(monkeypatch):
     assert (phase_of(moved), phase_of(reliability)) == ("integration-beside", "reliability")
 
 
+@pytest.mark.skipif(not TEST_SCRIPT.is_file(), reason="scripts/ is not in this build context (the test image)")
 def test_the_integration_files_run_beside_share_no_engine_of_their_package():
     """scripts/test.sh's `moved`: a file that used a package-scoped server would start it a second time there."""
     import re
 
-    script = (TESTS.parent / "scripts" / "test.sh").read_text()
+    script = TEST_SCRIPT.read_text()
     moved = re.search(r"^moved=\(([^)]*)\)", script, re.M)
     assert moved is not None
     shared = re.findall(
