@@ -19,6 +19,7 @@ DOCUMENTS = (REPO / "README.md", REPO / "docs" / "benchmarks.md")
 CPUS = {
     "zen5": "AMD EPYC Zen 5",
     "zen4": "AMD EPYC Zen 4",
+    "zen3": "AMD EPYC Zen 3 (AVX2 only)",
     "zen2": "AMD EPYC Zen 2 (AVX2 only)",
     "emeraldrapids-nobf16": "Intel Xeon, AVX-512 without BF16 or AMX",
     "xeon-amx": "Intel Xeon with AMX",
@@ -37,6 +38,10 @@ PICK_FORMATS = ("q8_0", "q4_0", "bf16", "q4_k_m-gguf", "smollm2-q4_1")
 
 
 def _label(table: dict[str, str], key: str) -> str:
+    """A size sweep's format ("1.5b-q4_0-gguf") is its format's label at that decoder size."""
+    size, _, fmt = key.partition("-")
+    if table is FORMATS and key not in table and fmt in table and size.endswith("b"):
+        return f"{table[fmt]}, a {size.upper()}-shaped random model"
     return table.get(key, key)
 
 
@@ -68,7 +73,7 @@ def which_to_pick(s: Store) -> list[str]:
     """One row per CPU class, one column per format: whose output throughput the interval favours, at one stream
     and at 16."""
     peers = s.of_kind("peer")
-    cpus = _ordered(sorted({r.cpu for r in peers}), CPUS)
+    cpus = _ordered(sorted({r.cpu for r in peers if r.params["format"] in PICK_FORMATS}), CPUS)
     lines = [
         "| CPU | " + " | ".join(FORMATS[f] for f in PICK_FORMATS) + " |",
         "| --- |" + " --- |" * len(PICK_FORMATS),

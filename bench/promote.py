@@ -31,13 +31,14 @@ def peer_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list
         fmt = c.name.removeprefix("peer-")
         if fmt == USER_FILE:  # a user's own file stays in its run: the store's rows are the project's formats
             continue
+        fmt = fmt if size == "0.5b" else f"{size}-{fmt}"
         for metric, short in METRICS.items():
             e = c.estimates.get(metric)
             if e is None:
                 continue
             rows.append(
                 Row(
-                    key=f"peer/{cls}/{fmt if size == '0.5b' else f'{size}-{fmt}'}/c{c.concurrency}/{short}",
+                    key=f"peer/{cls}/{fmt}/c{c.concurrency}/{short}",
                     cpu=cls,
                     machine=machine,
                     command=results["command"],

@@ -109,4 +109,15 @@ def test_a_size_sweep_run_files_its_rows_beside_the_bench_models():
     results["peer"]["size"] = "1.5b"
     rows = peer_rows(results, "bench/results/x")
     assert {r.key for r in rows} >= {"peer/zen4/1.5b-q8_0/c1/output"} and all("/1.5b-" in r.key for r in rows)
-    assert {r.params["size"] for r in rows} == {"1.5b"}
+    assert {(r.params["size"], r.params["format"]) for r in rows} == {("1.5b", "1.5b-q8_0")}
+
+
+def test_a_size_sweep_renders_under_its_own_label_and_stays_out_of_which_to_pick():
+    from bench.docs import peer_tables, which_to_pick
+
+    results = peer_results(peer_run("peer-q8_0"))
+    results["peer"]["size"] = "3b"
+    swept = Store(peer_rows(results, "bench/results/x"))
+    tables = "\n".join(peer_tables(swept))
+    assert "| 8-bit (W8A8 vs Q8_0), a 3B-shaped random model | 1 | **x2.00**" in tables, tables
+    assert all("zen4" not in line for line in which_to_pick(swept)), which_to_pick(swept)
