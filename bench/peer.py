@@ -25,7 +25,7 @@ from bench.servers import LLAMA_CPP_BIN as BIN
 from bench.stats import PEER_ESTIMATES, Comparison, DecodeResult, compare, decode_line, summary_line
 from bench.tables import PEER_COLUMNS, comparison_table, decode_table
 from harness import REPO, ServerProcess
-from harness.models import SIZES, ensure_bench_model
+from harness.models import DEFAULT_SIZE, SIZES, ensure_bench_model
 from harness.quantized_models import quantized_bench
 
 LLAMA_CPP_VERSION = "0.3.36"  # mk/bench.mk's LLAMA_CPP_VERSION
@@ -288,7 +288,7 @@ class PeerOptions:
     # A GGUF file of the user's: both servers load it (the service with its own choices), instead of the formats.
     file: str = ""
     # The bench model's decoder shape (harness/models.SIZES): the size sweep runs the formats at 1.5b and 3b.
-    size: str = "0.5b"
+    size: str = DEFAULT_SIZE
     repetitions: int = 2
     rounds: int = 1
     input_len: int = 128

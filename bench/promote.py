@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from bench.peer import USER_FILE, comparisons
+from harness.models import DEFAULT_SIZE
 from service.measurements.store import STORE, Row, read_store
 
 PEERS = STORE / "peers.yaml"
@@ -26,12 +27,12 @@ def peer_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list
     machine = f"{m['cpu']} (family/model {m['family_model']}, {m['microarchitecture']}), backend {m['backend']}"
     rows = []
     # The size sweep's formats are rows of their own: "1.5b-q4_0-gguf" beside the 0.5 B bench model's "q4_0-gguf".
-    size = results.get("peer", {}).get("size") or "0.5b"
+    size = results.get("peer", {}).get("size") or DEFAULT_SIZE
     for c in comparisons(results):
         fmt = c.name.removeprefix("peer-")
         if fmt == USER_FILE:  # a user's own file stays in its run: the store's rows are the project's formats
             continue
-        fmt = fmt if size == "0.5b" else f"{size}-{fmt}"
+        fmt = fmt if size == DEFAULT_SIZE else f"{size}-{fmt}"
         for metric, short in METRICS.items():
             e = c.estimates.get(metric)
             if e is None:
@@ -51,7 +52,7 @@ def peer_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list
                         "concurrency": c.concurrency,
                         "metric": short,
                         "repetitions": e.n,
-                        **({"size": size} if size != "0.5b" else {}),
+                        **({"size": size} if size != DEFAULT_SIZE else {}),
                     },
                     run=run,
                 )

@@ -37,8 +37,9 @@ CONFIG = dict(
 
 # size -> the decoder's shape: Qwen2.5-1.5B's and Llama-3.2-3B's (their config.json), as Llama layers without biases.
 _SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+DEFAULT_SIZE = "0.5b"  # CONFIG: the bench model every other part runs
 SIZES: dict[str, dict] = {
-    "0.5b": CONFIG,
+    DEFAULT_SIZE: CONFIG,
     "1.5b": {**CONFIG, **dict(zip(_SHAPE_KEYS, (1536, 8960, 28, 12, 2), strict=True))},
     "3b": {**CONFIG, **dict(zip(_SHAPE_KEYS, (3072, 8192, 28, 24, 8), strict=True))},
 }
@@ -105,7 +106,7 @@ def _write_weights(directory: Path, cfg: dict = CONFIG) -> None:
     (directory / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
 
 
-def ensure_bench_model(cache_dir: Path, size: str = "0.5b") -> Path:
+def ensure_bench_model(cache_dir: Path, size: str = DEFAULT_SIZE) -> Path:
     cfg = SIZES[size]
-    name = NAME if size == "0.5b" else f"bench-llama-{size}"
+    name = NAME if size == DEFAULT_SIZE else f"bench-llama-{size}"
     return build_model(cache_dir / "models" / f"{name}-{VERSION}", build_weights=lambda d: _write_weights(d, cfg))
