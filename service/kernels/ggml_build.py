@@ -43,7 +43,7 @@ TARGETS = {
 }
 
 
-def _beside_python(tool: str) -> str:
+def beside_python(tool: str) -> str:
     """`tool` beside this Python (cmake's and ninja's wheels: dependencies of the service and of vLLM), else PATH's."""
     beside = Path(sys.executable).with_name(tool)
     return str(beside) if beside.is_file() else (shutil.which(tool) or tool)
@@ -53,9 +53,9 @@ def build_ggml(tree: Path, out: Path, target: str = "native") -> Path:
     """ggml's shared libraries for `target`, built afresh from `tree` under `out`; the directory that holds them."""
     build_dir = out / "build"
     shutil.rmtree(build_dir, ignore_errors=True)  # a tree configured by another generator or source is refused
-    cmake = _beside_python("cmake")
+    cmake = beside_python("cmake")
     # Ninja: the images have no make.
-    generator = ("-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_beside_python('ninja')}")
+    generator = ("-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={beside_python('ninja')}")
     configure = [cmake, "-S", str(tree), "-B", str(build_dir), *generator, *CMAKE_OPTIONS, *TARGETS[target][0]]
     subprocess.run(configure, check=True, stdout=subprocess.DEVNULL)
     jobs = str(len(os.sched_getaffinity(0)))
@@ -82,7 +82,9 @@ def build(tree: Path, built_from: str, target: str = "native") -> None:
         build_directory=str(GGML_KERNEL_LIBRARY.parent),
         is_python_module=False,
     )
-    GGML_KERNEL_BUILT.write_text(json.dumps({"built_from": built_from, "library": str(GGML_KERNEL_LIBRARY)}))
+    GGML_KERNEL_BUILT.write_text(
+        json.dumps({"built_from": built_from, "library": str(GGML_KERNEL_LIBRARY), "tree": str(tree.resolve())})
+    )
 
 
 if __name__ == "__main__":
