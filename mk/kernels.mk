@@ -18,7 +18,8 @@ $(GGML_STAMP): service/kernels/ggml_linear.cpp service/kernels/bf16_linear.cpp s
 
 # llama.cpp's own library (libllama), from the kernels' build tree above (ggml is built there already; the rest of
 # llama.cpp's source compiles in about a minute on 2 cores): the reference the GGUF architecture tests check the
-# service's answers against (tests/support/llama_cpp.py). Part of `make test-tools`, in the set-up: built beside
+# service's answers against (tests/support/llama_cpp.py), and the service's GGUF check at start, which builds it the
+# same way where it is missing (service/models/llama_cpp_reference.py). Part of `make test-tools`, in the set-up: built beside
 # lint and the unit tests instead, it shared the cores with them and the image builds, and lint took 153 s instead
 # of 60 (CI run of a96d48c, Zen 4 guest, 2026-12-04).
 #   make llama-lib

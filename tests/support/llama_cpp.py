@@ -22,13 +22,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from service.facts.software import GGML_KERNEL_DIR
+from service.models.llama_cpp_reference import bindings, library_dir, load_model, log_softmax_rows, token_ids
 
 REPO = Path(__file__).resolve().parents[2]
 # mk/bench.mk's LLAMA_CPP_SDIST, extracted by `make setup` (the kernels are built from it).
 SOURCE = REPO / ".cache" / "bench-src" / "llama_cpp_python-0.3.36"
 TREE = SOURCE / "vendor" / "llama.cpp"
-LIBRARY_DIR = GGML_KERNEL_DIR / "build" / "bin"  # mk/kernels.mk's LLAMA_LIB
+LIBRARY_DIR = library_dir()  # mk/kernels.mk's LLAMA_LIB
 
 
 def _run(*args: str, timeout: float = 600) -> str:
@@ -79,30 +79,7 @@ def tokenize(gguf: Path, texts: list[str]) -> list[list[int]]:
 
 
 def _bindings():
-    """llama-cpp-python's ctypes module alone: its package __init__ imports the high-level API (and diskcache)."""
-    import importlib.util
-    import types
-
-    package = types.ModuleType("llama_cpp")
-    package.__path__ = [str(SOURCE / "llama_cpp")]
-    sys.modules["llama_cpp"] = package
-    spec = importlib.util.spec_from_file_location("llama_cpp.llama_cpp", SOURCE / "llama_cpp" / "llama_cpp.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    module.llama_backend_init()
-    module._quiet = module.llama_log_callback(lambda level, text, data: None)  # kept: C holds the pointer
-    module.llama_log_set(module._quiet, None)
-    return module
-
-
-def _model(lib, path: str):
-    params = lib.llama_model_default_params()
-    params.use_mmap = False
-    model = lib.llama_model_load_from_file(path.encode(), params)
-    if not model:
-        raise SystemExit(f"llama.cpp could not load {path}")
-    return model
+    return bindings(SOURCE / "llama_cpp" / "llama_cpp.py")
 
 
 def _child_convert(hf_dir: str, out: str, pre: str) -> None:
@@ -127,54 +104,21 @@ def _child_quantize(path: str, out: str, ftype: str) -> None:
 
 
 def _child_logprobs(path: str, request: str, out_dir: str) -> None:
-    import ctypes
-
     import numpy as np
 
     lib = _bindings()
-    model = _model(lib, path)
-    vocab = lib.llama_model_get_vocab(model)
-    n_vocab = lib.llama_vocab_n_tokens(vocab)
-    sequences = json.loads(Path(request).read_text())
-    longest = max(len(s) for s in sequences)
-    params = lib.llama_context_default_params()
-    params.n_ctx = params.n_batch = params.n_ubatch = longest + 8
-    params.n_threads = params.n_threads_batch = 1
-    params.type_k = params.type_v = 0  # GGML_TYPE_F32: an fp32 KV cache, as the service's fp32 engine keeps
-    params.flash_attn_type = 0  # off: its CPU path rounds Q and K to fp16
-    context = lib.llama_init_from_model(model, params)
-    for i, tokens in enumerate(sequences):
-        lib.llama_memory_clear(lib.llama_get_memory(context), True)
-        batch = lib.llama_batch_init(len(tokens), 0, 1)
-        for j, token in enumerate(tokens):
-            batch.token[j], batch.pos[j], batch.n_seq_id[j], batch.logits[j] = token, j, 1, True
-            batch.seq_id[j][0] = 0
-        batch.n_tokens = len(tokens)
-        if lib.llama_decode(context, batch) != 0:
-            raise SystemExit(f"llama_decode failed on sequence {i}")
-        logits = lib.llama_get_logits(context)
-        scores = np.ctypeslib.as_array(ctypes.cast(logits, ctypes.POINTER(ctypes.c_float)), (len(tokens), n_vocab))
-        scores = scores.astype(np.float64)
-        top = scores.max(axis=-1, keepdims=True)
-        np.save(Path(out_dir) / f"{i}.npy", scores - top - np.log(np.exp(scores - top).sum(axis=-1, keepdims=True)))
-        lib.llama_batch_free(batch)
-    lib.llama_free(context)
+    model = load_model(lib, path, mmap=False)
+    for i, tokens in enumerate(json.loads(Path(request).read_text())):
+        np.save(Path(out_dir) / f"{i}.npy", log_softmax_rows(lib, model, tokens, threads=1))
     lib.llama_model_free(model)
 
 
 def _child_tokenize(path: str, texts: str) -> None:
     lib = _bindings()
-    model = _model(lib, path)
+    model = load_model(lib, path, mmap=False)
     vocab = lib.llama_model_get_vocab(model)
-    result = []
-    for text in json.loads(texts):
-        raw = text.encode()
-        room = len(raw) + 8
-        ids = (lib.llama_token * room)()
-        n = lib.llama_tokenize(vocab, raw, len(raw), ids, room, True, False)  # add_special, no special parsing
-        result.append(list(ids[:n]))
+    print(json.dumps([token_ids(lib, vocab, text) for text in json.loads(texts)]))
     lib.llama_model_free(model)
-    print(json.dumps(result))
 
 
 if __name__ == "__main__":
