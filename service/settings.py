@@ -153,6 +153,12 @@ class Settings(BaseSettings):
         "gguf_architectures.py): refused before the engine starts, or served with a warning that their answers are "
         "unchecked",
     )
+    gguf_check: Literal["refuse", "warn", "off"] = Field(
+        "refuse",
+        description="GGUF files: before /ready, the engine scores a fixed text and llama.cpp's scores on the same file "
+        "(taken once per converted copy) are compared; a disagreement beyond the bound refuses the start (refuse), is logged "
+        "as a warning (warn), or the check is not run (off)",
+    )
     build_kernels: Literal["auto", "off"] = Field(
         "auto",
         description="Build the service's kernels (ggml, bf16 weights) for this CPU at start when it has none and the "

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import time
+from pathlib import Path
 
 import uvicorn
 import uvloop
@@ -103,6 +104,7 @@ async def _serve(
         vllm_args,
         warm_up,
     )
+    from service.server.supervision.gguf_check_run import GgufCheckRefused, check_gguf
 
     lifecycle = Lifecycle(started_at=started)
     metrics = ServiceMetrics(get_prometheus_registry())
@@ -139,6 +141,11 @@ async def _serve(
             if settings.warmup:
                 headers = {"Authorization": f"Bearer {key}"} if key else {}
                 await unless_dead(lifecycle.engine, warm_up(shell.app, served, embedding, headers))
+            if report.plan.model is not None and report.plan.model.conversion is not None:
+                verdict = await unless_dead(
+                    lifecycle.engine, check_gguf(lifecycle.engine, Path(model), settings.gguf_check)
+                )
+                lifecycle.gguf_check = {"passed": verdict.passed, "reason": verdict.reason}
             frozen = await stack.enter_async_context(serving_lifespan(shell.app))
             cache_vllm_environment()
             log.info("froze %d start-up objects out of the garbage collector (as vLLM's own server does)", frozen)
@@ -149,7 +156,7 @@ async def _serve(
             if lifecycle.phase is Phase.DEAD:  # a hung start: _watch_start killed its processes and said why
                 log.warning("engine start ended: %s", exc)
                 return
-            refused = isinstance(exc, EngineConfigRefused)
+            refused = isinstance(exc, (EngineConfigRefused, GgufCheckRefused))
             if refused:
                 reason = f"refusing to start: {exc}"
                 log.error("%s", reason)

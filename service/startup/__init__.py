@@ -251,5 +251,8 @@ def prepare_model(report: StartupReport) -> str:
     if source.conversion is None:
         return source.engine_model
     from service.models.gguf_convert import ensure_converted
+    from service.models.llama_cpp_reference import ensure_reference
 
-    return str(ensure_converted(source.conversion))
+    converted = ensure_converted(source.conversion)
+    ensure_reference(Path(source.conversion.source), converted)  # what the engine's answers are checked against
+    return str(converted)

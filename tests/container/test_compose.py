@@ -195,5 +195,7 @@ def test_compose_stack_prometheus_scrapes_api(stack, host_report):
     libraries = preload_check(name, hw)
     assert any(os.path.basename(p).startswith(openmp) for p in libraries), libraries
     kernels_check(name, hw)
+    # The default model is a GGUF file: llama.cpp, built from the image's source beside the kernels, scored it.
+    assert (hw.get("gguf_check") or {}).get("passed") is True, hw.get("gguf_check")
     log = podman("logs", name, check=False)
     assert "libtcmalloc is not found in LD_PRELOAD" not in log.stdout + log.stderr

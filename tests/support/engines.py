@@ -41,6 +41,7 @@ ENGINES: dict[str, Engine] = {
     "gguf-arch-blocks": Engine(
         3, "Gemma 2's, Gemma 3's and Phi-3's Q8_0 blocks, other models in vLLM, against llama.cpp"
     ),
+    "gguf-check": Engine(1, "the default model's converted copy with its rope base lost: refused before ready"),
     "speculative": Engine(1, "SmolLM2 with n-gram drafting: an engine built with a speculative config"),
     "lora": Engine(1, "LoRA adapters: an engine built with LoRA slots"),
     "bf16-weights": Engine(1, "the service's bf16-weight kernel on an fp32 engine"),

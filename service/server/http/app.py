@@ -233,8 +233,9 @@ def _service_handlers(
         return versions
 
     async def v1_hardware() -> dict[str, Any]:
-        """The startup report: facts, backend, decisions with reasons, warnings, errors."""
-        return hardware
+        """The startup report: facts, backend, decisions with reasons, warnings, errors; for a GGUF file, the
+        engine's check against llama.cpp once it has run."""
+        return hardware if lifecycle.gguf_check is None else {**hardware, "gguf_check": lifecycle.gguf_check}
 
     async def prometheus_metrics() -> Response:
         metrics.in_flight.set(lifecycle.in_flight)

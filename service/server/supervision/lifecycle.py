@@ -34,6 +34,7 @@ class Lifecycle:
     exit_code: int = 0
     cut_reason: str | None = None  # set when the shutdown ends the requests still in flight: why
     oom_kills_at_start: OomKills | None = None  # the kernel's OOM-kill count when the engine started
+    gguf_check: dict[str, Any] | None = None  # a GGUF file's check against llama.cpp, once run (gguf_check_run.py)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
