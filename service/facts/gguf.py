@@ -26,7 +26,11 @@ _CONTROL, _USER_DEFINED = 3, 4
 _EMBEDDING, _OUTPUT = "token_embd.weight", "output.weight"
 # The decoder's linear layers, by llama.cpp's tensor names: what a file's blocks can serve as they are (attn_qkv:
 # Phi-3's fused q/k/v).
-LINEAR_TENSOR = re.compile(r"blk\.\d+\.(?:attn_q|attn_k|attn_v|attn_qkv|attn_output|ffn_gate|ffn_up|ffn_down)\.weight")
+# A MoE file's shared expert (qwen2moe's `_shexp`) is a dense MLP in vLLM's model too; its routed experts (`_exps`, one
+# 3-D tensor per projection) are not: vLLM's fused-MoE layer computes dense weights only.
+LINEAR_TENSOR = re.compile(
+    r"blk\.\d+\.(?:attn_q|attn_k|attn_v|attn_qkv|attn_output|ffn_gate|ffn_up|ffn_down)(?:_shexp)?\.weight"
+)
 # llama.cpp's file names end in the quantization ("Qwen3-0.6B-Q8_0.gguf", "model.Q4_K_M.gguf").
 _QUANT_SUFFIX = re.compile(r"[.-](?:I?Q\d[\w]*|[BF]F?16|F32)$", re.IGNORECASE)
 

@@ -19,7 +19,7 @@ import logging
 from typing import Any
 
 import torch
-from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase
+from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.parameter import ModelWeightParameter
@@ -242,8 +242,10 @@ class GgufBlocksConfig(QuantizationConfig):
             [prefix] if prefix in self.types else [f"{parent}.{p}" for p in self.packed_modules_mapping.get(name, [])]
         )
         missing = [p for p in parts if p not in self.types]
-        if not parts or missing:
-            raise ValueError(f"{prefix}: the checkpoint keeps no GGUF blocks for {missing or prefix}")
+        if len(missing) == len(parts):  # a layer no file stores in blocks (a MoE router's gate, in F32): dense
+            return UnquantizedLinearMethod()
+        if missing:  # part of one layer in blocks, part not: the conversion and vLLM's model disagree
+            raise ValueError(f"{prefix}: the checkpoint keeps no GGUF blocks for {missing}")
         kinds = [self.types[p] for p in parts]
         return GgufBlocksLinearMethod(kinds[0]) if len(set(kinds)) == 1 else GgufMixedBlocksLinearMethod(kinds)
 

@@ -26,7 +26,7 @@ from service.policy.gguf_config import config_mends
 from service.policy.gguf_rope import rope_config
 
 # Bump when the conversion's output changes for the same inputs (layout, files written, tokenizer rules).
-CONVERTER_VERSION = "11"
+CONVERTER_VERSION = "12"
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class ModelSourcePlan:
 # whose blocks a test serves through the engine against llama.cpp (tests/integration/test_gguf_file.py,
 # test_real_model_quality.py and test_gguf_llama_cpp.py's BLOCKS_ENGINE).
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-BLOCK_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+BLOCK_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe")
 BLOCKS_KERNEL = KERNELS["ggml-gguf"]
 # What keeping blocks rests on: ggml's kernel against the dequantized engine on the same CPU (docs/quantization.md).
 BLOCKS_MEASURED = cite("claim/gguf-blocks-dequantized/zen4")
@@ -357,6 +357,8 @@ def _conversion_reason(
             what += f" and its {_describe_heads(heads, tied)} blocks"
         what += f" copied as stored, for ggml's kernel; {'norms' if heads else 'embeddings and norms'} dequantized"
         what += "".join(f"; ggml holds {h}" for h in held_as(gguf))
+        if gguf.config.get("num_experts"):
+            what += "; its routed experts and router dequantized: vLLM's fused-MoE layer computes dense weights only"
     else:
         what = "every block dequantized"
     return (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -341,7 +342,9 @@ def test_the_engine_answers_a_llama_3_rope_file_as_llama_cpp_does(server_logs):
     assert result.passes(MAX_DIFF, MEAN_DIFF), result
 
 
-BLOCKS_ENGINE = ("gemma2", "gemma3", "phi3")
+BLOCKS_ENGINE = ("gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe")
+# A MoE file's tensors that stay dense: the routed experts (3-D), the router and the shared expert's gate.
+EXPERT_SIDE = re.compile(r"\.(?:ffn_\w+_exps|ffn_gate_inp(?:_shexp)?)\.weight$")
 
 
 @pytest.mark.engine
@@ -379,10 +382,14 @@ def test_the_engine_serves_a_files_blocks_as_llama_cpp_does(server_logs, name):
     # The embedding the head is tied to, on its blocks where vLLM's model gives it a quantization method
     embedding = "[service] GGUF blocks: Q8_0 VocabParallelEmbedding on ggml's kernel"
     assert (embedding in log) == (name not in HEADS_DEQUANTIZED), decisions["model.gguf_head_blocks"]
-    # Every matrix of the file's blocks kept as blocks, a fused one (Phi-3's attn_qkv) included: none dequantized
+    # Every matrix of the file's blocks kept as blocks, a fused one (Phi-3's attn_qkv) and a MoE's shared expert
+    # included: none dequantized but a MoE's routed experts and router, which the report names
     kept = json.loads((converted / "config.json").read_text())["quantization_config"]["types"]
-    linear = [t.name for t in GGUFReader(gguf).tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+    tensors = [t.name for t in GGUFReader(gguf).tensors if t.name.startswith("blk.") and len(t.shape) >= 2]
+    linear = [name for name in tensors if not EXPERT_SIDE.search(name)]
     assert len([module for module in kept if ".layers." in module]) == len(linear) > 0, (sorted(kept), linear)
+    experts = len(tensors) > len(linear)
+    assert experts == ("routed experts and router dequantized" in decisions["model.source"]["reason"]), tensors
     result = compare(served, llama_cpp.logprobs(gguf, [s.prompt + s.tokens for s in served]), BLOCKS_TIE, 0.0)
     print(f"\nthe engine on {gguf.name}'s blocks against llama.cpp: {result}")
     assert result.top1_equal + result.near_ties == result.greedy == GREEDY * len(TEXTS), result

@@ -39,7 +39,8 @@ ENGINES: dict[str, Engine] = {
     "hub": Engine(1, "a hub id downloaded on first start from a loopback hub, then served"),
     "gguf-llama3-rope": Engine(1, "a Llama 3.x file from llama.cpp's converter, its answers against llama.cpp's"),
     "gguf-arch-blocks": Engine(
-        3, "Gemma 2's, Gemma 3's and Phi-3's Q8_0 blocks, other models in vLLM, against llama.cpp"
+        5,
+        "Gemma 2's, Gemma 3's, Phi-3's, Qwen2-MoE's and Qwen3-MoE's Q8_0 blocks, other models in vLLM, against llama.cpp",
     ),
     "gguf-check": Engine(1, "the default model's converted copy with its rope base lost: refused before ready"),
     "speculative": Engine(1, "SmolLM2 with n-gram drafting: an engine built with a speculative config"),

@@ -45,7 +45,7 @@ def test_a_file_of_one_kept_type_keeps_its_blocks_by_default():
 @pytest.mark.parametrize(
     ("change", "why"),
     [
-        ({"architecture": "qwen3moe"}, "not 'qwen3moe'"),
+        ({"architecture": "starcoder2"}, "not 'starcoder2'"),
         ({"linear_types": (("Q4_K", 10), ("F16", 4))}, "include F16, not a type ggml's kernel computes"),
         ({"linear_types": (("F16", 14),)}, "not a type ggml's kernel computes"),
         ({"linear_types": ()}, "none of llama.cpp's decoder linear tensors"),
