@@ -2,7 +2,8 @@
 transformers' GGUF mapping reads more (gemma2/3, phi3, stablelm, ...), but reading is not serving right: a gemma3
 file it maps served garbage without a word (its norms stored plus one, soft-capping and sliding-window settings the
 mapping drops). An architecture outside this table is refused before the engine starts, unless the user
-asks for it (gguf_unchecked=serve), and then the report warns that its answers are unchecked."""
+asks for it (gguf_unchecked=serve), and then the report warns that its answers are unchecked. Every file served is
+checked once more at start, on the user's own file (service/policy/gguf_check.py)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,15 @@ CHECKED = {
         "(service/policy/gguf_rope.py)"
     ),
     "qwen2": _TINY,
-    "qwen2moe": f"{_TINY}, with the settings service/policy/gguf_config.py mends",
+    "qwen2moe": (
+        f"{_TINY}, with the settings service/policy/gguf_config.py mends; its Q8_0 attention and shared expert blocks "
+        "through the engine, same test file"
+    ),
     "qwen3": _TINY,
-    "qwen3moe": f"{_TINY}, with the settings service/policy/gguf_config.py mends",
+    "qwen3moe": (
+        f"{_TINY}, with the settings service/policy/gguf_config.py mends; its Q8_0 attention blocks through the "
+        "engine, same test file"
+    ),
 }
 
 
