@@ -168,7 +168,7 @@ def pull(
         typer.echo("refused: " + "; ".join(report.errors), err=True)
         raise typer.Exit(1)
     try:
-        engine_model = prepare_model(report)
+        engine_model = prepare_model(report, gguf_check=settings.gguf_check != "off")
     except Exception as exc:  # a conversion that failed leaves nothing in the cache (service/models/gguf_convert.py)
         typer.echo(f"refused: {exc}", err=True)
         raise typer.Exit(1) from exc

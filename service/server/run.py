@@ -44,7 +44,7 @@ def run(settings: Settings) -> int:
     try:
         report, choice = decide_start(settings, reexecuted, user_preload, lambda choice: _fetch(settings, choice))
         sock = _listen(settings.host, settings.port)
-        model = prepare(report)
+        model = prepare(report, gguf_check=settings.gguf_check != "off")
     except StartRefused as exc:
         log.error("refusing to start: %s", exc)
         return EXIT_STARTUP_REFUSED

@@ -243,8 +243,9 @@ def apply(report: StartupReport, environ: MutableMapping[str, str] = os.environ)
     log.info("vLLM platform %s for backend %s: %s", backend.platform, backend.name, backend.reason)
 
 
-def prepare_model(report: StartupReport) -> str:
-    """What the engine loads, made ready: a GGUF file's converted copy (converted now when the cache lacks it)."""
+def prepare_model(report: StartupReport, *, gguf_check: bool) -> str:
+    """What the engine loads, made ready: a GGUF file's converted copy (converted now when the cache lacks it), with
+    llama.cpp's scores the engine is checked against where `gguf_check` (the setting is not off)."""
     source = report.plan.model
     if source is None:
         raise RuntimeError("no model in the startup report")
@@ -254,5 +255,6 @@ def prepare_model(report: StartupReport) -> str:
     from service.models.llama_cpp_reference import ensure_reference
 
     converted = ensure_converted(source.conversion)
-    ensure_reference(Path(source.conversion.source), converted)  # what the engine's answers are checked against
+    if gguf_check:
+        ensure_reference(Path(source.conversion.source), converted)
     return str(converted)

@@ -82,12 +82,12 @@ def decide_start(
     return report, choice
 
 
-def prepare(report: StartupReport) -> str:
+def prepare(report: StartupReport, gguf_check: bool) -> str:
     """The decisions applied to this process, and the model the engine loads (converted if need be); raises
     StartRefused."""
     apply(report)
     try:
-        return prepare_model(report)
+        return prepare_model(report, gguf_check=gguf_check)
     except Exception as exc:  # a conversion that failed leaves nothing in the cache (service/models/gguf_convert.py)
         raise StartRefused(str(exc)) from exc
 
