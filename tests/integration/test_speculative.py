@@ -64,12 +64,14 @@ def test_acceptance_reaches_the_metrics(ngram_server):
 
 
 def continuations(url: str, content: str, samples: int) -> list[str]:
-    """`samples` sampled answers (temperature 0.5, 8 tokens), 16 to a request."""
+    """`samples` sampled answers (temperature 1, 8 tokens), 16 to a request. At 0.5 so nearly every sample followed the
+    greedy start that a CI run on a Zen 3 failed the test's precondition (a share that can vary); at 1 the share sits
+    well inside it (claim/cpu-rejection-sampler/zen4, the same prompt)."""
     body = {
         "model": SERVED,
         "messages": [{"role": "user", "content": content}],
         "max_tokens": 8,
-        "temperature": 0.5,
+        "temperature": 1.0,
         "n": 16,
     }
     texts: list[str] = []
