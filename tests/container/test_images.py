@@ -149,9 +149,13 @@ def exported_names(metrics_text: str) -> set[str]:
 def check_serving(name: str, base: str) -> dict:
     """/ready -> healthcheck -> chat completion -> /v1/hardware, /metrics. Returns hardware JSON."""
     wait_ready(name, base)
-    # The image's own HEALTHCHECK (no systemd timers here: run it by hand).
-    hc = podman("healthcheck", "run", name, check=False)
-    assert hc.returncode == 0, f"healthcheck failed: {hc.stdout}{hc.stderr}"
+    # The image's own HEALTHCHECK (no systemd timers here: run it by hand), as the runtime judges it: unhealthy after
+    # its retries (3) fail in a row. One run alone timed out (5 s) on a Zen 3 with both cores busy with engines.
+    for _ in range(3):
+        hc = podman("healthcheck", "run", name, check=False)
+        if hc.returncode == 0:
+            break
+    assert hc.returncode == 0, f"healthcheck failed 3 times in a row: {hc.stdout}{hc.stderr}"
 
     status, body = http("GET", f"{base}/v1/models")
     assert status == 200, body
