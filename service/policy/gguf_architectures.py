@@ -16,26 +16,26 @@ CHECKED = {
         "on its blocks)"
     ),
     "gemma2": (
-        f"{_TINY}, with the settings service/policy/gguf_config.py mends; its Q8_0 blocks through the engine, same "
-        "test file"
+        f"{_TINY}, with the settings service/policy/gguf_config.py mends; its Q8_0 blocks through the engine, "
+        "test_gguf_blocks_llama_cpp.py"
     ),
     "gemma3": (
-        f"{_TINY}, with the settings service/policy/gguf_config.py mends; its Q8_0 blocks through the engine, same "
-        "test file"
+        f"{_TINY}, with the settings service/policy/gguf_config.py mends; its Q8_0 blocks through the engine, "
+        "test_gguf_blocks_llama_cpp.py"
     ),
     "phi3": (
-        f"{_TINY}; its Q8_0 blocks through the engine, same test file; a file with LongRoPE factors is refused "
+        f"{_TINY}; its Q8_0 blocks through the engine, test_gguf_blocks_llama_cpp.py; a file with LongRoPE factors is refused "
         "(service/policy/gguf_rope.py)"
     ),
     "qwen2": _TINY,
     "qwen2moe": (
         f"{_TINY}, with the settings service/policy/gguf_config.py mends; its Q8_0 attention and shared expert blocks "
-        "through the engine, same test file"
+        "through the engine, test_gguf_blocks_llama_cpp.py"
     ),
     "qwen3": _TINY,
     "qwen3moe": (
         f"{_TINY}, with the settings service/policy/gguf_config.py mends; its Q8_0 attention blocks through the "
-        "engine, same test file"
+        "engine, test_gguf_blocks_llama_cpp.py"
     ),
 }
 

@@ -58,7 +58,7 @@ class ModelSourcePlan:
 # What the service's GGUF method (service/kernels/gguf_blocks.py) serves from a file's own blocks: the types ggml's
 # CPU matmul computes, for the architectures whose tensors transformers' mapping only renames or reorders by row and
 # whose blocks a test serves through the engine against llama.cpp (tests/integration/test_gguf_file.py,
-# test_real_model_quality.py and test_gguf_llama_cpp.py's BLOCKS_ENGINE).
+# test_real_model_quality.py and test_gguf_blocks_llama_cpp.py's BLOCKS_ENGINE).
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 BLOCK_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe")
 BLOCKS_KERNEL = KERNELS["ggml-gguf"]
