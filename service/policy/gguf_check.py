@@ -16,8 +16,7 @@ from service.measurements.store import cite
 Mode = Literal["refuse", "warn", "off"]
 
 # Nats, the mean over the text's positions: above the noise of K-quant files on ggml's kernels and of bf16 copies
-# (claim/gguf-check-agreement, at most 0.09), below a rope base lost in conversion (claim/gguf-check-fault, 0.26; a
-# norm stored with its offset lost: 3.4).
+# (claim/gguf-check-agreement), below the subtlest wrong conversion measured, a rope base lost (claim/gguf-check-fault).
 MEAN_BOUND = 0.2
 
 
