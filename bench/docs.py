@@ -82,8 +82,11 @@ def which_to_pick(s: Store) -> list[str]:
         cells = []
         for fmt in PICK_FORMATS:
             one, many = _peer(s, cpu, fmt, 1, "output"), _peer(s, cpu, fmt, 16, "output")
-            if one is None or many is None:
+            if one is None:
                 cells.append("not measured")
+                continue
+            if many is None:
+                cells.append(f"1 stream: {_verdict(one)} (x{one.value:.2f}); 16: not measured")
                 continue
             a, b = _verdict(one), _verdict(many)
             cells.append(
@@ -92,6 +95,42 @@ def which_to_pick(s: Store) -> list[str]:
                 else f"1 stream: {a} (x{one.value:.2f}); 16: {b} (x{many.value:.2f})"
             )
         lines.append(f"| {_label(CPUS, cpu)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def sizes(s: Store) -> list[str]:
+    """The size sweep's formats (random models at common checkpoints' decoder shapes): per CPU class and size, whose
+    output throughput the interval favours at each concurrency measured."""
+    swept = [r for r in s.of_kind("peer") if "size" in r.params and r.params["metric"] == "output"]
+    lines = ["| CPU | weights | streams: whose output throughput (ours / llama.cpp) |", "| --- | --- | --- |"]
+    for cpu in _ordered(sorted({r.cpu for r in swept}), CPUS):
+        for fmt in sorted({r.params["format"] for r in swept if r.cpu == cpu}):
+            cells = [
+                f"{r.params['concurrency']}: {_verdict(r)} (x{r.value:.2f})"
+                for r in sorted(swept, key=lambda r: r.params["concurrency"])
+                if r.cpu == cpu and r.params["format"] == fmt
+            ]
+            lines.append(f"| {_label(CPUS, cpu)} | {_label(FORMATS, fmt)} | " + "; ".join(cells) + " |")
+    return lines
+
+
+def speculation(s: Store) -> list[str]:
+    """Speculative decoding, each side with its own drafting: ours with n-gram drafting / llama.cpp's server with its
+    prompt lookup, per CPU class, file, text and concurrency, with the share of drafts ours accepted."""
+    rows = s.of_kind("speculative")
+    lines = [
+        "| CPU | file | text | streams | ours drafting / llama.cpp's lookup | drafts accepted |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for cpu in _ordered(sorted({r.cpu for r in rows}), CPUS):
+        mine = [r for r in rows if r.cpu == cpu]
+        for r in sorted(
+            mine, key=lambda r: (r.params["format"], r.params["workload"] != "repeated", r.params["concurrency"])
+        ):
+            lines.append(
+                f"| {_label(CPUS, cpu)} | {_label(FORMATS, r.params['format'])} | {r.params['workload']} | "
+                f"{r.params['concurrency']} | {_ratio(r)} | {r.params['acceptance']:.0%} |"
+            )
     return lines
 
 
@@ -148,6 +187,8 @@ RENDERERS: dict[str, Callable[[Store], list[str]]] = {
     "which-to-pick": which_to_pick,
     "peer-tables": peer_tables,
     "quant-tables": quant_tables,
+    "sizes": sizes,
+    "speculation": speculation,
 }
 BLOCK = re.compile(r"(<!-- rendered: (?P<name>[\w-]+) \(make docs\) -->\n)(?P<body>.*?)(<!-- end (?P=name) -->)", re.S)
 

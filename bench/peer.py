@@ -16,13 +16,14 @@ from typing import Any
 import httpx
 
 from bench import servers as srv
+from bench import speculative
 from bench.context import LOAD_CRASHES, REPACK_OFF, Context, cache_dir, ours_ready, start
 from bench.load import Workload
 from bench.output import Output, log
 from bench.profile import step_line
 from bench.servers import CTX_PER_SLOT, SERVED, llama_server
 from bench.servers import LLAMA_CPP_BIN as BIN
-from bench.stats import PEER_ESTIMATES, Comparison, DecodeResult, compare, decode_line, summary_line
+from bench.stats import PEER_ESTIMATES, Comparison, DecodeResult, compare, decode_line, estimate, summary_line
 from bench.tables import PEER_COLUMNS, comparison_table, decode_table
 from harness import REPO, ServerProcess
 from harness.models import DEFAULT_SIZE, SIZES, ensure_bench_model
@@ -49,6 +50,9 @@ FORMATS: dict[str, tuple[str | None, str]] = {
 }
 # Formats where both servers load the same file: their greedy answers are compared before the load (`agreement`).
 SAME_FILE = (GGUF, DEFAULT_GGUF)
+# The files speculative decoding is measured on: the default model's own (real text, real acceptance) and the bench
+# model's 4- and 8-bit files (random weights: what drafting costs and gains on a larger decoder).
+SPECULATIVE_FORMATS = ("smollm2-q4_1", "q4_0-gguf", "q8_0-gguf")
 # Simple prompts with one plain continuation each: a wrong mapping shows in the first words (a day repeated, a special
 # token repeated), where a near-tie of two right answers would not.
 AGREEMENT_PROMPTS = (
@@ -294,6 +298,12 @@ class PeerOptions:
     input_len: int = 128
     output_len: int = 32
     prompts: dict[int, int] = field(default_factory=lambda: {1: 4, 4: 8, 16: 32})
+    # Speculative decoding (bench/speculative.py) on these files: the service with n-gram drafting against llama.cpp's
+    # server with its prompt lookup, each also without, on repeated text and free generation. A --peer-file run
+    # measures the user's file instead. Requests per workload, concurrency and repetition; 0 leaves it out.
+    speculative: tuple[str, ...] = SPECULATIVE_FORMATS
+    speculative_requests: int = 3
+    speculative_concurrency: tuple[int, ...] = (1, 4)
 
 
 def run(ctx: Context, options: PeerOptions) -> Output:
@@ -451,6 +461,9 @@ def run(ctx: Context, options: PeerOptions) -> Output:
         ]
     # Batch-1 decode of each side against the bandwidth ceiling (c=1 runs' TPOT p50, medians).
     lines = []
+    if options.speculative_requests > 0:
+        peer["speculative"] = speculation(ctx, options, base)
+        lines += speculation_lines(peer["speculative"])
     if 1 in opts.concurrencies and ctx.reported:
         bw = read_bandwidth(ctx.reported.engine_cpus)
         peer["bandwidth"] = bw
@@ -475,6 +488,48 @@ def run(ctx: Context, options: PeerOptions) -> Output:
                 )
                 lines.append(decode_line(d))
     return Output(peer, tuple(comparisons), summary=tuple(summary_line(c) for c in comparisons) + tuple(lines))
+
+
+def speculation(ctx: Context, options: PeerOptions, base: Path) -> dict[str, Any]:
+    """Per file: bench/speculative.py's four servers (ours with n-gram drafting and without, llama.cpp's with its
+    prompt lookup and without, on the engine's cores), both sides loading the one file."""
+    if options.file:
+        files = {USER_FILE: Path(options.file)}
+    else:
+        wrong = [f for f in options.speculative if FORMATS.get(f, (None,))[0] not in SAME_FILE]
+        if wrong:
+            same = ", ".join(f for f, (kind, _) in FORMATS.items() if kind in SAME_FILE)
+            raise SystemExit(f"--peer-speculative {' '.join(wrong)}: a GGUF file both servers load ({same})")
+        generated = gguf_models(base, list(options.speculative), ctx.logdir / "gguf.log")
+        files = {fmt: sides(fmt, base, generated).gguf for fmt in options.speculative}
+    out = {}
+    for fmt, file in files.items():
+        log(f"speculation on {file.name} ({fmt}): four servers, {options.repetitions} repetition(s)")
+        # A file that fails (a request refused, a server that would not start) is logged and left out; the rest go on.
+        try:
+            out[fmt] = speculative.measure(
+                file,
+                cache_dir(),
+                ctx.logdir / f"speculative-{fmt}",
+                options.repetitions,
+                options.speculative_requests,
+                speculative.MAX_TOKENS,
+                list(options.speculative_concurrency),
+                file,
+            )
+        except (RuntimeError, httpx.HTTPError) as exc:
+            log(f"speculation on {fmt}: {exc}; left out")
+    return out
+
+
+def speculation_lines(results: dict[str, Any]) -> list[str]:
+    """Per file, workload and concurrency: ours drafting against llama.cpp's lookup, and the acceptance."""
+    lines = []
+    for fmt, r in results.items():
+        for key, text in r["estimates"].get(speculative.HEADLINE, {}).items():
+            workload = key.split("/")[0]
+            lines.append(f"speculation {fmt}: {text}; accepted {r['acceptance'][workload]:.0%} of drafts")
+    return lines
 
 
 def profiled_workload(w: Workload) -> Workload:
@@ -552,7 +607,43 @@ def section(results: dict[str, Any], comparisons: list[Comparison], decoded: lis
             decode_table([DecodeResult(**d) for d in p["decode"]]),
             "",
         ]
-    return parts + profile_lines(p, comparisons)
+    return parts + speculation_table(p.get("speculative") or {}) + profile_lines(p, comparisons)
+
+
+def speculation_table(results: dict[str, Any]) -> list[str]:
+    """Per file, workload and concurrency: each side's drafting against llama.cpp's plain server, and against each
+    other; the share of drafted tokens our engine accepted."""
+    if not results:
+        return []
+    first = next(iter(results.values()))
+    lines = [
+        "Speculative decoding (bench/speculative.py): the service with n-gram drafting (`speculative=ngram`) and "
+        "without, llama.cpp's server with its prompt lookup (`--spec-type ngram-simple`) and without, both loading "
+        f"the one file; chat requests, temperature 0, {first['max_tokens']} tokens, {first['requests_per_start']} "
+        "request rounds per start; completion tok/s ratios with 95% intervals over repetitions.",
+        "",
+        "| file | text | c | ours drafting / llama.cpp lookup | ours / llama.cpp, neither drafting | drafting / not, "
+        "ours | accepted |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for fmt, r in results.items():
+        for key in r["interval"].get(speculative.HEADLINE, {}):
+            workload, c = key.split("/")
+            cells = [_interval_cell(r, name, key) for name in (speculative.HEADLINE, "off/llama.cpp", "ngram/off")]
+            lines.append(
+                f"| {Path(r['peer_file']).name} ({fmt}) | {workload} | {c.removeprefix('c')} | "
+                + " | ".join(cells)
+                + f" | {r['acceptance'][workload]:.0%} |"
+            )
+    return [*lines, ""]
+
+
+def _interval_cell(result: dict[str, Any], name: str, key: str) -> str:
+    samples = result["ratios"].get(name, {}).get(key)
+    if not samples:
+        return ""
+    e = estimate(name, "ratio", samples)
+    return f"x{e.value:.2f}" + (f" [{e.low:.2f}, {e.high:.2f}]" if e.low is not None and e.high is not None else "")
 
 
 def profile_lines(peer: dict[str, Any], comparisons: list[Comparison]) -> list[str]:

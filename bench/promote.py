@@ -1,8 +1,10 @@
-"""Promote a finished run's peer comparisons into the measurement store (service/measurements/peers.yaml):
-`python -m bench.promote bench/results/<stamp> [--cpu zen4]`, then `make docs` puts them everywhere they show.
+"""Promote a finished run's peer comparisons into the measurement store (service/measurements/peers.yaml, and
+speculative.yaml for its speculative-decoding rows): `python -m bench.promote bench/results/<stamp> [--cpu zen4]`,
+then `make docs` puts them everywhere they show.
 
-One row per (CPU class, format, concurrency, metric), ratio ours / llama.cpp with its 95% interval; a row already in
-the store under the same key is replaced by the newer run's."""
+One row per (CPU class, format, concurrency, metric), ratio ours / llama.cpp with its 95% interval; one per (CPU
+class, file, concurrency, workload) for speculation, ours drafting / llama.cpp's lookup. A row already in the store
+under the same key is replaced by the newer run's."""
 
 from __future__ import annotations
 
@@ -13,18 +15,26 @@ from typing import Any
 
 import yaml
 
-from bench.peer import USER_FILE, comparisons
+from bench.peer import DEFAULT_GGUF, FORMATS, USER_FILE, comparisons
+from bench.speculative import HEADLINE
+from bench.stats import estimate
 from harness.models import DEFAULT_SIZE
 from service.measurements.store import STORE, Row, read_store
 
 PEERS = STORE / "peers.yaml"
+SPECULATIVE = STORE / "speculative.yaml"
 METRICS = {"output_throughput": "output", "ttft_p50_ms": "ttft", "tpot_p50_ms": "tpot"}
 
 
-def peer_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list[Row]:
+def _machine(results: dict[str, Any], cpu: str | None) -> tuple[str, str]:
     m = results["machine"]
-    cls = cpu or m["microarchitecture"]
-    machine = f"{m['cpu']} (family/model {m['family_model']}, {m['microarchitecture']}), backend {m['backend']}"
+    return cpu or m["microarchitecture"], (
+        f"{m['cpu']} (family/model {m['family_model']}, {m['microarchitecture']}), backend {m['backend']}"
+    )
+
+
+def peer_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list[Row]:
+    cls, machine = _machine(results, cpu)
     rows = []
     # The size sweep's formats are rows of their own: "1.5b-q4_0-gguf" beside the 0.5 B bench model's "q4_0-gguf".
     size = results.get("peer", {}).get("size") or DEFAULT_SIZE
@@ -60,6 +70,63 @@ def peer_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list
     return rows
 
 
+def speculative_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list[Row]:
+    """The peer part's speculation (bench/peer.py `speculation`): ours with n-gram drafting / llama.cpp's server with
+    its prompt lookup, per file, concurrency and workload, with the other ratios and the acceptance as params."""
+    cls, machine = _machine(results, cpu)
+    size = results.get("peer", {}).get("size") or DEFAULT_SIZE
+    rows = []
+    for fmt, r in (results.get("peer", {}).get("speculative") or {}).items():
+        if fmt == USER_FILE:
+            continue
+        # the bench model's files at a swept size are rows of their own; the default model's file has one size
+        name = fmt if size == DEFAULT_SIZE or FORMATS[fmt][0] == DEFAULT_GGUF else f"{size}-{fmt}"
+        for key, samples in r["ratios"][HEADLINE].items():
+            workload, c = key.split("/")
+            e = estimate(key, "ratio", samples)
+            others = {
+                name.replace("/", "_vs_").replace("-", "_").replace(".", "_"): _rounded(r["ratios"][name][key])
+                for name in r["ratios"]
+                if name != HEADLINE
+            }
+            tok_s = r["median_tok_s"][key]
+            rows.append(
+                Row(
+                    key=f"speculative/{cls}/{name}/{c}/{workload}",
+                    cpu=cls,
+                    machine=machine,
+                    command=results["command"],
+                    date=results["started"][:16].replace("T", " "),
+                    value=round(e.value, 3),
+                    unit="x",
+                    interval=(round(e.low, 3), round(e.high, 3)) if e.low is not None and e.high is not None else None,
+                    says=(
+                        f"{workload} text at {c.removeprefix('c')} stream(s), {Path(r['peer_file']).name}: ours with "
+                        f"n-gram drafting {tok_s['ngram']:.1f} tok/s, llama.cpp with its lookup "
+                        f"{tok_s['llama.cpp-lookup']:.1f} (medians); ours accepted {r['acceptance'][workload]:.0%} "
+                        "of its drafts"
+                    ),
+                    params={
+                        "format": name,
+                        "concurrency": int(c.removeprefix("c")),
+                        "workload": workload,
+                        "acceptance": round(r["acceptance"][workload], 3),
+                        "repetitions": e.n,
+                        **others,
+                        **({"size": size} if name != fmt else {}),
+                    },
+                    run=run,
+                )
+            )
+    return rows
+
+
+def _rounded(samples: list[float]) -> list[float]:
+    """A ratio's value and 95% interval, as a params entry."""
+    e = estimate("", "ratio", samples)
+    return [round(x, 3) for x in (e.value, e.low if e.low is not None else e.value, e.high or e.value)]
+
+
 def write_rows(path: Path, rows: list[Row]) -> None:
     """The file's leading comment kept, then one row per line (flow style: a row added is a line in the diff)."""
     head = (
@@ -75,14 +142,21 @@ def write_rows(path: Path, rows: list[Row]) -> None:
     path.write_text(head + body)
 
 
-def promote(run_dir: Path, cpu: str | None = None, path: Path = PEERS) -> list[Row]:
-    new = peer_rows(json.loads((run_dir / "results.json").read_text()), str(run_dir), cpu)
-    if not new:
+def promote(run_dir: Path, cpu: str | None = None, path: Path = PEERS, speculative: Path = SPECULATIVE) -> list[Row]:
+    results = json.loads((run_dir / "results.json").read_text())
+    promoted = []
+    for kind, new, into in (
+        ("peer", peer_rows(results, str(run_dir), cpu), path),
+        ("speculative", speculative_rows(results, str(run_dir), cpu), speculative),
+    ):
+        if new:
+            existing = read_store(into.parent).of_kind(kind) if into.exists() else []
+            keys = {r.key for r in new}
+            write_rows(into, [r for r in existing if r.key not in keys] + new)
+            promoted += new
+    if not promoted:
         raise SystemExit(f"{run_dir} has no peer comparisons to promote")
-    existing = [r for r in read_store(path.parent).of_kind("peer")] if path.exists() else []
-    keys = {r.key for r in new}
-    write_rows(path, [r for r in existing if r.key not in keys] + new)
-    return new
+    return promoted
 
 
 def main() -> None:
@@ -91,7 +165,7 @@ def main() -> None:
     parser.add_argument("--cpu", help="the CPU class to file it under (default: the run's microarchitecture)")
     args = parser.parse_args()
     rows = promote(args.run, args.cpu)
-    print(f"promoted {len(rows)} rows into {PEERS}; run `make docs`")
+    print(f"promoted {len(rows)} rows into {PEERS.parent}; run `make docs`")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ VARIANTS = {"ngram": {"SERVICE_SPECULATIVE": "ngram"}, "off": {"SERVICE_SPECULAT
 PEER_VARIANTS = {"llama.cpp-lookup": ("--spec-type", "ngram-simple"), "llama.cpp": ()}
 # candidate/baseline: the proposer's gain on our side; then ours against llama.cpp, each with its drafting and without.
 RATIOS = (("ngram", "off"), ("ngram", "llama.cpp-lookup"), ("off", "llama.cpp"), ("llama.cpp-lookup", "llama.cpp"))
+HEADLINE = "ngram/llama.cpp-lookup"  # what `make bench-peer` reports and promotes: each side with its drafting
 CTX = 2048  # llama.cpp's context per slot: the longest request here (a licence quoted, 128 tokens out) with room
+MAX_TOKENS = 128  # tokens per answer: long enough for a copy to settle into the lookup's matches
 COUNTERS = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
 
 
@@ -63,6 +65,30 @@ def workloads() -> dict[str, list[str]]:
             "Describe a walk through a forest in autumn.",
         ],
     }
+
+
+def fitted(loads: dict[str, list[str]], url: str, max_tokens: int, served: str = "bench") -> dict[str, list[str]]:
+    """Each message with its quoted text cut until the prompt and `max_tokens` fit the model's context (the server's
+    /tokenize counts the chat prompt): the bench model's 1 024 tokens hold less of a licence than SmolLM2's 8 192."""
+
+    def tokens(content: str) -> tuple[int, int]:
+        body = {"model": served, "messages": [{"role": "user", "content": content}]}
+        resp = httpx.post(f"{url}/tokenize", json=body, timeout=60)
+        resp.raise_for_status()
+        return resp.json()["count"], resp.json()["max_model_len"]
+
+    out: dict[str, list[str]] = {}
+    for workload, messages in loads.items():
+        out[workload] = []
+        for message in messages:
+            ask, _, text = message.partition("\n\n")
+            count, limit = tokens(message)
+            while count + max_tokens > limit and text:
+                text = text[: int(len(text) * (limit - max_tokens) / count * 0.95)]
+                message = f"{ask}\n\n{text}"
+                count, limit = tokens(message)
+            out[workload].append(message)
+    return out
 
 
 def counters(url: str) -> dict[str, float]:
@@ -142,11 +168,15 @@ def measure(
     rates: dict[str, dict[str, list[float]]] = {k: {v: [] for v in variants} for k in keys}
     served = {v: "bench" if v in VARIANTS else SERVED for v in variants}  # each server's model name
     accepted: dict[str, list[float]] = {w: [] for w in loads}
+    trimmed: list[int] = []
     for rep in range(repetitions):
         started = start_all(base, peer_file, max(levels), log_dir, rep)
         try:
             for variant, server in started.items():  # first requests after start: not timed
                 throughput(server.url, ["Say hello."], 1, 8, served[variant])
+            if rep == 0:
+                loads = fitted(loads, started["off"].url, max_tokens)
+                trimmed = [len(a) - len(b) for a, b in zip(workloads()["repeated"], loads["repeated"])]
             for workload, messages in loads.items():
                 before = counters(started["ngram"].url)
                 for c in levels:
@@ -178,6 +208,7 @@ def measure(
         "cpu": f"{cpu.vendor} {cpu.model_name} ({cpu.microarchitecture})",
         "max_tokens": max_tokens,
         "requests_per_start": requests,
+        "characters_cut": trimmed,  # per repeated message, to fit the model's context
         "ratios": ratios,
         "estimates": {
             name: {k: estimate(f"{k} {name}", "ratio", v).fmt() for k, v in by.items()} for name, by in ratios.items()
@@ -202,7 +233,7 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=default_cache_dir())
     ap.add_argument("--repetitions", type=int, default=2)
     ap.add_argument("--requests", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--peer", action="store_true", help="llama.cpp's server on the same GGUF file, lookup on and off")
     ap.add_argument("--out", type=Path, default=REPO / ".cache" / "bench-speculative")

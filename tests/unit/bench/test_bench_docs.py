@@ -44,6 +44,9 @@ def test_a_new_row_reaches_the_rendered_table():
     after = render(text, Store(rows + new))
     assert "zen9" not in before
     assert "| zen9 | 1 stream: llama.cpp (x0.50); 16: this service (x3.00) |" in after
+    # measured at one stream only: its verdict, and the other said to be missing
+    only_one = render(text, Store(rows + new[:1]))
+    assert "| zen9 | 1 stream: llama.cpp (x0.50); 16: not measured |" in only_one
 
 
 def peer_run(comparison: str) -> list[dict]:
@@ -121,3 +124,69 @@ def test_a_size_sweep_renders_under_its_own_label_and_stays_out_of_which_to_pick
     tables = "\n".join(peer_tables(swept))
     assert "| 8-bit (W8A8 vs Q8_0), a 3B-shaped random model | 1 | **x2.00**" in tables, tables
     assert all("zen4" not in line for line in which_to_pick(swept)), which_to_pick(swept)
+
+    # and the README's table of sizes names it, with each concurrency's verdict
+    from bench.docs import sizes
+
+    assert "| AMD EPYC Zen 4 | 8-bit (W8A8 vs Q8_0), a 3B-shaped random model | 1: this service (x2.00) |" in sizes(
+        swept
+    )
+
+
+def speculative_results(size: str | None = None) -> dict:
+    """A peer run's speculation as bench/speculative.py's `measure` returns it: two repetitions, one concurrency."""
+    keys = ("repeated/c1", "free/c1")
+    ratios = {
+        "ngram/off": dict.fromkeys(keys, [1.5, 1.6]),
+        "ngram/llama.cpp-lookup": {"repeated/c1": [1.2, 1.3], "free/c1": [0.55, 0.56]},
+        "off/llama.cpp": dict.fromkeys(keys, [0.7, 0.75]),
+        "llama.cpp-lookup/llama.cpp": dict.fromkeys(keys, [1.0, 1.05]),
+    }
+    rates = {"ngram": 40.0, "off": 30.0, "llama.cpp-lookup": 33.0, "llama.cpp": 42.0}
+    results = peer_results([])
+    results["peer"]["size"] = size
+    results["peer"]["speculative"] = {
+        fmt: {
+            "peer_file": f"/cache/{fmt}.gguf",
+            "max_tokens": 128,
+            "requests_per_start": 3,
+            "ratios": ratios,
+            "median_tok_s": dict.fromkeys(keys, rates),
+            "acceptance": {"repeated": 0.67, "free": 0.2},
+        }
+        for fmt in ("smollm2-q4_1", "q4_0-gguf", "file")
+    }
+    return results
+
+
+def test_promote_files_speculation_as_rows_of_its_own_kind(tmp_path):
+    from bench.docs import speculation
+    from bench.promote import promote
+
+    run = tmp_path / "run"
+    run.mkdir()
+    import json
+
+    (run / "results.json").write_text(json.dumps(speculative_results()))
+    rows = promote(run, path=tmp_path / "peers.yaml", speculative=tmp_path / "speculative.yaml")
+    # a user's own file stays in its run; the others are rows, ours drafting / llama.cpp's lookup
+    assert {r.key for r in rows} == {
+        f"speculative/zen4/{fmt}/c1/{w}" for fmt in ("smollm2-q4_1", "q4_0-gguf") for w in ("repeated", "free")
+    }
+    kept = read_store(tmp_path).rows
+    repeated = kept["speculative/zen4/q4_0-gguf/c1/repeated"]
+    assert repeated.value == pytest.approx(1.249, abs=0.001) and repeated.params["acceptance"] == 0.67
+    assert repeated.params["off_vs_llama_cpp"][0] == pytest.approx(0.725, abs=0.001)
+    free = kept["speculative/zen4/smollm2-q4_1/c1/free"]
+    assert free.interval is not None and free.interval[1] < 1
+    table = "\n".join(speculation(Store(kept.values())))
+    assert "| AMD EPYC Zen 4 | a Q4_0 file, both sides | repeated | 1 | x1.25 [" in table
+    assert "| AMD EPYC Zen 4 | SmolLM2-135M's Q4_1 file, both sides | free | 1 | **x0.56** [" in table
+
+
+def test_a_size_sweeps_speculation_keeps_the_default_models_file_under_its_own_name():
+    from bench.promote import speculative_rows
+
+    keys = {r.key for r in speculative_rows(speculative_results("1.5b"), "bench/results/x")}
+    assert "speculative/zen4/1.5b-q4_0-gguf/c1/repeated" in keys
+    assert "speculative/zen4/smollm2-q4_1/c1/repeated" in keys

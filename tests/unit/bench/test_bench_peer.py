@@ -166,3 +166,12 @@ def test_the_decode_profile_runs_a_decode_bound_load():
     profiled = peer.profiled_workload(measured)
     assert profiled.concurrency == 1 and profiled.seed == measured.seed
     assert profiled.output_len >= 8 * measured.output_len and profiled.input_len * 8 <= measured.input_len
+
+
+def test_speculation_runs_only_on_files_both_servers_load():
+    """`--peer-speculative q8_0`: the service's W8A8 copy is not llama.cpp's file, so drafting would be compared on
+    different weights."""
+    from bench.peer import PeerOptions, speculation
+
+    with pytest.raises(SystemExit, match="q8_0: a GGUF file both servers load"):
+        speculation(None, PeerOptions(speculative=("q4_0-gguf", "q8_0")), Path("/nonexistent"))  # type: ignore[arg-type]
