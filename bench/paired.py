@@ -42,11 +42,13 @@ def _rate(url: str, body: Callable[[int], dict[str, Any]], counted: str, long: i
     return (long - short) / (timed(long) - timed(short))
 
 
-def decode_rate(url: str, model: str, max_tokens: int, short: int = 8) -> float:
-    """Decode tok/s at batch 1 from two greedy requests of the same prompt that differ only in length (ignore_eos:
-    exactly that many tokens). Prefill and request overheads cancel; a random-weight model's text may be held back
-    mid-character, token counts are not."""
-    prompt = {"model": model, "prompt": "The quick brown fox", "temperature": 0, "ignore_eos": True}
+def decode_rate(
+    url: str, model: str, max_tokens: int, short: int = 8, sampling: Mapping[str, Any] | None = None
+) -> float:
+    """Decode tok/s at batch 1 from two requests of the same prompt that differ only in length (ignore_eos: exactly
+    that many tokens), greedy unless `sampling` (request fields) says otherwise. Prefill and request overheads
+    cancel; a random-weight model's text may be held back mid-character, token counts are not."""
+    prompt = {"model": model, "prompt": "The quick brown fox", "temperature": 0, "ignore_eos": True, **(sampling or {})}
     return _rate(url, lambda n: prompt | {"max_tokens": n}, "completion_tokens", max_tokens, short)
 
 
@@ -67,6 +69,7 @@ class Run:
     requests: int = 4
     max_tokens: int = 128
     settings: Mapping[str, str] = field(default_factory=dict)  # SERVICE_* settings of both variants
+    sampling: Mapping[str, Any] = field(default_factory=dict)  # the decode requests' sampling fields (default greedy)
     ready_timeout: float = 900
 
 
@@ -114,7 +117,7 @@ def measure(variants: Mapping[str, Mapping[str, str]], run: Run, prefill: bool =
                 # Adjacent in time and in alternating order: the host's memory bandwidth, which moves by tens of
                 # percent within minutes on a shared VM, is nearly the same for both measurements of a pair.
                 for variant in names if i % 2 == 0 else names[::-1]:
-                    tok_s[variant].append(decode_rate(started[variant].url, "bench", max_tokens))
+                    tok_s[variant].append(decode_rate(started[variant].url, "bench", max_tokens, sampling=run.sampling))
                     if prefill:
                         prefill_tok_s[variant].append(prefill_rate(started[variant].url, "bench"))
             load_after = os.getloadavg()[0]

@@ -111,6 +111,11 @@ class Settings(BaseSettings):
         "as in agent and RAG traffic), suffix (needs arctic-inference), or a draft model's directory; auto: policy "
         "(what measured best on this CPU class)",
     )
+    top_p_mask: Literal["auto", "partial", "sort"] = Field(
+        "auto",
+        description="How the sampler finds a request's top-p tokens: partial (the service's, from the top tokens), sort "
+        "(vLLM's sort of the whole vocabulary); auto: policy (partial on the vLLM it is written for)",
+    )
     memory_headroom_gib: float | None = Field(
         None, ge=0, description="Memory kept free; default: policy", json_schema_extra={"shown": "policy"}
     )

@@ -29,6 +29,7 @@ from service.in_vllm.fx_graph_cache_patch import PATCH_ENV, apply_fxgraph_pickle
 from service.in_vllm.lora_rows import apply_lora_rows_fix
 from service.in_vllm.parent_watch import watch_parent
 from service.in_vllm.rejection_sampler import SAMPLER_ENV, use_torch_expand
+from service.in_vllm.top_p import TOP_P_ENV, use_partial_top_p
 from service.kernels import register_kernels
 from service.kernels.ggml_linear import planned_handover
 from service.kernels.registry import KERNELS_ENV
@@ -66,12 +67,16 @@ def platform() -> str | None:
 
 
 def every_process() -> None:
-    if not {PATCH_ENV, PLATFORM_ENV, KERNELS_ENV, AMX_STATE_ENV, LORA_ROWS_ENV, SAMPLER_ENV} & os.environ.keys():
+    if (
+        not {PATCH_ENV, PLATFORM_ENV, KERNELS_ENV, AMX_STATE_ENV, LORA_ROWS_ENV, SAMPLER_ENV, TOP_P_ENV}
+        & os.environ.keys()
+    ):
         return
     amx = request_amx_state(os.environ.get(AMX_STATE_ENV) == "1")
     patch = apply_fxgraph_pickle_patch(os.environ.get(PATCH_ENV) == "1")
     lora_rows = apply_lora_rows_fix(os.environ.get(LORA_ROWS_ENV) == "1")
     sampler = use_torch_expand(os.environ.get(SAMPLER_ENV) == "torch")
+    top_p = use_partial_top_p(os.environ.get(TOP_P_ENV) == "partial")
     kernels = register_kernels(os.environ.get(KERNELS_ENV, ""))
     parent = watch_parent()
     skip_exit_collection()
@@ -92,6 +97,7 @@ def every_process() -> None:
         "ggml_handover": planned_handover(),
         "lora_rows_fix": lora_rows,
         "rejection_sampler": sampler,
+        "top_p": top_p,
         "amx_tile_state": amx,
         "watched_parent": parent,
         "usage_stats": is_usage_stats_enabled(),  # vLLM's own verdict: would this process report usage

@@ -41,6 +41,7 @@ from service.policy.preflight import check_kernels, dtype_limit
 from service.policy.preload import choose_preload
 from service.policy.quant import plan_quant
 from service.policy.speculative import plan_speculative
+from service.policy.top_p import plan_top_p
 from service.policy.threads import BIND_ENV, ThreadPlan, plan_threads, thread_decisions
 
 FALLBACK_MAX_MODEL_LEN = 2048
@@ -261,6 +262,7 @@ def version_patches(inputs: PlanInputs, draft: Draft) -> Step:
     return Step.of_result(
         plan_compile_cache(inputs.settings.cache_dir, software.vllm, inputs.environ)
         + fxgraph_patch(software.torch)
+        + plan_top_p(inputs.settings.top_p_mask, "top_p_mask" in inputs.user, software.vllm)
         + amx_state(inputs.hardware.cpu.isa)
     )
 

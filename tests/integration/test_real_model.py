@@ -109,3 +109,25 @@ def test_no_vllm_process_sends_usage_statistics(default_server):
     states = [json.loads(line.split(STATE_PREFIX, 1)[1]) for line in log.splitlines() if STATE_PREFIX in line]
     assert {s["process"] for s in states} >= {"MainProcess", "EngineCore"}, states
     assert [s["usage_stats"] for s in states] == [False] * len(states), states
+
+
+def test_top_p_is_masked_by_the_services_function_in_every_engine_process(default_server, client):
+    """The policy's SERVICE_TOP_P=partial, read back from the engine's processes; and the mask it makes, read back
+    from the answers: a nucleus of one token (top_p 0.01) samples the greedy answer whatever the seed, while a wide
+    one (0.95) at temperature 1 does not always."""
+    from service.in_vllm.plugin import STATE_PREFIX
+
+    log = default_server.process.log_path.read_text(errors="replace")
+    states = [json.loads(line.split(STATE_PREFIX, 1)[1]) for line in log.splitlines() if STATE_PREFIX in line]
+    assert {s["top_p"] for s in states if s["process"] != "MainProcess"} == {"partial top-p"}, states
+    question = [{"role": "user", "content": "Write one sentence about the sea."}]
+
+    def answer(**sampling):
+        reply = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct", messages=question, max_tokens=12, **sampling
+        )
+        return reply.choices[0].message.content
+
+    greedy = answer(temperature=0)
+    assert {answer(temperature=1, top_p=0.01, seed=seed) for seed in range(4)} == {greedy}
+    assert len({answer(temperature=1, top_p=0.95, seed=seed) for seed in range(6)}) > 1
