@@ -528,7 +528,10 @@ def speculation_lines(results: dict[str, Any]) -> list[str]:
     for fmt, r in results.items():
         for key, text in r["estimates"].get(speculative.HEADLINE, {}).items():
             workload = key.split("/")[0]
-            lines.append(f"speculation {fmt}: {text}; accepted {r['acceptance'][workload]:.0%} of drafts")
+            lines.append(
+                f"speculation {fmt}, {key}, ours drafting / llama.cpp's lookup: {text}; accepted "
+                f"{r['acceptance'][workload]:.0%} of drafts"
+            )
     return lines
 
 
