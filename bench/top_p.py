@@ -27,7 +27,7 @@ from harness import REPO
 VOCABS = {"SmolLM2": 49152, "Qwen2.5": 151936}
 CASES = {"top_p 0.9": (None, 0.9), "top_k 20, top_p 0.8": (20, 0.8)}
 SAMPLING = {"temperature": 0.7, "top_p": 0.9}
-SCALE = 5.0  # Gaussian logits at this scale: a nucleus of 0.9 holds tens of tokens (the output says how many)
+SCALE = 5.0  # Gaussian logits at this scale: a nucleus of 0.9 holds tens to hundreds of tokens (printed)
 
 
 def op_alone(rounds: int, cpu: int = 0) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """Top-p (with or without top-k) on the CPU without sorting the vocabulary.
 
 vLLM 0.32's CPU sampler masks top-p by sorting every row of logits over the whole vocabulary, then a softmax, a
-cumulative sum and a scatter back (`apply_top_k_top_p_pytorch`). On one core that costs more than a small model's
-whole decode step, at every step of every request that sends `top_p` or whose model's generation config sets it
-(the store's claim/top-p-partial). The nucleus is nearly always a few dozen tokens, so `top_k_top_p` takes the top n
+cumulative sum and a scatter back (`apply_top_k_top_p_pytorch`), at every step of every request that sends `top_p` or
+whose model's generation config sets it: on one core, about a quarter of SmolLM2's decode step (the store's
+claim/top-p-partial). A nucleus is far smaller than the vocabulary, so `top_k_top_p` takes the top n
 by `topk` and keeps rank r where the probability mass of the ranks above it is below p (and r is within the row's
 top-k): the tokens vLLM keeps, up to the order of exact ties. Where n tokens do not hold p of the mass (a flat
 distribution), n grows; past `LIMIT` the batch goes to vLLM's sort. The plugin puts it in place of vLLM's function
@@ -16,7 +16,7 @@ from typing import Any
 
 from service.policy.top_p import TOP_P_ENV as TOP_P_ENV  # the plugin reads the decision there
 
-FIRST = 64  # candidates taken first: a nucleus at a chat temperature is far smaller
+FIRST = 64  # candidates taken first
 LIMIT = 4096  # beyond, topk stops paying against one sort
 GROWTH = 8  # 64, 512, 4096: a larger nucleus pays the cost of three topk calls at most
 
