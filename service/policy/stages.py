@@ -41,8 +41,8 @@ from service.policy.preflight import check_kernels, dtype_limit
 from service.policy.preload import choose_preload
 from service.policy.quant import plan_quant
 from service.policy.speculative import plan_speculative
-from service.policy.top_p import plan_top_p
 from service.policy.threads import BIND_ENV, ThreadPlan, plan_threads, thread_decisions
+from service.policy.top_p import plan_top_p
 
 FALLBACK_MAX_MODEL_LEN = 2048
 
