@@ -17,7 +17,7 @@ import yaml
 
 from bench.peer import DEFAULT_GGUF, FORMATS, USER_FILE, comparisons
 from bench.speculative import HEADLINE
-from bench.stats import estimate
+from bench.stats import Estimate, estimate
 from harness.models import DEFAULT_SIZE
 from service.measurements.store import STORE, Row, read_store
 
@@ -33,8 +33,25 @@ def _machine(results: dict[str, Any], cpu: str | None) -> tuple[str, str]:
     )
 
 
-def peer_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list[Row]:
+def _ratio_row(results: dict[str, Any], run: str, cpu: str | None, key: str, e: Estimate, **fields: Any) -> Row:
+    """A ratio of the run as a store row: its CPU class and machine, command, date, value and 95% interval."""
     cls, machine = _machine(results, cpu)
+    return Row(
+        key=key,
+        cpu=cls,
+        machine=machine,
+        command=results["command"],
+        date=results["started"][:16].replace("T", " "),
+        value=round(e.value, 3),
+        unit="x",
+        interval=(round(e.low, 3), round(e.high, 3)) if e.low is not None and e.high is not None else None,
+        run=run,
+        **fields,
+    )
+
+
+def peer_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list[Row]:
+    cls = _machine(results, cpu)[0]
     rows = []
     # The size sweep's formats are rows of their own: "1.5b-q4_0-gguf" beside the 0.5 B bench model's "q4_0-gguf".
     size = results.get("peer", {}).get("size") or DEFAULT_SIZE
@@ -47,33 +64,21 @@ def peer_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list
             e = c.estimates.get(metric)
             if e is None:
                 continue
-            rows.append(
-                Row(
-                    key=f"peer/{cls}/{fmt}/c{c.concurrency}/{short}",
-                    cpu=cls,
-                    machine=machine,
-                    command=results["command"],
-                    date=results["started"][:16].replace("T", " "),
-                    value=round(e.value, 3),
-                    unit="x",
-                    interval=(round(e.low, 3), round(e.high, 3)) if e.low is not None and e.high is not None else None,
-                    params={
-                        "format": fmt,
-                        "concurrency": c.concurrency,
-                        "metric": short,
-                        "repetitions": e.n,
-                        **({"size": size} if size != DEFAULT_SIZE else {}),
-                    },
-                    run=run,
-                )
-            )
+            params = {
+                "format": fmt,
+                "concurrency": c.concurrency,
+                "metric": short,
+                "repetitions": e.n,
+                **({"size": size} if size != DEFAULT_SIZE else {}),
+            }
+            rows.append(_ratio_row(results, run, cpu, f"peer/{cls}/{fmt}/c{c.concurrency}/{short}", e, params=params))
     return rows
 
 
 def speculative_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list[Row]:
     """The peer part's speculation (bench/peer.py `speculation`): ours with n-gram drafting / llama.cpp's server with
     its prompt lookup, per file, concurrency and workload, with the other ratios and the acceptance as params."""
-    cls, machine = _machine(results, cpu)
+    cls = _machine(results, cpu)[0]
     size = results.get("peer", {}).get("size") or DEFAULT_SIZE
     rows = []
     for fmt, r in (results.get("peer", {}).get("speculative") or {}).items():
@@ -85,39 +90,27 @@ def speculative_rows(results: dict[str, Any], run: str, cpu: str | None = None) 
             workload, c = key.split("/")
             e = estimate(key, "ratio", samples)
             others = {
-                name.replace("/", "_vs_").replace("-", "_").replace(".", "_"): _rounded(r["ratios"][name][key])
-                for name in r["ratios"]
-                if name != HEADLINE
+                ratio.replace("/", "_vs_").replace("-", "_").replace(".", "_"): _rounded(r["ratios"][ratio][key])
+                for ratio in r["ratios"]
+                if ratio != HEADLINE
             }
             tok_s = r["median_tok_s"][key]
-            rows.append(
-                Row(
-                    key=f"speculative/{cls}/{name}/{c}/{workload}",
-                    cpu=cls,
-                    machine=machine,
-                    command=results["command"],
-                    date=results["started"][:16].replace("T", " "),
-                    value=round(e.value, 3),
-                    unit="x",
-                    interval=(round(e.low, 3), round(e.high, 3)) if e.low is not None and e.high is not None else None,
-                    says=(
-                        f"{workload} text at {c.removeprefix('c')} stream(s), {Path(r['peer_file']).name}: ours with "
-                        f"n-gram drafting {tok_s['ngram']:.1f} tok/s, llama.cpp with its lookup "
-                        f"{tok_s['llama.cpp-lookup']:.1f} (medians); ours accepted {r['acceptance'][workload]:.0%} "
-                        "of its drafts"
-                    ),
-                    params={
-                        "format": name,
-                        "concurrency": int(c.removeprefix("c")),
-                        "workload": workload,
-                        "acceptance": round(r["acceptance"][workload], 3),
-                        "repetitions": e.n,
-                        **others,
-                        **({"size": size} if name != fmt else {}),
-                    },
-                    run=run,
-                )
+            says = (
+                f"{workload} text at {c.removeprefix('c')} stream(s), {Path(r['peer_file']).name}: ours with n-gram "
+                f"drafting {tok_s['ngram']:.1f} tok/s, llama.cpp with its lookup {tok_s['llama.cpp-lookup']:.1f} "
+                f"(medians); ours accepted {r['acceptance'][workload]:.0%} of its drafts"
             )
+            params = {
+                "format": name,
+                "concurrency": int(c.removeprefix("c")),
+                "workload": workload,
+                "acceptance": round(r["acceptance"][workload], 3),
+                "repetitions": e.n,
+                **others,
+                **({"size": size} if name != fmt else {}),
+            }
+            key = f"speculative/{cls}/{name}/{c}/{workload}"
+            rows.append(_ratio_row(results, run, cpu, key, e, says=says, params=params))
     return rows
 
 
