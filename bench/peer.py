@@ -64,7 +64,8 @@ AGREEMENT_PROMPTS = (
     "Water is made of hydrogen and",
 )
 AGREEMENT_TOKENS = 16
-AGREEMENT_WORDS = 4  # a prompt agrees where both servers' first 4 words are the same
+AGREEMENT_IDS = 6  # a prompt agrees where both servers' first 6 generated token ids are the same
+AGREEMENT_WORDS = 4  # and, as text: the first 4 words
 
 # The converter hashes the tokenizer's output on a test string to name its pre-tokenizer and refuses hashes it does
 # not know. The bench model's tokenizer is a byte-level BPE with GPT-2's split regex (service/models/demo_model.py), which is
@@ -258,21 +259,34 @@ def first_words(text: str) -> list[str]:
 
 def agreement(ours_url: str, llama_url: str) -> dict[str, Any]:
     """Both servers' greedy continuations of AGREEMENT_PROMPTS on the same file: a prompt agrees where their first
-    AGREEMENT_WORDS words are the same. A wrong mapping of the file shows here before any throughput is measured."""
+    AGREEMENT_IDS generated token ids are the same. A wrong mapping of the file shows here before any throughput is
+    measured. The texts are compared too (the first AGREEMENT_WORDS words), but they can differ on the same tokens:
+    llama.cpp renders a token the file marks unused (the bench model's [PAD...] tokens) as nothing, the service
+    as its text."""
     rows = []
     for prompt in AGREEMENT_PROMPTS:
         body = {"model": SERVED, "prompt": prompt, "max_tokens": AGREEMENT_TOKENS, "temperature": 0}
-        ours, llama = (
-            httpx.post(url + "/v1/completions", json=body, timeout=300).json()["choices"][0]["text"]
-            for url in (ours_url, llama_url)
-        )
+        ours = httpx.post(ours_url + "/v1/completions", json=body | {"return_token_ids": True}, timeout=300)
+        # llama-server's own endpoint: its OpenAI one returns no token ids
+        native = {"prompt": prompt, "n_predict": AGREEMENT_TOKENS, "temperature": 0, "return_tokens": True}
+        llama = httpx.post(llama_url + "/completion", json=native, timeout=300)
+        choice, theirs = ours.raise_for_status().json()["choices"][0], llama.raise_for_status().json()
+        ids = {"ours": choice["token_ids"], "llama.cpp": theirs["tokens"]}
         rows.append(
-            {"prompt": prompt, "ours": ours, "llama.cpp": llama, "same": first_words(ours) == first_words(llama)}
+            {
+                "prompt": prompt,
+                "ours": choice["text"],
+                "llama.cpp": theirs["content"],
+                "ids": ids,
+                "same": ids["ours"][:AGREEMENT_IDS] == ids["llama.cpp"][:AGREEMENT_IDS],
+                "same_words": first_words(choice["text"]) == first_words(theirs["content"]),
+            }
         )
-    agreed = sum(r["same"] for r in rows)
+    agreed, worded = sum(r["same"] for r in rows), sum(r["same_words"] for r in rows)
     example = next(
         (
-            f"; first to differ: {r['prompt']!r} -> ours {r['ours']!r}, llama.cpp {r['llama.cpp']!r}"
+            f"; first to differ: {r['prompt']!r} -> ours {r['ids']['ours'][:AGREEMENT_IDS]} {r['ours']!r}, llama.cpp "
+            f"{r['ids']['llama.cpp'][:AGREEMENT_IDS]} {r['llama.cpp']!r}"
             for r in rows
             if not r["same"]
         ),
@@ -280,9 +294,10 @@ def agreement(ours_url: str, llama_url: str) -> dict[str, Any]:
     )
     return {
         "agreed": agreed,
+        "agreed_words": worded,
         "prompts": rows,
-        "line": f"{agreed} of {len(rows)} prompts with the same first {AGREEMENT_WORDS} words (greedy, "
-        f"{AGREEMENT_TOKENS} tokens){example}",
+        "line": f"{agreed} of {len(rows)} prompts with the same first {AGREEMENT_IDS} tokens (greedy, "
+        f"{AGREEMENT_TOKENS} tokens), {worded} with the same first {AGREEMENT_WORDS} words{example}",
     }
 
 
