@@ -142,6 +142,8 @@ def _messages(messages: Any, model: ModelFacts | None) -> RequestProblem | None:
         if not isinstance(message, Mapping):
             continue
         role = message.get("role")
+        if not isinstance(role, (str, type(None))):  # a wrong shape (an object is not even hashable): vLLM names it
+            continue
         if isinstance(role, str) and role not in ROLES:
             return RequestProblem(
                 f"messages[{i}].role {role!r} is not a role: one of {', '.join(sorted(ROLES))}", f"messages[{i}].role"
