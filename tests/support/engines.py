@@ -43,7 +43,9 @@ ENGINES: dict[str, Engine] = {
         "Gemma 2's, Gemma 3's, Phi-3's, Qwen2-MoE's and Qwen3-MoE's Q8_0 blocks, other models in vLLM, against llama.cpp",
     ),
     "gguf-check": Engine(1, "the default model's converted copy with its rope base lost: refused before ready"),
-    "speculative": Engine(1, "SmolLM2 with n-gram drafting: an engine built with a speculative config"),
+    "speculative": Engine(
+        2, "SmolLM2 with n-gram drafting, and with suffix decoding: the proposer is built into the engine at its start"
+    ),
     "lora": Engine(1, "LoRA adapters: an engine built with LoRA slots"),
     "bf16-weights": Engine(1, "the service's bf16-weight kernel on an fp32 engine"),
     "ab-avx512": Engine(1, "vLLM's generic platform on a Zen host (started only there)"),

@@ -61,6 +61,22 @@ def test_read_software_in_this_environment():
     assert facts.zentorch_reason == "zentorch 2.13.0.1 matches torch 2.13.0+cpu (both 2.13)"
     # Decided from metadata and build info, without the slow import.
     assert ("zentorch" in sys.modules) == zentorch_was_loaded
+    # Built from its source by `make setup` and the images (Makefile, Dockerfile.cpu), at their pin.
+    assert facts.arctic_inference == "0.3.0"
+
+
+def test_the_built_suffix_tree_drafts_what_the_prompt_repeats():
+    """speculative=suffix: vLLM's proposer calls this cache; its tree is the C++ module `make setup` compiled."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    cache = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=0)
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12] * 3
+    cache.start_request("r", prompt)
+    cache.add_active_response("r", [5, 6, 7])
+    draft = cache.speculate("r", [*prompt, 5, 6, 7], max_spec_tokens=4, max_spec_factor=2.0, min_token_prob=0.1)
+    assert list(draft.token_ids) == [8, 9, 10, 11]
+    # Nothing drafted where the text has not been seen.
+    assert not list(cache.speculate("r", [40, 41, 42], max_spec_tokens=4).token_ids)
 
 
 @pytest.mark.parametrize("name", ["epyc_9654_zen4.txt", "xeon_8480_sapphirerapids.txt", "epyc_7763_zen3.txt"])
