@@ -26,6 +26,10 @@ def _option_flags(p: argparse.ArgumentParser, part: Part) -> None:
         dest = f"{part.name}:{f.name}"
         if kind in (int, float, str):
             p.add_argument(flag, type=kind, dest=dest, metavar=f.name.upper(), help=f"default {f.default}")
+        elif kind is bool:
+            p.add_argument(
+                flag, action=argparse.BooleanOptionalAction, dest=dest, default=None, help=f"default {f.default}"
+            )
         elif typing.get_origin(kind) is tuple:
             item = typing.get_args(kind)[0]
             p.add_argument(

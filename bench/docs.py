@@ -131,6 +131,31 @@ def speculation(s: Store) -> list[str]:
                 f"| {_label(CPUS, cpu)} | {_label(FORMATS, r.params['format'])} | {r.params['workload']} | "
                 f"{r.params['concurrency']} | {_ratio(r)} | {r.params['acceptance']:.0%} |"
             )
+    return lines + suffix_speculation(rows)
+
+
+def suffix_speculation(rows: list[Row]) -> list[str]:
+    """The rows that measured suffix decoding too: against llama.cpp's ngram-mod, over all rounds and over each
+    start's first round (before either had seen an answer to the same prompt)."""
+    measured = [r for r in rows if "acceptance_suffix" in r.params]
+    if not measured:
+        return []
+    lines = [
+        "",
+        "Suffix decoding (`speculative=suffix`) drafts from past answers too, as llama.cpp's `ngram-mod` does: the "
+        "bench repeats each prompt, so its first round (before an answer was seen) is shown apart.",
+        "",
+        "| CPU | file | text | streams | suffix / llama.cpp's ngram-mod | first round | drafts accepted |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in sorted(measured, key=lambda r: (r.cpu, r.params["format"], r.params["workload"] != "repeated")):
+        value, low, high = r.params["suffix_vs_llama_cpp_ngram_mod"]
+        first_low, first_high = r.params["first_round_suffix_vs_llama_cpp_ngram_mod"]
+        lines.append(
+            f"| {_label(CPUS, r.cpu)} | {_label(FORMATS, r.params['format'])} | {r.params['workload']} | "
+            f"{r.params['concurrency']} | x{value:.2f} [{low:.2f}, {high:.2f}] | x{first_low:.2f}-{first_high:.2f} | "
+            f"{r.params['acceptance_suffix']:.0%} |"
+        )
     return lines
 
 

@@ -319,6 +319,8 @@ class PeerOptions:
     speculative: tuple[str, ...] = SPECULATIVE_FORMATS
     speculative_requests: int = 3
     speculative_concurrency: tuple[int, ...] = (1, 4)
+    # Suffix decoding beside them, against llama.cpp's ngram-mod: both remember earlier requests.
+    speculative_suffix: bool = False
 
 
 def run(ctx: Context, options: PeerOptions) -> Output:
@@ -507,7 +509,8 @@ def run(ctx: Context, options: PeerOptions) -> Output:
 
 def speculation(ctx: Context, options: PeerOptions, base: Path) -> dict[str, Any]:
     """Per file: bench/speculative.py's four servers (ours with n-gram drafting and without, llama.cpp's with its
-    prompt lookup and without, on the engine's cores), both sides loading the one file."""
+    prompt lookup and without, on the engine's cores), both sides loading the one file; with `speculative_suffix`,
+    ours with suffix decoding and llama.cpp's with ngram-mod as well."""
     if options.file:
         files = {USER_FILE: Path(options.file)}
     else:
@@ -519,7 +522,8 @@ def speculation(ctx: Context, options: PeerOptions, base: Path) -> dict[str, Any
         files = {fmt: sides(fmt, base, generated).gguf for fmt in options.speculative}
     out = {}
     for fmt, file in files.items():
-        log(f"speculation on {file.name} ({fmt}): four servers, {options.repetitions} repetition(s)")
+        servers = "six" if options.speculative_suffix else "four"
+        log(f"speculation on {file.name} ({fmt}): {servers} servers, {options.repetitions} repetition(s)")
         # A file that fails (a request refused, a server that would not start) is logged and left out; the rest go on.
         try:
             out[fmt] = speculative.measure(
@@ -531,6 +535,7 @@ def speculation(ctx: Context, options: PeerOptions, base: Path) -> dict[str, Any
                 speculative.MAX_TOKENS,
                 list(options.speculative_concurrency),
                 file,
+                options.speculative_suffix,
             )
         except (RuntimeError, httpx.HTTPError) as exc:
             log(f"speculation on {fmt}: {exc}; left out")
@@ -546,6 +551,13 @@ def speculation_lines(results: dict[str, Any]) -> list[str]:
             lines.append(
                 f"speculation {fmt}, {key}, ours drafting / llama.cpp's lookup: {text}; accepted "
                 f"{r['acceptance'][workload]:.0%} of drafts"
+            )
+        for key, text in r["estimates"].get(speculative.SUFFIX_HEADLINE, {}).items():
+            workload = key.split("/")[0]
+            low, high = r["first_round"][speculative.SUFFIX_HEADLINE][key]
+            lines.append(
+                f"speculation {fmt}, {key}, suffix decoding / llama.cpp's ngram-mod: {text} (first round "
+                f"{low:.2f}-{high:.2f}); accepted {r['acceptance_by_method']['suffix'][workload]:.0%} of drafts"
             )
     return lines
 
@@ -652,6 +664,34 @@ def speculation_table(results: dict[str, Any]) -> list[str]:
                 f"| {Path(r['peer_file']).name} ({fmt}) | {workload} | {c.removeprefix('c')} | "
                 + " | ".join(cells)
                 + f" | {r['acceptance'][workload]:.0%} |"
+            )
+    return [*lines, "", *suffix_table(results)]
+
+
+def suffix_table(results: dict[str, Any]) -> list[str]:
+    """With --peer-speculative-suffix: suffix decoding against llama.cpp's ngram-mod, over all rounds and over each
+    start's first round alone (before either has seen an answer to the same prompt)."""
+    measured = {fmt: r for fmt, r in results.items() if speculative.SUFFIX_HEADLINE in r["ratios"]}
+    if not measured:
+        return []
+    lines = [
+        "Suffix decoding (`speculative=suffix`) against llama.cpp's `--spec-type ngram-mod`: both draft from earlier "
+        "requests as well, so each round after a start's first has seen answers to the same prompts; the first round "
+        "alone is the range over starts.",
+        "",
+        "| file | text | c | suffix / llama.cpp ngram-mod | first round | suffix / off, ours | accepted |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for fmt, r in measured.items():
+        for key in r["ratios"][speculative.SUFFIX_HEADLINE]:
+            workload, c = key.split("/")
+            low, high = r["first_round"][speculative.SUFFIX_HEADLINE][key]
+            cells = [_interval_cell(r, speculative.SUFFIX_HEADLINE, key), f"x{low:.2f}-{high:.2f}"]
+            cells.append(_interval_cell(r, "suffix/off", key))
+            lines.append(
+                f"| {Path(r['peer_file']).name} ({fmt}) | {workload} | {c.removeprefix('c')} | "
+                + " | ".join(cells)
+                + f" | {r['acceptance_by_method']['suffix'][workload]:.0%} |"
             )
     return [*lines, ""]
 

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from bench.peer import DEFAULT_GGUF, FORMATS, USER_FILE, comparisons
-from bench.speculative import HEADLINE
+from bench.speculative import HEADLINE, SUFFIX_HEADLINE
 from bench.stats import Estimate, estimate
 from harness.models import DEFAULT_SIZE
 from service.measurements.store import STORE, Row, read_store
@@ -107,11 +107,24 @@ def speculative_rows(results: dict[str, Any], run: str, cpu: str | None = None) 
                 "acceptance": round(r["acceptance"][workload], 3),
                 "repetitions": e.n,
                 **others,
+                **_suffix_params(r, key, workload),
                 **({"size": size} if name != fmt else {}),
             }
             key = f"speculative/{cls}/{name}/{c}/{workload}"
             rows.append(_ratio_row(results, run, cpu, key, e, says=says, params=params))
     return rows
+
+
+def _suffix_params(r: dict[str, Any], key: str, workload: str) -> dict[str, Any]:
+    """Where suffix decoding was measured (--peer-speculative-suffix): its acceptance, and its ratios over each start's
+    first round alone, before it had seen an answer to the same prompt."""
+    if "suffix" not in r.get("acceptance_by_method", {}):
+        return {}
+    first = {
+        "first_round_" + ratio.replace("/", "_vs_").replace("-", "_").replace(".", "_"): r["first_round"][ratio][key]
+        for ratio in (SUFFIX_HEADLINE, "suffix/off")
+    }
+    return {"acceptance_suffix": round(r["acceptance_by_method"]["suffix"][workload], 3), **first}
 
 
 def _rounded(samples: list[float]) -> list[float]:

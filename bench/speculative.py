@@ -59,6 +59,7 @@ RATIOS = (
     ("llama.cpp-ngram-mod", "llama.cpp"),
 )
 HEADLINE = "ngram/llama.cpp-lookup"  # what `make bench-peer` reports and promotes: each side with its drafting
+SUFFIX_HEADLINE = "suffix/llama.cpp-ngram-mod"  # with --suffix: each side drafting from earlier requests too
 CTX = 2048  # llama.cpp's context per slot: the longest request here (a licence quoted, 128 tokens out) with room
 MAX_TOKENS = 128  # tokens per answer: long enough for a copy to settle into the lookup's matches
 COUNTERS = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")

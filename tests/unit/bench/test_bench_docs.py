@@ -133,9 +133,15 @@ def test_a_size_sweep_renders_under_its_own_label_and_stays_out_of_which_to_pick
     )
 
 
-def speculative_results(size: str | None = None) -> dict:
-    """A peer run's speculation as bench/speculative.py's `measure` returns it: two repetitions, one concurrency."""
+def speculative_results(size: str | None = None, suffix: bool = False) -> dict:
+    """A peer run's speculation as bench/speculative.py's `measure` returns it: two repetitions, one concurrency;
+    `suffix`: with suffix decoding and llama.cpp's ngram-mod measured too."""
     keys = ("repeated/c1", "free/c1")
+    with_suffix = {
+        "suffix/off": dict.fromkeys(keys, [1.1, 1.2]),
+        "suffix/llama.cpp-ngram-mod": {"repeated/c1": [1.4, 1.5], "free/c1": [0.9, 1.0]},
+        "llama.cpp-ngram-mod/llama.cpp": dict.fromkeys(keys, [1.0, 1.0]),
+    }
     ratios = {
         "ngram/off": dict.fromkeys(keys, [1.5, 1.6]),
         "ngram/llama.cpp-lookup": {"repeated/c1": [1.2, 1.3], "free/c1": [0.55, 0.56]},
@@ -156,6 +162,13 @@ def speculative_results(size: str | None = None) -> dict:
         }
         for fmt in ("smollm2-q4_1", "q4_0-gguf", "file")
     }
+    if suffix:
+        for r in results["peer"]["speculative"].values():
+            r["ratios"] |= with_suffix
+            r["acceptance_by_method"] = {"ngram": r["acceptance"], "suffix": {"repeated": 0.8, "free": 0.3}}
+            r["first_round"] = {
+                name: {"repeated/c1": [0.85, 0.95], "free/c1": [0.7, 0.8]} for name in r["ratios"] if "suffix" in name
+            }
     return results
 
 
@@ -190,3 +203,39 @@ def test_a_size_sweeps_speculation_keeps_the_default_models_file_under_its_own_n
     keys = {r.key for r in speculative_rows(speculative_results("1.5b"), "bench/results/x")}
     assert "speculative/zen4/1.5b-q4_0-gguf/c1/repeated" in keys
     assert "speculative/zen4/smollm2-q4_1/c1/repeated" in keys
+
+
+def test_suffix_decoding_rows_keep_their_first_round_apart(tmp_path):
+    """With --peer-speculative-suffix: the ngram rows carry suffix decoding's ratios, its acceptance and its first
+    round, and the table shows them beside each other (the later rounds had seen answers to the same prompts)."""
+    import json
+
+    from bench.docs import speculation
+    from bench.peer import speculation_lines, speculation_table
+    from bench.promote import promote
+
+    run = tmp_path / "run"
+    run.mkdir()
+    results = speculative_results(suffix=True)
+    (run / "results.json").write_text(json.dumps(results))
+    promote(run, path=tmp_path / "peers.yaml", speculative=tmp_path / "speculative.yaml")
+    repeated = read_store(tmp_path).rows["speculative/zen4/q4_0-gguf/c1/repeated"]
+    assert repeated.params["acceptance_suffix"] == 0.8
+    assert repeated.params["first_round_suffix_vs_llama_cpp_ngram_mod"] == [0.85, 0.95]
+    assert repeated.params["suffix_vs_llama_cpp_ngram_mod"][0] == pytest.approx(1.449, abs=0.001)
+    table = "\n".join(speculation(read_store(tmp_path)))
+    assert "| AMD EPYC Zen 4 | a Q4_0 file, both sides | repeated | 1 | x1.45 [" in table
+    assert "| x0.85-0.95 | 80% |" in table
+    # without suffix decoding measured, no such table
+    for r in (
+        *results["peer"]["speculative"].values(),
+        *(plain := speculative_results())["peer"]["speculative"].values(),
+    ):
+        r["interval"] = {name: {k: [min(v), max(v)] for k, v in by.items()} for name, by in r["ratios"].items()}
+        r["estimates"] = {name: {k: f"x{min(v):.2f}" for k, v in by.items()} for name, by in r["ratios"].items()}
+    assert "ngram-mod" not in "\n".join(speculation(Store([]))) and "ngram-mod" not in "\n".join(
+        speculation_table(plain["peer"]["speculative"])
+    )
+    run_table = "\n".join(speculation_table(results["peer"]["speculative"]))
+    assert "| /cache/q4_0-gguf.gguf" not in run_table and "q4_0-gguf.gguf (q4_0-gguf) | free | 1 | x0.95" in run_table
+    assert any("first round 0.70-0.80" in line for line in speculation_lines(results["peer"]["speculative"]))

@@ -26,6 +26,11 @@ def test_each_part_gets_its_flags_from_the_registry(part):
     for field in dataclasses.fields(part.options) if part.options else ():
         if field.type in ("int", "float", "str") or str(field.type).startswith("tuple"):
             assert f"--{part.name}-{field.name.replace('_', '-')}" in flags
+        if field.type == "bool":
+            assert {
+                f"--{part.name}-{field.name.replace('_', '-')}",
+                f"--no-{part.name}-{field.name.replace('_', '-')}",
+            } <= flags
     only = options(parser().parse_args([f"--only-{part.name}"]))
     assert only.parts == {part.name}
     without = options(parser().parse_args([f"--no-{part.name}"]))
@@ -38,6 +43,8 @@ def test_quick_runs_the_quick_parts_and_a_part_option_reaches_its_part():
     chosen = options(parser().parse_args(["--only-peer", "--peer-format", "q8_0", "--peer-repetitions", "1"]))
     assert chosen.of("peer").format == ("q8_0",) and chosen.of("peer").repetitions == 1
     assert chosen.of("quant") == next(p for p in PARTS if p.name == "quant").defaults()
+    assert not chosen.of("peer").speculative_suffix
+    assert options(parser().parse_args(["--peer-speculative-suffix"])).of("peer").speculative_suffix
     named = options(parser().parse_args(["--only-peer", "--peer-file", "/models/gemma.Q4_K_M.gguf"]))
     assert named.of("peer").file == "/models/gemma.Q4_K_M.gguf"
     sized = options(parser().parse_args(["--only-peer", "--peer-size", "3b", "--peer-format", "q4_0-gguf"]))
