@@ -131,20 +131,16 @@ def speculation(s: Store) -> list[str]:
                 f"| {_label(CPUS, cpu)} | {_label(FORMATS, r.params['format'])} | {r.params['workload']} | "
                 f"{r.params['concurrency']} | {_ratio(r)} | {r.params['acceptance']:.0%} |"
             )
-    return lines + suffix_speculation(rows)
+    return lines
 
 
-def suffix_speculation(rows: list[Row]) -> list[str]:
-    """The rows that measured suffix decoding too: against llama.cpp's ngram-mod, over all rounds and over each
-    start's first round (before either had seen an answer to the same prompt)."""
-    measured = [r for r in rows if "acceptance_suffix" in r.params]
+def suffix_speculation(s: Store) -> list[str]:
+    """The speculation rows that measured suffix decoding too: against llama.cpp's ngram-mod, over all rounds and over
+    each start's first round (before either had seen an answer to the same prompt)."""
+    measured = [r for r in s.of_kind("speculative") if "acceptance_suffix" in r.params]
     if not measured:
-        return []
+        return ["Not measured yet (`make bench-peer BENCH_ARGS=--peer-speculative-suffix`)."]
     lines = [
-        "",
-        "Suffix decoding (`speculative=suffix`) drafts from past answers too, as llama.cpp's `ngram-mod` does: the "
-        "bench repeats each prompt, so its first round (before an answer was seen) is shown apart.",
-        "",
         "| CPU | file | text | streams | suffix / llama.cpp's ngram-mod | first round | drafts accepted |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -214,6 +210,7 @@ RENDERERS: dict[str, Callable[[Store], list[str]]] = {
     "quant-tables": quant_tables,
     "sizes": sizes,
     "speculation": speculation,
+    "suffix-speculation": suffix_speculation,
 }
 BLOCK = re.compile(r"(<!-- rendered: (?P<name>[\w-]+) \(make docs\) -->\n)(?P<body>.*?)(<!-- end (?P=name) -->)", re.S)
 

@@ -210,7 +210,7 @@ def test_suffix_decoding_rows_keep_their_first_round_apart(tmp_path):
     round, and the table shows them beside each other (the later rounds had seen answers to the same prompts)."""
     import json
 
-    from bench.docs import speculation
+    from bench.docs import suffix_speculation
     from bench.peer import speculation_lines, speculation_table
     from bench.promote import promote
 
@@ -223,7 +223,7 @@ def test_suffix_decoding_rows_keep_their_first_round_apart(tmp_path):
     assert repeated.params["acceptance_suffix"] == 0.8
     assert repeated.params["first_round_suffix_vs_llama_cpp_ngram_mod"] == [0.85, 0.95]
     assert repeated.params["suffix_vs_llama_cpp_ngram_mod"][0] == pytest.approx(1.449, abs=0.001)
-    table = "\n".join(speculation(read_store(tmp_path)))
+    table = "\n".join(suffix_speculation(read_store(tmp_path)))
     assert "| AMD EPYC Zen 4 | a Q4_0 file, both sides | repeated | 1 | x1.45 [" in table
     assert "| x0.85-0.95 | 80% |" in table
     # without suffix decoding measured, no such table
@@ -233,7 +233,7 @@ def test_suffix_decoding_rows_keep_their_first_round_apart(tmp_path):
     ):
         r["interval"] = {name: {k: [min(v), max(v)] for k, v in by.items()} for name, by in r["ratios"].items()}
         r["estimates"] = {name: {k: f"x{min(v):.2f}" for k, v in by.items()} for name, by in r["ratios"].items()}
-    assert "ngram-mod" not in "\n".join(speculation(Store([]))) and "ngram-mod" not in "\n".join(
+    assert "Not measured" in "\n".join(suffix_speculation(Store([]))) and "ngram-mod" not in "\n".join(
         speculation_table(plain["peer"]["speculative"])
     )
     run_table = "\n".join(speculation_table(results["peer"]["speculative"]))
