@@ -192,7 +192,7 @@ def measure(
     }
     first_round: dict[str, dict[str, list[float]]] = {name: {k: [] for k in keys} for name in ratios}
     rates: dict[str, dict[str, list[float]]] = {k: {v: [] for v in variants} for k in keys}
-    served = {v: "bench" if v in VARIANTS else SERVED for v in variants}  # each server's model name
+    served = served_names(ours, variants, SERVED)
     accepted: dict[str, dict[str, list[float]]] = {m: {w: [] for w in loads} for m in DRAFTING if m in ours}
     trimmed: list[int] = []
     for rep in range(repetitions):
@@ -248,6 +248,11 @@ def measure(
         "acceptance": {w: statistics.fmean(a) for w, a in accepted["ngram"].items()},
         "acceptance_by_method": {m: {w: statistics.fmean(a) for w, a in by.items()} for m, by in accepted.items()},
     }
+
+
+def served_names(ours: list[str], variants: list[str], peer: str) -> dict[str, str]:
+    """Each server's model name: ours serve the bench's, llama.cpp's servers `peer`'s."""
+    return {v: "bench" if v in ours else peer for v in variants}
 
 
 def _interval(samples: list[float]) -> list[float]:
