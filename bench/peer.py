@@ -677,7 +677,7 @@ def suffix_table(results: dict[str, Any]) -> list[str]:
     lines = [
         "Suffix decoding (`speculative=suffix`) against llama.cpp's `--spec-type ngram-mod`: both draft from earlier "
         "requests as well, so each round after a start's first has seen answers to the same prompts; the first round "
-        "alone is the range over starts.",
+        "alone is its 95% interval over starts.",
         "",
         "| file | text | c | suffix / llama.cpp ngram-mod | first round | suffix / off, ours | accepted |",
         "| --- | --- | --- | --- | --- | --- | --- |",
