@@ -351,6 +351,9 @@ def test_zen_image_forced_zen_refuses_cleanly(images, cache_volume, host_report)
             "HF_HUB_OFFLINE=1",
             "-e",
             "SERVICE_BACKEND=zen",
+            # the key a deployment mounts: without it the start is refused for that first, before any backend
+            "-e",
+            f"SERVICE_API_KEY={API_KEY}",
             f"{IMAGE}:vllm-openai-zen",
             check=False,
             timeout=600,
