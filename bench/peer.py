@@ -479,7 +479,8 @@ def run(ctx: Context, options: PeerOptions) -> Output:
     # Batch-1 decode of each side against the bandwidth ceiling (c=1 runs' TPOT p50, medians).
     lines = []
     if options.speculative_requests > 0:
-        peer["speculative"] = speculation(ctx, options, base)
+        # the same llama.cpp as the table's: where its repacking crashed there, the speculation's starts with it off
+        peer["speculative"] = speculation(ctx, options, base, REPACK_OFF if peer.get("repack_off") else None)
         lines += speculation_lines(peer["speculative"])
     if 1 in opts.concurrencies and ctx.reported:
         bw = read_bandwidth(ctx.reported.engine_cpus)
@@ -507,7 +508,9 @@ def run(ctx: Context, options: PeerOptions) -> Output:
     return Output(peer, tuple(comparisons), summary=tuple(summary_line(c) for c in comparisons) + tuple(lines))
 
 
-def speculation(ctx: Context, options: PeerOptions, base: Path) -> dict[str, Any]:
+def speculation(
+    ctx: Context, options: PeerOptions, base: Path, llama_env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Per file: bench/speculative.py's four servers (ours with n-gram drafting and without, llama.cpp's with its
     prompt lookup and without, on the engine's cores), both sides loading the one file; with `speculative_suffix`,
     ours with suffix decoding and llama.cpp's with ngram-mod as well."""
@@ -536,6 +539,7 @@ def speculation(ctx: Context, options: PeerOptions, base: Path) -> dict[str, Any
                 list(options.speculative_concurrency),
                 file,
                 options.speculative_suffix,
+                llama_env,
             )
         except (RuntimeError, httpx.HTTPError) as exc:
             log(f"speculation on {fmt}: {exc}; left out")

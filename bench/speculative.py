@@ -135,9 +135,16 @@ def throughput(url: str, messages: list[str], concurrency: int, max_tokens: int,
 
 
 def start_all(
-    base: dict[str, str], peer_file: Path | None, slots: int, log_dir: Path, rep: int, suffix: bool = False
+    base: dict[str, str],
+    peer_file: Path | None,
+    slots: int,
+    log_dir: Path,
+    rep: int,
+    suffix: bool = False,
+    llama_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Every variant's server, started in an order that alternates with `rep`; llama.cpp's on our engine's cores."""
+    """Every variant's server, started in an order that alternates with `rep`; llama.cpp's on our engine's cores, with
+    `llama_env` in their environment."""
     from bench.servers import Reported, llama_server
 
     ours = VARIANTS | (SUFFIX_VARIANTS if suffix else {})
@@ -153,7 +160,9 @@ def start_all(
             cpus = Reported.fetch(started["off"].url).engine_cpus
             for variant, extra in peers.items():
                 log_path = log_dir / f"server-{variant}-{rep}.log"
-                started[variant] = llama_server(peer_file, cpus, slots, log_path, extra=extra, ctx_per_slot=CTX).start()
+                started[variant] = llama_server(
+                    peer_file, cpus, slots, log_path, llama_env, extra=extra, ctx_per_slot=CTX
+                ).start()
                 started[variant].wait_ready(900)
     except BaseException:
         for server in started.values():
@@ -172,10 +181,12 @@ def measure(
     levels: list[int],
     peer_file: Path | None = None,
     suffix: bool = False,
+    llama_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """`model` None: the default model as `make serve` serves it. All servers run at once (a KV cache of 1 GiB each
     of ours) and answer one at a time. `peer_file`: the GGUF file llama.cpp's servers load (the one ours serves).
-    `suffix`: suffix decoding and llama.cpp's ngram-mod join them."""
+    `suffix`: suffix decoding and llama.cpp's ngram-mod join them. `llama_env`: llama.cpp's environment (the peer's
+    repacking turned off where it crashed)."""
     from bench.servers import SERVED
 
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -196,7 +207,7 @@ def measure(
     accepted: dict[str, dict[str, list[float]]] = {m: {w: [] for w in loads} for m in DRAFTING if m in ours}
     trimmed: list[int] = []
     for rep in range(repetitions):
-        started = start_all(base, peer_file, max(levels), log_dir, rep, suffix)
+        started = start_all(base, peer_file, max(levels), log_dir, rep, suffix, llama_env)
         try:
             for variant, server in started.items():  # first requests after start: not timed
                 throughput(server.url, ["Say hello."], 1, 8, served[variant])
