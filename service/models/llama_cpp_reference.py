@@ -152,7 +152,7 @@ def bindings(path: Path) -> Any:
 def load_model(lib: Any, path: str, mmap: bool = True) -> Any:
     """The file on llama.cpp's plain CPU kernels: its extra buffer types (weights repacked for AVX2, AVX-512 or AMX)
     differ from one CPU to the next, and on an Emerald Rapids guest its AMX kernel died of SIGILL at its first tile
-    load (an invalid tile config, llama.cpp PR #26954), which left the check not run and the tests without llama.cpp."""
+    load (`tileloadd`; llama.cpp PR #26954 describes such a fault), which left the check not run there."""
     params = lib.llama_model_default_params()
     params.use_mmap = mmap
     params.use_extra_bufts = False
