@@ -109,7 +109,8 @@ class Settings(BaseSettings):
         "auto",
         description="Speculative decoding: off, ngram (drafts from the prompt's own n-grams: pays where text repeats, "
         "as in agent and RAG traffic), suffix (drafts from the prompt and from past answers: pays where requests "
-        "repeat earlier ones), or a draft model's directory; auto: policy (what measured best on this CPU class)",
+        "repeat earlier ones), a draft model's directory, or eagle:<dir> (an EAGLE head trained for the model); auto: "
+        "policy (what measured best on this CPU class)",
     )
     top_p_mask: Literal["auto", "partial", "sort"] = Field(
         "auto",
@@ -289,7 +290,7 @@ class Settings(BaseSettings):
     def _speculative(cls, value: str) -> str:
         value = value.strip()
         if not value:
-            raise ValueError("speculative: auto, off, ngram, suffix or a draft model's directory")
+            raise ValueError("speculative: auto, off, ngram, suffix, a draft model's directory or eagle:<dir>")
         return value
 
     @field_validator("api_key", mode="before")

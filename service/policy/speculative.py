@@ -3,7 +3,8 @@
 Batch-1 decode on a CPU is bound by reading the weights, so verifying k drafted tokens costs about one step and every
 accepted token is nearly free; a rejected draft costs the drafting and the wider step. vLLM 0.32's CPU build runs the
 n-gram proposer (drafts from the request's own tokens: a document quoted back, code edited in place, a tool result
-summarised), suffix decoding (arctic-inference's trees over prompts and past answers) and a draft model. `auto`
+summarised), suffix decoding (arctic-inference's trees over prompts and past answers), a draft model, and an EAGLE
+head (one layer that drafts from the target's last hidden state; `eagle:<dir>`, trained for the target). `auto`
 turns on what measured faster on this CPU class on free generation as well as on repeated text; a method that loses
 on free text stays off by default, for the user to turn on where their traffic repeats itself.
 """
@@ -17,6 +18,8 @@ from service.policy.decision import PolicyResult, Source, engine, env
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 SUFFIX = {"method": "suffix"}
 DRAFT_TOKENS = 4  # a draft model's tokens per step
+EAGLE = "eagle:"  # the setting's prefix of an EAGLE head's directory
+EAGLE_TOKENS = 3  # an EAGLE head's tokens per step: the chain vLLM's EAGLE examples draft
 # Where the engine drafts, vLLM 0.32's CPU fallback of the rejection sampler's expand kernel leaves the per-token
 # temperatures unwritten; "torch" has the service's plugin put its own in its place (service/in_vllm/rejection_sampler.py).
 SAMPLER_ENV = "SERVICE_REJECTION_SAMPLER"
@@ -62,6 +65,8 @@ def _method(setting: str, user: bool, backend: str, arctic_inference: str | None
             "past answers, so it pays where requests repeat earlier ones"
         )
         return PolicyResult.of(engine("speculative_config", SUFFIX, why, source))
+    if setting.startswith(EAGLE):
+        return _eagle(setting.removeprefix(EAGLE), source)
     if setting != "auto":
         return _draft_model(setting, source)
     key = measured_key(backend)
@@ -79,4 +84,13 @@ def _draft_model(path: str, source: Source) -> PolicyResult:
     """A draft model's directory, as the user named it (vLLM refuses the start where it cannot load it)."""
     config = {"method": "draft_model", "model": path, "num_speculative_tokens": DRAFT_TOKENS}
     why = f"a draft model ({path}) proposes {DRAFT_TOKENS} tokens a step, set by the user"
+    return PolicyResult.of(engine("speculative_config", config, why, source))
+
+
+def _eagle(path: str, source: Source) -> PolicyResult:
+    """An EAGLE head's directory, trained for the served model (vLLM shares the target's embeddings and LM head)."""
+    if not path:
+        return PolicyResult(errors=("speculative=eagle: names no directory: eagle:<an EAGLE head's directory>",))
+    config = {"method": "eagle", "model": path, "num_speculative_tokens": EAGLE_TOKENS}
+    why = f"an EAGLE head ({path}) drafts {EAGLE_TOKENS} tokens a step from the model's last hidden state, set by the user"
     return PolicyResult.of(engine("speculative_config", config, why, source))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from service.measurements.store import store
-from service.policy.speculative import NGRAM, measured_key, plan_speculative
+from service.policy.speculative import EAGLE_TOKENS, NGRAM, measured_key, plan_speculative
 from service.settings import Settings, load_settings
 from tests.unit.policy.test_policy_engine import decision, plan
 
@@ -33,6 +33,14 @@ def test_any_other_value_is_a_draft_model_handed_to_vllm():
     planned = config(plan_speculative("/models/draft", True, "zen", None))
     assert planned["method"] == "draft_model" and planned["model"] == "/models/draft"
     assert planned["num_speculative_tokens"] > 0
+
+
+def test_eagle_hands_vllm_the_heads_directory_and_refuses_none():
+    planned = plan_speculative("eagle:/models/head", True, "amx", None, "0.32.0")
+    assert config(planned) == {"method": "eagle", "model": "/models/head", "num_speculative_tokens": EAGLE_TOKENS}
+    assert planned.env["SERVICE_REJECTION_SAMPLER"] == "torch"
+    refused = plan_speculative("eagle:", True, "amx", None)
+    assert not refused.ok and "eagle:<" in refused.errors[0]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
