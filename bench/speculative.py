@@ -2,7 +2,7 @@
 (service/policy/speculative.py).
 
   .venv/bin/python -m bench.speculative [--repetitions 2] [--requests 3] [--max-tokens 128] [--concurrency 1 4]
-                                       [--model FILE.gguf] [--peer] [--suffix]
+                                       [--model FILE.gguf] [--peer] [--suffix] [--draft SETTING]
 
 The default model is served twice at once, with the n-gram proposer and without, and answers the same chat requests
 in adjacent requests, order alternating. With `--peer`, llama.cpp's server (`make bench-tools`) joins them twice, with
@@ -17,6 +17,9 @@ With `--suffix`, suffix decoding (arctic-inference) joins them, and with `--peer
 both remember earlier requests (suffix decoding's global tree holds past answers, ngram-mod's hash table outlives a
 request), so each round after a start's first sees answers to the same prompts. The first round's ratios are kept
 apart (`first_round`): what either gains before it has seen an answer.
+
+With `--draft SETTING`, a third server of ours drafts with that `speculative` value (a draft model's directory, or
+`eagle:<dir>`, an EAGLE head as `python -m bench.eagle_head` trains one), measured against none (`draft/off`).
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ PEER_VARIANTS = {"llama.cpp-lookup": ("--spec-type", "ngram-simple"), "llama.cpp
 # With --suffix: the method that remembers past answers, and llama.cpp's lookup that outlives a request.
 SUFFIX_VARIANTS = {"suffix": {"SERVICE_SPECULATIVE": "suffix"}}
 SUFFIX_PEER_VARIANTS = {"llama.cpp-ngram-mod": ("--spec-type", "ngram-mod")}
-DRAFTING = ("ngram", "suffix")  # our variants whose acceptance the counters give
+DRAFT = "draft"  # with --draft: our server drafting with the setting it names
+DRAFTING = ("ngram", "suffix", DRAFT)  # our variants whose acceptance the counters give
 # candidate/baseline: the proposer's gain on our side; then ours against llama.cpp, each with its drafting and without.
 RATIOS = (
     ("ngram", "off"),
@@ -57,6 +61,7 @@ RATIOS = (
     ("suffix", "off"),
     ("suffix", "llama.cpp-ngram-mod"),
     ("llama.cpp-ngram-mod", "llama.cpp"),
+    (DRAFT, "off"),
 )
 HEADLINE = "ngram/llama.cpp-lookup"  # what `make bench-peer` reports and promotes: each side with its drafting
 SUFFIX_HEADLINE = "suffix/llama.cpp-ngram-mod"  # with --suffix: each side drafting from earlier requests too
@@ -142,12 +147,13 @@ def start_all(
     rep: int,
     suffix: bool = False,
     llama_env: dict[str, str] | None = None,
+    draft: str | None = None,
 ) -> dict[str, Any]:
     """Every variant's server, started in an order that alternates with `rep`; llama.cpp's on our engine's cores, with
     `llama_env` in their environment."""
     from bench.servers import Reported, llama_server
 
-    ours = VARIANTS | (SUFFIX_VARIANTS if suffix else {})
+    ours = our_variants(suffix, draft)
     peers = PEER_VARIANTS | (SUFFIX_PEER_VARIANTS if suffix else {})
     started: dict[str, ServerProcess] = {}
     try:
@@ -182,11 +188,12 @@ def measure(
     peer_file: Path | None = None,
     suffix: bool = False,
     llama_env: dict[str, str] | None = None,
+    draft: str | None = None,
 ) -> dict[str, Any]:
     """`model` None: the default model as `make serve` serves it. All servers run at once (a KV cache of 1 GiB each
     of ours) and answer one at a time. `peer_file`: the GGUF file llama.cpp's servers load (the one ours serves).
     `suffix`: suffix decoding and llama.cpp's ngram-mod join them. `llama_env`: llama.cpp's environment (the peer's
-    repacking turned off where it crashed)."""
+    repacking turned off where it crashed). `draft`: the `speculative` value of a third server of ours."""
     from bench.servers import SERVED
 
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -196,7 +203,7 @@ def measure(
         base.update(SERVICE_MODEL=str(model))
     loads = workloads()
     keys = [f"{w}/c{c}" for w in loads for c in levels]
-    ours = [*VARIANTS, *(SUFFIX_VARIANTS if suffix else ())]
+    ours = list(our_variants(suffix, draft))
     variants = [*ours, *(PEER_VARIANTS if peer_file else ()), *(SUFFIX_PEER_VARIANTS if peer_file and suffix else ())]
     ratios: dict[str, dict[str, list[float]]] = {
         f"{a}/{b}": {k: [] for k in keys} for a, b in RATIOS if a in variants and b in variants
@@ -207,7 +214,7 @@ def measure(
     accepted: dict[str, dict[str, list[float]]] = {m: {w: [] for w in loads} for m in DRAFTING if m in ours}
     trimmed: list[int] = []
     for rep in range(repetitions):
-        started = start_all(base, peer_file, max(levels), log_dir, rep, suffix, llama_env)
+        started = start_all(base, peer_file, max(levels), log_dir, rep, suffix, llama_env, draft)
         try:
             for variant, server in started.items():  # first requests after start: not timed
                 throughput(server.url, ["Say hello."], 1, 8, served[variant])
@@ -256,9 +263,15 @@ def measure(
         "interval": {name: {k: _interval(v) for k, v in by.items()} for name, by in ratios.items()},
         "first_round": {name: {k: _interval(v) for k, v in by.items()} for name, by in first_round.items()},
         "median_tok_s": {k: {v: statistics.median(r) for v, r in by.items()} for k, by in rates.items()},
+        "draft": draft,
         "acceptance": {w: statistics.fmean(a) for w, a in accepted["ngram"].items()},
         "acceptance_by_method": {m: {w: statistics.fmean(a) for w, a in by.items()} for m, by in accepted.items()},
     }
+
+
+def our_variants(suffix: bool, draft: str | None) -> dict[str, dict[str, str]]:
+    """Our servers' environments: n-gram and none, with suffix decoding and the `--draft` setting where asked."""
+    return VARIANTS | (SUFFIX_VARIANTS if suffix else {}) | ({DRAFT: {"SERVICE_SPECULATIVE": draft}} if draft else {})
 
 
 def served_names(ours: list[str], variants: list[str], peer: str) -> dict[str, str]:
@@ -286,6 +299,9 @@ def main() -> None:
     ap.add_argument(
         "--suffix", action="store_true", help="suffix decoding too (and llama.cpp's ngram-mod, with --peer)"
     )
+    ap.add_argument(
+        "--draft", help="a third server of ours drafting with this speculative value (eagle:<dir>, a directory)"
+    )
     ap.add_argument("--out", type=Path, default=REPO / ".cache" / "bench-speculative")
     args = ap.parse_args()
     model = args.model or packaged_default_model_path()
@@ -304,6 +320,7 @@ def main() -> None:
         args.concurrency,
         model if args.peer else None,
         args.suffix,
+        draft=args.draft,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speculative.json").write_text(json.dumps(result, indent=2))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench.speculative import (
+    DRAFT,
     HEADLINE,
     PEER_VARIANTS,
     RATIOS,
@@ -10,6 +11,7 @@ from bench.speculative import (
     SUFFIX_PEER_VARIANTS,
     SUFFIX_VARIANTS,
     VARIANTS,
+    our_variants,
     served_names,
 )
 
@@ -22,9 +24,14 @@ def test_each_variant_of_ours_is_asked_for_our_model_and_each_peer_for_its_own()
 
 
 def test_every_ratio_compares_variants_that_run_and_the_headlines_are_ratios():
-    known = {*VARIANTS, *SUFFIX_VARIANTS, *PEER_VARIANTS, *SUFFIX_PEER_VARIANTS}
+    known = {*our_variants(True, "eagle:/heads/h"), *PEER_VARIANTS, *SUFFIX_PEER_VARIANTS}
     assert all(a in known and b in known and a != b for a, b in RATIOS)
     assert {HEADLINE, SUFFIX_HEADLINE} <= {f"{a}/{b}" for a, b in RATIOS}
+
+
+def test_a_draft_setting_is_a_server_of_ours_drafting_with_it():
+    assert DRAFT not in our_variants(True, None)
+    assert our_variants(False, "eagle:/heads/h")[DRAFT] == {"SERVICE_SPECULATIVE": "eagle:/heads/h"}
 
 
 def test_llama_cpp_starts_with_the_environment_the_peer_table_ran_it_with(tmp_path, monkeypatch):
