@@ -199,6 +199,7 @@ def save(head: Head, target: Any, out: Path, history: list[dict[str, float]], ho
     out.mkdir(parents=True, exist_ok=True)
     config = target.config.to_dict()
     config.update(num_hidden_layers=1, architectures=["LlamaForCausalLM"])
+    config.pop("quantization_config", None)  # a GGUF target's: its tensors were dequantized, the head's are plain
     (out / "config.json").write_text(json.dumps(config, indent=1, default=str))
     weights = {"fc.weight": head.fc.weight}
     weights |= {f"layers.0.{k}": v for k, v in head.layer.state_dict().items()}

@@ -41,6 +41,7 @@ def test_the_head_is_saved_as_vllm_loads_an_eagle_head_and_starts_out_passing_th
     embeds, hidden = torch.randn(1, 5, 16), torch.randn(1, 5, 16)
     with torch.no_grad():
         assert torch.allclose(head(embeds, hidden), hidden, atol=1e-6)
+    target.config.quantization_config = {"quant_method": "gguf"}  # as transformers loads a GGUF file
     save(head, target, tmp_path, [{"epoch": 1}], {"target": "tiny"})
     weights = load_file(str(tmp_path / "model.safetensors"))
     assert "fc.weight" in weights and weights["fc.weight"].shape == (16, 32)
@@ -49,6 +50,7 @@ def test_the_head_is_saved_as_vllm_loads_an_eagle_head_and_starts_out_passing_th
     assert not [k for k in weights if "input_layernorm" in k or "embed" in k or "lm_head" in k]
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["num_hidden_layers"] == 1 and config["architectures"] == ["LlamaForCausalLM"]
+    assert "quantization_config" not in config  # vLLM refuses a gguf quantization on a directory
     ids = torch.randint(0, 64, (12,))
     with torch.no_grad():
         hidden = target(ids[None], output_hidden_states=True).hidden_states[-1][0]
