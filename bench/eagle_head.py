@@ -233,7 +233,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         kept.write_text(json.dumps(key | {"sequences": seqs}))
     head, history = train(target, seqs, args.epochs)
-    how = {"target": str(target_path), "sequences": len(seqs), "tokens": sum(map(len, seqs)), **vars(args)}
+    how = vars(args) | {"target": str(target_path), "sequences": len(seqs), "tokens": sum(map(len, seqs))}
     save(head, target, args.out, history, {k: str(v) if isinstance(v, Path) else v for k, v in how.items()})
     print(f"EAGLE head written to {args.out}")
 
