@@ -19,7 +19,7 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
 SUFFIX = {"method": "suffix"}
 DRAFT_TOKENS = 4  # a draft model's tokens per step
 EAGLE = "eagle:"  # the setting's prefix of an EAGLE head's directory
-EAGLE_TOKENS = 3  # an EAGLE head's tokens per step: the chain vLLM's EAGLE examples draft
+EAGLE_TOKENS = 3  # an EAGLE head's tokens per step, as claim/eagle-head/amx measured them
 # Where the engine drafts, vLLM 0.32's CPU fallback of the rejection sampler's expand kernel leaves the per-token
 # temperatures unwritten; "torch" has the service's plugin put its own in its place (service/in_vllm/rejection_sampler.py).
 SAMPLER_ENV = "SERVICE_REJECTION_SAMPLER"
