@@ -186,6 +186,21 @@ class Settings(BaseSettings):
     max_queued_requests: int = Field(
         64, ge=0, description="Requests in the engine (running + waiting) beyond which /v1 answers 503; 0: no cap"
     )
+    request_timeout: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds a generation request may take from its arrival to its last token; past it the engine "
+        "drops it and the client gets 504 (or, once its stream has started, an error event); unset: no deadline",
+        json_schema_extra={"shown": "unset (none)"},
+    )
+    max_tokens_limit: int | None = Field(
+        None,
+        ge=1,
+        description="The most tokens one request may generate: a larger max_tokens (max_completion_tokens, "
+        "max_output_tokens), or none, is served up to this many, and the response's X-Service-Max-Tokens header says "
+        "so; unset: up to the context length",
+        json_schema_extra={"shown": "unset (the context)"},
+    )
     enforce_eager: bool = Field(False, description="Skip torch.compile (faster start, slower steady state)")
     trust_remote_code: bool = Field(False, description="Run model code shipped with the model")
     cache_dir: Path = Field(
@@ -195,7 +210,11 @@ class Settings(BaseSettings):
         "refuses the start (exit 2)",
         json_schema_extra={"shown": "`$XDG_CACHE_HOME/cpu-llm-service`"},
     )
-    metrics_require_auth: bool = Field(False, description="Require the API key on /metrics too")
+    metrics_require_auth: bool = Field(
+        False,
+        description="Require the API key on /metrics and /version too (they name versions and live token counters); "
+        "compose turns it on and its Prometheus scrapes with the key file",
+    )
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

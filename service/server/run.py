@@ -58,7 +58,8 @@ def run(settings: Settings) -> int:
 def _fetch(settings: Settings, choice: ModelChoice) -> ModelChoice:
     """The model downloaded while the port answers /health 200 and /ready 503 with the download's progress."""
     early = _listen(settings.host, settings.port)
-    with download_status(early, f"fetching {choice.location}") as progress:
+    log.info("fetching %s: the port answers the probes meanwhile", choice.location)
+    with download_status(early) as progress:
         return fetch_model(choice, settings, download=True, progress=progress)
 
 
@@ -89,9 +90,9 @@ async def _serve(
 ) -> int:
     from vllm.v1.metrics.prometheus import get_prometheus_registry
 
-    from service.server.http.admission import connection_limit
     from service.server.http.app import create_app
     from service.server.http.metrics import ServiceMetrics
+    from service.server.http.request_head_timeout import HEAD_TIMEOUT_S, head_timeout_protocol
     from service.server.openai_compat import client_error_logs
     from service.server.openai_compat.response_models import drop_request_validator
     from service.server.supervision.engine_start import (
@@ -120,7 +121,9 @@ async def _serve(
         # Longer than clients' and load balancers' idle timeouts (httpx 5 s, cloud load balancers 60 s): the client
         # then drops an idle connection first, instead of reusing one the server is closing (a reset request).
         timeout_keep_alive=75,
-        limit_concurrency=connection_limit(settings.max_queued_requests),
+        # No limit_concurrency: it counts open sockets, so silent ones starved the probes; requests in flight are
+        # capped by the app (request_cap.py) and a request head that does not come in time closes its connection.
+        http=head_timeout_protocol(HEAD_TIMEOUT_S, metrics.slow_clients.inc),
         lifespan="off",
     )
     server = DrainingServer(config, lifecycle, settings.shutdown_grace_seconds)

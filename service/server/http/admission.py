@@ -1,8 +1,9 @@
 """Which requests reach the engine: a FastAPI dependency of every engine route.
 
 503 + Retry-After while the engine starts or the service drains; 400 for a request OpenAI would refuse that
-vLLM lets through (request_checks.py) or one that could never be admitted; the requests in flight counted
-until their response (streamed ones too) has been sent, so a drain knows when they are done."""
+vLLM lets through (request_checks.py) or one that could never be admitted; the deployment's output bound
+(max_tokens_limit, output_limit.py) written into the body; the requests in flight counted until their response
+(streamed ones too) has been sent, so a drain knows when they are done."""
 
 from __future__ import annotations
 
@@ -14,19 +15,9 @@ from fastapi import Request
 
 from service.facts.model import ModelFacts
 from service.server.openai_compat.errors import RETRY_AFTER_SECONDS, ServiceError
+from service.server.openai_compat.output_limit import limit_output
 from service.server.openai_compat.request_checks import CHAT_BATCH, CHECKED_PATHS, COMPLETIONS, check_request, served_as
 from service.server.supervision.lifecycle import Lifecycle
-
-# Connections (and their tasks) uvicorn holds at once, in multiples of the engine's admitted requests: the engine
-# turns away what it cannot admit in the OpenAI shape with Retry-After, and the reliability tests send 4x the
-# admitted count; past this many, uvicorn's own 503 bounds the tasks and memory a connection flood can take.
-CONNECTIONS_PER_ADMITTED = 8
-CONNECTIONS_SPARE = 64  # probes, /metrics, /v1/models beside a full engine
-
-
-def connection_limit(max_queued: int) -> int | None:
-    """uvicorn's limit_concurrency for a queue limit (max_queued_requests; 0: no cap, and no limit either)."""
-    return CONNECTIONS_PER_ADMITTED * max_queued + CONNECTIONS_SPARE if max_queued else None
 
 
 def sequences_beyond_admission(body: Any, max_queued: int, path: str = "") -> ServiceError | None:
@@ -63,7 +54,9 @@ def _prompts(body: dict[str, Any], path: str) -> tuple[int | None, str]:
     return 1, "prompt"
 
 
-async def _refusal(request: Request, max_queued: int, model: ModelFacts | None) -> ServiceError | None:
+async def _refusal(
+    request: Request, max_queued: int, model: ModelFacts | None, max_tokens_limit: int | None
+) -> ServiceError | None:
     path = request.url.path
     if request.method != "POST" or path not in CHECKED_PATHS:
         return None
@@ -77,11 +70,13 @@ async def _refusal(request: Request, max_queued: int, model: ModelFacts | None) 
     problem = check_request(path, body, model, raw)
     if problem is not None:
         return ServiceError(HTTPStatus.BAD_REQUEST, problem.message, "BadRequestError", param=problem.param)
+    # In place: FastAPI validates the route's body from this same parse after its dependencies (this one) have run.
+    request.state.output_limit = limit_output(path, body, max_tokens_limit)
     return sequences_beyond_admission(body, max_queued, path)
 
 
 def engine_admission(
-    lifecycle: Lifecycle, max_queued: int, model: ModelFacts | None
+    lifecycle: Lifecycle, max_queued: int, model: ModelFacts | None, max_tokens_limit: int | None = None
 ) -> Callable[[Request], AsyncIterator[None]]:
     async def admit(request: Request) -> AsyncIterator[None]:
         if not lifecycle.accepting:
@@ -95,7 +90,7 @@ def engine_admission(
         # find it in flight, or the drain would end at once and leave it to uvicorn's connection wait.
         lifecycle.request_started()
         try:
-            refusal = await _refusal(request, max_queued, model)
+            refusal = await _refusal(request, max_queued, model, max_tokens_limit)
             if refusal is not None:
                 raise refusal
             yield

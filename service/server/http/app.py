@@ -29,6 +29,7 @@ from service.server.http.host_check import HostCheckMiddleware
 from service.server.http.lora_routes import OFF, AdapterLoader, lora_handlers
 from service.server.http.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from service.server.http.redact import without_paths
+from service.server.http.request_cap import RESERVED_REQUESTS, RequestCapMiddleware, request_limit
 from service.server.http.request_id import RequestIdMiddleware
 from service.server.http.routes import (
     ENGINE_ROUTES,
@@ -85,10 +86,10 @@ def create_app(
     loader = None
     if settings.lora_dir is not None and report.model is not None and rank:
         loader = AdapterLoader(settings.lora_dir, report.model, rank)
-    admitted = [needs_key, Depends(engine_admission(lifecycle, settings.max_queued_requests, report.model))]
+    admission = engine_admission(lifecycle, settings.max_queued_requests, report.model, settings.max_tokens_limit)
+    admitted = [needs_key, Depends(admission)]
     dependencies = {
         Access.PROBE: [],
-        Access.PUBLIC: [],
         Access.METRICS: [needs_key] if settings.metrics_require_auth else [],
         Access.SERVICE: [needs_key],
         Access.ENGINE: admitted + ([Depends(loader.load_on_first_use)] if loader else []),
@@ -133,7 +134,9 @@ def create_app(
     def attach_engine(vllm_app: FastAPI) -> None:
         router = APIRouter()
         router.routes.extend(
-            _wrapped(r, lifecycle) for r in vllm_app.routes if isinstance(r, APIRoute) and served_engine_route(r.path)
+            _wrapped(r, lifecycle, settings.request_timeout)
+            for r in vllm_app.routes
+            if isinstance(r, APIRoute) and served_engine_route(r.path)
         )
         app.router.routes.remove(catch_all)
         app.include_router(router, dependencies=dependencies[Access.ENGINE])
@@ -148,6 +151,12 @@ def create_app(
     app.add_middleware(
         AnthropicErrorsMiddleware
     )  # outside every refusal: Anthropic's routes answer in its shape  # outside the body limit: its 413 names the request too
+    app.add_middleware(
+        RequestCapMiddleware,
+        limit=request_limit(settings.max_queued_requests),
+        reserved_paths=frozenset(UNCOUNTED),
+        reserved_limit=RESERVED_REQUESTS,
+    )
     # Outermost: preflights need no API key, and refusals (401, 413, 503) carry the headers a page needs to read them.
     app.add_middleware(
         CORSMiddleware,
@@ -160,11 +169,11 @@ def create_app(
     return HttpShell(app, attach_engine)
 
 
-def _wrapped(route: APIRoute, lifecycle: Lifecycle) -> APIRoute:
+def _wrapped(route: APIRoute, lifecycle: Lifecycle, deadline_s: float | None) -> APIRoute:
     """vLLM's route with its endpoint wrapped (engine_responses.py); include_router rebuilds the route from the
     copy, so vLLM's own app is left as it was."""
     wrapped = copy.copy(route)
-    wrapped.endpoint = engine_endpoint(route.endpoint, lifecycle)
+    wrapped.endpoint = engine_endpoint(route.endpoint, lifecycle, deadline_s)
     return wrapped
 
 

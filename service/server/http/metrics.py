@@ -5,7 +5,7 @@ Label values come only from the startup report (a fixed, small set): never promp
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Gauge, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from service.server.http.redact import without_paths
@@ -38,6 +38,11 @@ class ServiceMetrics:
         self.lora_adapters = Gauge(
             "service_lora_adapters",
             "LoRA adapters requests may name: those set at start and those loaded while serving",
+            registry=registry,
+        )
+        self.slow_clients = Counter(
+            "service_slow_connections_closed",
+            "Connections closed because their request head did not arrive in time (silent or slowloris clients)",
             registry=registry,
         )
 

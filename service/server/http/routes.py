@@ -13,8 +13,7 @@ import enum
 
 class Access(enum.Enum):
     PROBE = "probe"  # liveness / readiness: no key, their own status bodies, every phase
-    PUBLIC = "public"  # no key (the version a dashboard shows)
-    METRICS = "metrics"  # no key unless metrics_require_auth
+    METRICS = "metrics"  # no key unless metrics_require_auth: what a scraper and a dashboard read
     SERVICE = "service"  # the key; answered by the service at every phase
     ENGINE = "engine"  # the key, and a ready engine (503 + Retry-After while starting or draining)
 
@@ -23,7 +22,7 @@ class Access(enum.Enum):
 SERVICE_ROUTES: dict[str, Access] = {
     "/health": Access.PROBE,
     "/ready": Access.PROBE,
-    "/version": Access.PUBLIC,
+    "/version": Access.METRICS,
     "/metrics": Access.METRICS,
     "/v1/hardware": Access.SERVICE,
     "/openapi.json": Access.SERVICE,

@@ -13,6 +13,11 @@ vLLM ends a stream that fails. Without this, uvicorn cancelled them: a plain-tex
 A request the engine's death ends answers as one the shutdown ends (503 + Retry-After, or an error event and
 `[DONE]`), saying how the engine died (engine_death.py) instead of vLLM's 500 "See stack trace (above)".
 
+A request past the deployment's deadline (request_timeout) is dropped by the engine (its task is cancelled, which
+aborts it in vLLM) and answers 504, or, once its stream has started, ends with an error event and `[DONE]`.
+
+A request whose output limit the deployment bounded (max_tokens_limit, admission.py) says so in a header.
+
 A 404 for an unknown model names the LoRA adapters among the valid names, as vLLM's names only the base model.
 
 A 400 that vLLM sent without `param` gets the field its message or the request's body names (error_fields.unnamed_field:
@@ -25,6 +30,7 @@ one attribute and compares one prefix per chunk.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import json
@@ -45,6 +51,7 @@ from service.server.openai_compat.errors import (
     error_type,
     openai_error,
 )
+from service.server.openai_compat.output_limit import HEADER as OUTPUT_LIMIT_HEADER
 from service.server.supervision.lifecycle import Lifecycle
 
 log = logging.getLogger("service.http")
@@ -77,14 +84,18 @@ class FirstEventCheckedStream(StreamingResponse):
 
     lifecycle: Lifecycle
     request: Request | None  # read only when the stream fails before its first event
+    deadline: Deadline
 
     @classmethod
-    def of(cls, response: StreamingResponse, lifecycle: Lifecycle, request: Request | None) -> FirstEventCheckedStream:
+    def of(
+        cls, response: StreamingResponse, lifecycle: Lifecycle, request: Request | None, deadline: Deadline
+    ) -> FirstEventCheckedStream:
         checked = cls(response.body_iterator, response.status_code, media_type=response.media_type)
         checked.raw_headers = response.raw_headers
         checked.background = response.background
         checked.lifecycle = lifecycle
         checked.request = request
+        checked.deadline = deadline
         return checked
 
     def _encoded(self, chunk: str | bytes | memoryview) -> bytes | memoryview:
@@ -92,6 +103,28 @@ class FirstEventCheckedStream(StreamingResponse):
 
     async def stream_response(self, send: Send) -> None:
         chunks: AsyncIterator[Any] = aiter(self.body_iterator)
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        timeout = asyncio.timeout_at(self.deadline.at)
+        try:
+            async with timeout:
+                await self._stream(chunks, tracked)
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+            await _close(chunks)
+            error = self.deadline.error()
+            if not started:
+                return await self._send_error(error, None, send)
+            body = f"data: {json.dumps({'error': error})}\n\ndata: [DONE]\n\n".encode()
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _stream(self, chunks: AsyncIterator[Any], send: Send) -> None:
         first = b""
         async for chunk in chunks:  # the first non-empty chunk (an empty one says nothing yet)
             first = self._encoded(chunk)
@@ -191,6 +224,27 @@ def _unstored(response: Response) -> Response:
     return JSONResponse({"error": error | {"message": why}}, status_code=response.status_code)
 
 
+class Deadline:
+    """A request's deadline (request_timeout), in the event loop's clock, from its arrival; `at` None: none."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.at = None if seconds is None else asyncio.get_running_loop().time() + seconds
+
+    def error(self) -> dict[str, Any]:
+        return {
+            "message": f"the request took longer than this deployment's request_timeout of {self.seconds:g} s and was "
+            "stopped: ask for fewer tokens (max_tokens) or send it again",
+            "type": error_type(HTTPStatus.GATEWAY_TIMEOUT),
+            "param": None,
+            "code": int(HTTPStatus.GATEWAY_TIMEOUT),
+        }
+
+    def refusal(self) -> ServiceError:
+        error = self.error()
+        return ServiceError(HTTPStatus.GATEWAY_TIMEOUT, error["message"], error["type"])
+
+
 def _request_of(kwargs: dict[str, Any]) -> Request | None:
     return next((value for value in kwargs.values() if isinstance(value, Request)), None)
 
@@ -230,27 +284,47 @@ async def _close(chunks: AsyncIterator[Any]) -> None:
         await close()
 
 
-def engine_endpoint(endpoint: Callable[..., Any], lifecycle: Lifecycle) -> Callable[..., Any]:
-    """`endpoint` (a FastAPI endpoint; its signature stays visible to FastAPI) with its event streams checked and
-    its answer replaced by a 503 when the shutdown ends it."""
+def _with_output_limit(response: Any, request: Request | None) -> Any:
+    """The header that says the deployment bounded the request's output (admission.py set the note)."""
+    note = getattr(request.state, "output_limit", None) if request is not None else None
+    if note and isinstance(response, Response) and response.status_code < HTTPStatus.BAD_REQUEST:
+        response.headers[OUTPUT_LIMIT_HEADER] = note
+    return response
+
+
+def engine_endpoint(
+    endpoint: Callable[..., Any], lifecycle: Lifecycle, deadline_s: float | None = None
+) -> Callable[..., Any]:
+    """`endpoint` (a FastAPI endpoint; its signature stays visible to FastAPI) with its event streams checked, its
+    answer replaced by a 503 when the shutdown ends it and by a 504 past `deadline_s`."""
     if not inspect.iscoroutinefunction(endpoint):
         return endpoint  # a sync endpoint does not stream from the engine
 
     @functools.wraps(endpoint)
     async def checked(*args: Any, **kwargs: Any) -> Any:
         _refuse_if_cut(lifecycle)  # the engine, paused by the cut, would queue the request
-        response = await endpoint(*args, **kwargs)
+        deadline = Deadline(deadline_s)
+        timeout = asyncio.timeout_at(deadline.at)
+        try:
+            async with timeout:  # a cancelled generation is aborted in the engine (vLLM's AsyncLLM.generate)
+                response = await endpoint(*args, **kwargs)
+        except TimeoutError:
+            if timeout.expired():
+                raise deadline.refusal() from None
+            raise
         _refuse_if_cut(lifecycle)  # the cut aborted it in the engine: its answer is unfinished
+        request = _request_of(kwargs)
+        response = _with_output_limit(response, request)
         if (
             type(response) is StreamingResponse
             and response.status_code == HTTPStatus.OK
             and (response.media_type or "").startswith("text/event-stream")
         ):
-            return FirstEventCheckedStream.of(response, lifecycle, _request_of(kwargs))
+            return FirstEventCheckedStream.of(response, lifecycle, request, deadline)
         if isinstance(response, JSONResponse) and response.status_code == HTTPStatus.BAD_REQUEST:
-            return _with_param(response, parsed_body(_request_of(kwargs)))
+            return _with_param(response, parsed_body(request))
         if isinstance(response, JSONResponse) and response.status_code == HTTPStatus.NOT_FOUND:
-            return _unstored(_with_adapters(response, _request_of(kwargs)))
+            return _unstored(_with_adapters(response, request))
         return response
 
     return checked

@@ -239,30 +239,6 @@ def test_a_gguf_file_of_an_architecture_that_is_not_served_is_refused_on_its_hea
     assert served.path.read_bytes() == (d / "lm-F32.gguf").read_bytes()
 
 
-def test_while_downloading_the_port_answers_health_ready_and_a_retryable_503():
-    """service/server/http/download_status.py: what an orchestrator and a client see during a first start's download."""
-    import socket
-
-    import httpx
-
-    from service.server.http.download_status import download_status
-
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    with download_status(sock, "fetching acme/tiny") as progress:
-        assert httpx.get(url + "/ready").json() == {"status": "not ready", "reason": "fetching acme/tiny"}
-        progress("downloading acme/tiny: 41% (3.0 of 7.4 MB, 1.0 MB/s)")
-        ready, health = httpx.get(url + "/ready"), httpx.get(url + "/health")
-        assert ready.status_code == 503 and "41%" in ready.json()["reason"]
-        assert health.status_code == 200 and "41%" in health.json()["reason"]
-        chat = httpx.post(url + "/v1/chat/completions", json={})
-        assert chat.status_code == 503 and chat.headers["retry-after"] and "41%" in chat.json()["error"]["message"]
-    with pytest.raises(httpx.ConnectError):  # closed once the download ends: the service binds it next
-        httpx.get(url + "/health", timeout=2)
-
-
 def test_a_split_gguf_file_is_fetched_in_parts_and_merged_as_llama_cpp_merges_it(hub, tmp_path):
     """Parts written by gguf-py's own splitting writer (what llama.cpp's converter writes with --split-max-tensors)."""
     import gguf
@@ -297,3 +273,136 @@ def test_a_split_gguf_file_is_fetched_in_parts_and_merged_as_llama_cpp_merges_it
     (d / parts[1]).unlink()
     with pytest.raises(DownloadRefused, match="lacks m-F32-00002-of-00003.gguf"):
         fetch(parse_hub_id("acme/split-GGUF:F32"), tmp_path / "cache2", no_problem)
+
+
+@pytest.mark.parametrize("asked", ["../x", "./x", "acme/..", "acme/.", "acme/x@..", "acme/x@.", "../x:Q8_0"])
+def test_a_hub_id_of_a_dot_or_dot_dot_part_is_no_hub_id(asked):
+    """Each part names a folder of the cache: `..` would name one outside it."""
+    assert parse_hub_id(asked) is None
+    assert parse_hub_id("acme/x.y@v1.0:Q8_0") == HubSpec("acme/x.y", "v1.0", "Q8_0")  # dots within a part are names
+
+
+def outside(tmp_path: Path, cache: Path) -> list[Path]:
+    """The files written under tmp_path but outside the cache and the hub's own files."""
+    return [p for p in tmp_path.rglob("*") if p.is_file() and cache not in p.parents and "hub" not in p.parts]
+
+
+def test_a_commit_that_is_not_40_hex_digits_is_refused_before_it_names_a_folder(hub, tmp_path):
+    checkpoint(hub.root, "acme/tiny")
+    hub.commit = "../../../escaped"
+    cache = tmp_path / "cache"
+    with pytest.raises(DownloadRefused, match=r"the commit '\.\./\.\./\.\./escaped', not 40 hexadecimal digits"):
+        fetch(parse_hub_id("acme/tiny"), cache, no_problem)
+    assert outside(tmp_path, cache) == [] and not (tmp_path / "escaped").exists()
+    assert hub.fetched("") == []
+
+
+def test_an_etag_that_is_not_a_hash_is_refused_before_it_names_a_blob(hub, tmp_path):
+    d = hub.root / "acme/m-GGUF"
+    d.mkdir(parents=True)
+    (d / "m-Q8_0.gguf").write_bytes(b"GGUF" + b"Q8" * 10_000)
+    hub.etags["m-Q8_0.gguf"] = "../../../../escaped"
+    cache = tmp_path / "cache"
+    with pytest.raises(DownloadRefused, match=r"the ETag '\.\./\.\./\.\./\.\./escaped', not a git or sha256 hash"):
+        fetch(parse_hub_id("acme/m-GGUF:Q8_0"), cache, no_problem)
+    assert outside(tmp_path, cache) == []
+    assert hub.fetched(".gguf") == [hub.fetched(".gguf")[0]] and hub.requests[-1][0] == "HEAD"  # the header only
+
+
+def test_the_etags_quotes_are_stripped_before_it_is_checked(hub, tmp_path):
+    """huggingface_hub strips the quotes (and a weak W/) from the header: a hash in quotes is a hash."""
+    d = hub.root / "acme/m-GGUF"
+    d.mkdir(parents=True)
+    (d / "m-Q8_0.gguf").write_bytes(b"GGUF" + b"Q8" * 10_000)
+    got = fetch(parse_hub_id("acme/m-GGUF:Q8_0"), tmp_path / "cache", no_problem)
+    assert got.path.resolve().parent.name == "blobs" and len(got.path.resolve().name) == 64
+
+
+@pytest.mark.parametrize(
+    "listed", ["../../../escaped.safetensors", "/escaped.safetensors", "sub\\escaped.safetensors", "sub//m.safetensors"]
+)
+def test_a_file_name_that_is_not_a_path_inside_the_repo_is_refused_before_anything_is_fetched(hub, tmp_path, listed):
+    checkpoint(hub.root, "acme/tiny")
+    hub.listed_as["model.safetensors"] = listed
+    cache = tmp_path / "cache"
+    with pytest.raises(DownloadRefused, match="which is not a path inside the repo"):
+        fetch(parse_hub_id("acme/tiny"), cache, no_problem)
+    assert hub.fetched("") == [] and outside(tmp_path, cache) == []
+
+
+def test_a_reply_longer_than_the_bytes_asked_for_is_cut_off_and_never_held(hub, tmp_path):
+    """A server that ignores the Range sends the whole file: its first megabyte is read, the rest never held."""
+    import tracemalloc
+
+    from service.models import hub_download
+    from tests.support.hub_server import COMMIT
+
+    d = hub.root / "acme/big-GGUF"
+    d.mkdir(parents=True)
+    gguf_of(d / "big-F32.gguf", "stablelm")
+    with open(d / "big-F32.gguf", "ab") as f:
+        f.write(b"\0" * (48 << 20))
+    hub.ignore_range.add("big-F32.gguf")
+    hub_download._first_bytes("acme/big-GGUF", "big-F32.gguf", COMMIT, 16)  # the client's session, made once
+    tracemalloc.start()
+    try:
+        head = hub_download._first_bytes("acme/big-GGUF", "big-F32.gguf", COMMIT, hub_download.HEADER_BYTES)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert head == (d / "big-F32.gguf").read_bytes()[: hub_download.HEADER_BYTES]
+    assert peak < 8 << 20, f"{peak / 2**20:.1f} MiB held for a 1 MiB head"
+    assert hub.requests[-1][2] == "bytes=0-1048575"  # asked for its first megabyte, sent it whole
+    with pytest.raises(DownloadRefused, match="'stablelm' file"):  # and the header still checked
+        fetch(parse_hub_id("acme/big-GGUF:F32"), tmp_path / "cache", no_problem, gguf_check={"stablelm": "no"}.get)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["../../m:x", "/etc/m:x", "a/../../m", "..:x", ".", "m:..", "a//m", "h/n/m/extra", "ns.dot/m", "m:x:y", "m@sha"],
+)
+def test_an_ollama_name_ollama_would_not_take_is_refused_before_it_names_a_manifest(tmp_path, name):
+    store = tmp_path / "store"
+    ollama_store(store, "m", "latest", b"GGUF-m")
+    # what `../../m:x` reads today, outside the store: a manifest there naming a blob in it
+    escaped = tmp_path / "m" / "x"
+    escaped.parent.mkdir(parents=True)
+    escaped.write_text((store / "manifests/registry.ollama.ai/library/m/latest").read_text())
+    with pytest.raises(OllamaModelNotFound, match="is not an Ollama model name"):
+        find_ollama_model(name, store)
+
+
+def manifest_naming(store: Path, digest: str) -> None:
+    manifest = store / "manifests/registry.ollama.ai/library/m/latest"
+    layers = [{"mediaType": "application/vnd.ollama.image.model", "digest": digest, "size": 1}]
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": layers}))
+
+
+def test_a_manifest_digest_that_is_not_sha256_hex_is_refused_before_it_names_a_blob(tmp_path):
+    store = tmp_path / "store"
+    ollama_store(store, "m", "latest", b"GGUF-m")
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not a model")
+    for digest in (str(secret), f"sha256:../../{secret.name}", "sha256:" + "A" * 64, "sha512:" + "0" * 64):
+        manifest_naming(store, digest)
+        with pytest.raises(OllamaModelNotFound, match=r"not sha256:<64 hexadecimal digits>"):
+            find_ollama_model("m", store)
+
+
+def test_a_blob_linked_outside_ollamas_blobs_is_refused(tmp_path):
+    store = tmp_path / "store"
+    blob = ollama_store(store, "m", "latest", b"GGUF-m")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"GGUF-m")
+    blob.unlink()
+    blob.symlink_to(elsewhere)
+    with pytest.raises(OllamaModelNotFound, match="outside Ollama's blobs"):
+        find_ollama_model("m", store)
+    # a store whose blobs folder is itself a link (another disk) is the store
+    moved = tmp_path / "disk" / "blobs"
+    moved.parent.mkdir()
+    blob.unlink()
+    (store / "blobs").rename(moved)
+    (store / "blobs").symlink_to(moved)
+    (moved / blob.name).write_bytes(b"GGUF-m")
+    assert find_ollama_model("m", store).sha256 == blob.name.removeprefix("sha256-")

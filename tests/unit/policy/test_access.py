@@ -151,14 +151,14 @@ def test_what_anyone_may_read_names_no_path(text, shown):
     assert without_paths(text) == shown
 
 
-def test_connections_are_bounded_by_the_queue_limit_with_room_for_the_engines_own_refusals():
-    from service.server.http.admission import CONNECTIONS_SPARE, connection_limit
+def test_requests_are_bounded_by_the_queue_limit_with_room_for_the_engines_own_refusals():
+    from service.server.http.request_cap import request_limit
 
-    assert connection_limit(0) is None  # no queue cap: no connection cap either
+    assert request_limit(0) is None  # no queue cap: no request cap either
     for queued in (1, 8, 64):
-        limit = connection_limit(queued)
+        limit = request_limit(queued)
         # The reliability suite's overload sends 4x the admitted count: the engine's OpenAI-shaped 503 answers it.
-        assert 4 * queued + CONNECTIONS_SPARE <= limit <= 16 * queued + CONNECTIONS_SPARE
+        assert 4 * queued <= limit <= 16 * queued
 
 
 def test_no_remote_media_unless_listed_and_never_a_redirect():
