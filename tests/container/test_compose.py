@@ -167,6 +167,10 @@ def test_compose_stack_prometheus_scrapes_api(stack, host_report):
     status, body = http("GET", f"{stack['api']}/v1/models", key=key)
     assert status == 200, body
     assert http("GET", f"{stack['api']}/v1/models", key="wrong-key")[0] == 401
+    # compose puts /metrics and /version behind the key too: Prometheus scraped above with the secret file.
+    for path in ("/metrics", "/version"):
+        assert http("GET", f"{stack['api']}{path}", key=None)[0] == 401, path
+        assert http("GET", f"{stack['api']}{path}", key=key)[0] == 200, path
     models = json.loads(body)["data"]
     # With no model in .env, the default model the image ships: SmolLM2-135M-Instruct from its GGUF file.
     assert [(m["id"], m["source"]["format"]) for m in models] == [("SmolLM2-135M-Instruct", "gguf")], models

@@ -240,10 +240,23 @@ def test_compose_exposes_only_the_keyed_api_and_hardens_it_as_the_pod(tmp_path):
     assert grafana["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana_admin_password"
 
 
-def test_promtool_check_config():
-    res = subprocess.run([tool("promtool"), "check", "config", str(PROM)], capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout + res.stderr
+def test_promtool_check_config(tmp_path):
     cfg = yaml.safe_load(PROM.read_text())
+    # The scrape sends the compose secret as its bearer token: promtool wants the file to exist, so the check runs on a
+    # copy whose credentials_file is here (and whose rule files sit beside it, as in the container).
+    (api,) = [sc for sc in cfg["scrape_configs"] if sc["job_name"] == "cpu-llm-service"]
+    assert api["authorization"] == {"type": "Bearer", "credentials_file": "/run/secrets/api_key"}
+    compose = yaml.safe_load((REPO / "compose.yaml").read_text())
+    assert "api_key" in compose["services"]["prometheus"]["secrets"]
+    assert compose["services"]["api"]["environment"]["SERVICE_METRICS_REQUIRE_AUTH"].endswith(":-true}")
+    (tmp_path / "api_key").write_text("a-test-key-of-16-chars\n")
+    api["authorization"]["credentials_file"] = str(tmp_path / "api_key")
+    for rules in cfg["rule_files"]:
+        (tmp_path / rules).write_text((PROM.parent / rules).read_text())
+    copy = tmp_path / "prometheus.yml"
+    copy.write_text(yaml.safe_dump(cfg))
+    res = subprocess.run([tool("promtool"), "check", "config", str(copy)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
     targets = [t for sc in cfg["scrape_configs"] for st in sc["static_configs"] for t in st["targets"]]
     assert "api:8000" in targets
 
