@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 
 from rich.console import Console
 
@@ -82,10 +83,17 @@ def decide_start(
     return report, choice
 
 
-def prepare(report: StartupReport, gguf_check: bool) -> str:
+# The hub's tokens: the model is fetched by now, and vLLM's processes (which load the model from its local copy) and
+# every child they start would otherwise carry them.
+HUB_TOKENS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def prepare(report: StartupReport, gguf_check: bool, environ: MutableMapping[str, str] = os.environ) -> str:
     """The decisions applied to this process, and the model the engine loads (converted if need be); raises
     StartRefused."""
-    apply(report)
+    apply(report, environ)
+    if dropped := [name for name in HUB_TOKENS if environ.pop(name, None) is not None]:
+        log.info("%s removed from the environment the engine's processes inherit: the model is fetched", dropped)
     try:
         return prepare_model(report, gguf_check=gguf_check)
     except Exception as exc:  # a conversion that failed leaves nothing in the cache (service/models/gguf_convert.py)

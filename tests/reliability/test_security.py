@@ -47,6 +47,18 @@ def test_keys_and_environment_never_leak_into_answers_or_logs(server):
 
 
 @pytest.mark.engine
+def test_the_engines_processes_inherit_no_hub_token(server):
+    """The server starts with HF_TOKEN set (CANARIES); the model is fetched before vLLM's processes start, so none of
+    them, nor any child of theirs, carries it."""
+    children = psutil.Process(server.pid).children(recursive=True)
+    assert children, "the engine's processes are the server's children"
+    environs = [child.environ() for child in children]
+    assert not [env for env in environs if "HF_TOKEN" in env]
+    # The rest of the environment is there: what was read is the engine's real one.
+    assert any(env.get("RELIABILITY_CANARY_SECRET") == CANARIES["RELIABILITY_CANARY_SECRET"] for env in environs)
+
+
+@pytest.mark.engine
 def test_trust_remote_code_is_off_and_the_socket_is_loopback_only(server):
     report = httpx.get(f"{server.url}/v1/hardware", headers=server.headers()).json()
     decision = next(d for d in report["decisions"] if d["setting"] == "engine.trust_remote_code")
