@@ -17,7 +17,9 @@ ModelOpt = Annotated[
     str | None,
     typer.Option(
         "--model",
-        help="Model directory, GGUF file, Hugging Face id (org/name, org/name:TAG), ollama:NAME, or demo-tiny-llama",
+        help="Model directory or GGUF file (a path, one that exists or is written ./x, ../x, /x or ~/x, is never "
+        "downloaded), Hugging Face id (org/name, org/name@revision, org/name:TAG; hf:org/name where ./org is a "
+        "folder), ollama:NAME, or demo-tiny-llama",
     ),
 ]
 BackendOpt = Annotated[str | None, typer.Option("--backend", help="auto | " + " | ".join(ORDER))]
@@ -148,7 +150,9 @@ def pull(
     model: Annotated[
         str | None,
         typer.Argument(
-            help="Hugging Face id (org/name[@revision], org/name:TAG), GGUF file or ollama:NAME; default: the model setting"
+            help="Hugging Face id (org/name, org/name@revision, org/name:TAG, hf:org/name), GGUF file or ollama:NAME; "
+            "prints the path it is served from (a draft model's directory, for speculative=); default: the model "
+            "setting"
         ),
     ] = None,
     config: ConfigOpt = None,
@@ -159,7 +163,9 @@ def pull(
 
     from service.startup import build_report, choose_model, fetch_model, prepare_model
 
-    settings = _settings(config, model=model)
+    # What it fetches is checked as a model of its own: a draft directory the speculative setting names may be the
+    # very model being pulled, not there yet.
+    settings = _settings(config, model=model, speculative="off")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("service").setLevel(settings.log_level.upper())
     choice = fetch_model(choose_model(settings, build_demo=True), settings, download=True)
@@ -173,7 +179,7 @@ def pull(
         typer.echo(f"refused: {exc}", err=True)
         raise typer.Exit(1) from exc
     typer.echo(
-        f"ready: {choice.known_as or choice.location} -> {engine_model}"
+        f"ready: {choice.name or choice.location} -> {engine_model}"
         + (f" ({choice.fetched})" if choice.fetched else "")
     )
 

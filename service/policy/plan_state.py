@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
+from service.facts.draft_model import DraftFacts
 from service.facts.hardware import HardwareFacts
 from service.facts.libraries import LibraryFacts
 from service.facts.model import ModelFacts
@@ -39,6 +40,7 @@ class PlanInputs:
     known_as: str | None = None  # the name the model was asked for by (the demo's, a hub id), if not a path
     default_model: bool = False  # the packaged default model (no model configured)
     verdicts: Mapping[str, Verdict] | None = None  # the calibration's, per decision (None: not calibrated)
+    draft_model: DraftFacts | None = None  # the directory the speculative setting names (a draft model, an EAGLE head)
 
     @cached_property
     def user(self) -> frozenset[str]:

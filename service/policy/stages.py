@@ -237,8 +237,15 @@ def speculative(inputs: PlanInputs, draft: Draft) -> Step:
         return Step()
     user = "speculative" in inputs.user
     software = inputs.software
+    settings = inputs.settings
     decided = plan_speculative(
-        inputs.settings.speculative, user, draft.entry.name, software.arctic_inference, software.vllm
+        settings.speculative,
+        user,
+        draft.entry.name,
+        software.arctic_inference,
+        software.vllm,
+        inputs.draft_model,
+        settings.trust_remote_code,
     )
     return Step.of_result(decided)
 

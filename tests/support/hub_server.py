@@ -7,7 +7,10 @@ machine cannot reach the hub. It serves repos from a directory of real files, `<
   X-Linked-Etag / X-Linked-Size for the large files, as the hub marks LFS files) and byte ranges (resume).
 
 `slow[file] = s` holds each GET of that file s seconds before its bytes; `stall_after[file] = n` sends the first GET of that file n bytes and then nothing, so that a test can kill the
-download mid-way; `requests` logs each request as (method, path, Range header)."""
+download mid-way; `requests` logs each request as (method, path, Range header). A hostile endpoint's answers, for the
+tests of what the service checks: `commit` (the commit every answer names), `etags[file]` (the ETag sent for a file),
+`listed_as[file]` (the name a file is listed and served under), `ignore_range` (files sent whole whatever the Range).
+Files are sent from disk a megabyte at a time, so that a test can measure what the client holds."""
 
 from __future__ import annotations
 
@@ -30,6 +33,10 @@ class HubServer:
     stall_after: dict[str, int] = field(default_factory=dict)
     slow: dict[str, float] = field(default_factory=dict)  # file -> seconds its body waits before the bytes
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
+    commit: str = COMMIT
+    etags: dict[str, str] = field(default_factory=dict)
+    listed_as: dict[str, str] = field(default_factory=dict)
+    ignore_range: set[str] = field(default_factory=set)
 
     def start(self) -> str:
         self._stopping = threading.Event()
@@ -44,7 +51,8 @@ class HubServer:
 
     def files(self, repo: str) -> dict[str, Path]:
         base = self.root / repo
-        return {str(p.relative_to(base)): p for p in sorted(base.rglob("*")) if p.is_file()}
+        names = {str(p.relative_to(base)): p for p in sorted(base.rglob("*")) if p.is_file()}
+        return {self.listed_as.get(name, name): p for name, p in names.items()}
 
     def fetched(self, suffix: str) -> list[str]:
         """The files whose bytes were asked for (GET on a resolve route) ending in `suffix`."""
@@ -129,7 +137,7 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                     {
                         "id": repo,
                         "modelId": repo,
-                        "sha": COMMIT,
+                        "sha": hub.commit,
                         "private": False,
                         "siblings": siblings,
                         "tags": [],
@@ -146,22 +154,24 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             return self._missing(path)
 
         def _file(self, name: str, file: Path, body: bool) -> None:
-            data = file.read_bytes()
-            start, end = 0, len(data)
-            rng = self.headers.get("Range")
+            size = file.stat().st_size
+            start, end = 0, size
+            rng = None if name in hub.ignore_range else self.headers.get("Range")
             if rng and rng.startswith("bytes="):
                 first, _, last = rng[6:].partition("-")
-                start, end = int(first or 0), min(int(last) + 1 if last else len(data), len(data))
+                start, end = int(first or 0), min(int(last) + 1 if last else size, size)
             self.send_response(206 if rng else 200)
-            self.send_header("X-Repo-Commit", COMMIT)
+            self.send_header("X-Repo-Commit", hub.commit)
             self.send_header("Accept-Ranges", "bytes")
-            etag = _sha256(file) if len(data) >= LFS_FROM_BYTES else hashlib.sha1(data).hexdigest()
+            etag = hub.etags.get(name) or (
+                _sha256(file) if size >= LFS_FROM_BYTES else hashlib.sha1(file.read_bytes()).hexdigest()
+            )
             self.send_header("ETag", f'"{etag}"')
-            if len(data) >= LFS_FROM_BYTES:
+            if size >= LFS_FROM_BYTES:
                 self.send_header("X-Linked-Etag", f'"{etag}"')
-                self.send_header("X-Linked-Size", str(len(data)))
+                self.send_header("X-Linked-Size", str(size))
             if rng:
-                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
             self.send_header("Content-Length", str(end - start))
             self.end_headers()
             if not body:
@@ -169,12 +179,24 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             time.sleep(hub.slow.get(name, 0.0))
             stall = hub.stall_after.get(name)
             if stall is None or stall >= end:
-                self.wfile.write(data[start:end])
+                self._send(file, start, end)
                 return
             del hub.stall_after[name]
-            self.wfile.write(data[start:stall])
+            self._send(file, start, stall)
             self.wfile.flush()
             hub._stopping.wait(120)  # the client is killed meanwhile
             self.close_connection = True
+
+        def _send(self, file: Path, start: int, end: int) -> None:
+            with file.open("rb") as f:
+                f.seek(start)
+                while start < end:
+                    chunk = f.read(min(1 << 20, end - start))
+                    try:
+                        self.wfile.write(chunk)
+                    except (BrokenPipeError, ConnectionResetError):  # the client stopped reading: a reply cut off
+                        self.close_connection = True
+                        return
+                    start += len(chunk)
 
     return Handler

@@ -16,28 +16,9 @@ from safetensors.numpy import save_file
 
 from service.models.hub_download import DownloadRefused, HubSpec, fetch, parse_hub_id, pick_gguf
 from service.models.ollama_store import OllamaModelNotFound, find_ollama_model, manifest_path
-from tests.support.hub_server import HubServer
 from tests.support.ollama_store import ollama_store
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    root = tmp_path / "hub"
-    server = HubServer(root)
-    url = server.start()
-    monkeypatch.setenv("HF_ENDPOINT", url)
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the test image sets it
-    # huggingface_hub reads its endpoint and offline mode when imported
-    import huggingface_hub.constants as constants
-
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "ENDPOINT", url)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}")
-    yield server
-    server.stop()
 
 
 def checkpoint(root: Path, repo: str, weights: int = 40_000) -> Path:
@@ -298,32 +279,27 @@ def test_a_commit_that_is_not_40_hex_digits_is_refused_before_it_names_a_folder(
 
 
 def test_an_etag_that_is_not_a_hash_is_refused_before_it_names_a_blob(hub, tmp_path):
-    d = hub.root / "acme/m-GGUF"
-    d.mkdir(parents=True)
-    (d / "m-Q8_0.gguf").write_bytes(b"GGUF" + b"Q8" * 10_000)
-    hub.etags["m-Q8_0.gguf"] = "../../../../escaped"
+    for tag in ("Q8_0", "Q4_0"):
+        d = hub.root / "acme/m-GGUF"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"m-{tag}.gguf").write_bytes(b"GGUF" + tag.encode() * 10_000)
     cache = tmp_path / "cache"
-    with pytest.raises(DownloadRefused, match=r"the ETag '\.\./\.\./\.\./\.\./escaped', not a git or sha256 hash"):
+    # the hub's own ETag comes in quotes, which huggingface_hub strips: a hash in quotes is a hash
+    got = fetch(parse_hub_id("acme/m-GGUF:Q4_0"), cache, no_problem)
+    assert got.path.resolve().parent.name == "blobs" and len(got.path.resolve().name) == 64
+    hub.etags["m-Q8_0.gguf"] = "../../../escaped"  # from the blobs folder: beside the cache
+    with pytest.raises(DownloadRefused, match=r"the ETag '\.\./\.\./\.\./escaped', not a git or sha256 hash"):
         fetch(parse_hub_id("acme/m-GGUF:Q8_0"), cache, no_problem)
     assert outside(tmp_path, cache) == []
-    assert hub.fetched(".gguf") == [hub.fetched(".gguf")[0]] and hub.requests[-1][0] == "HEAD"  # the header only
-
-
-def test_the_etags_quotes_are_stripped_before_it_is_checked(hub, tmp_path):
-    """huggingface_hub strips the quotes (and a weak W/) from the header: a hash in quotes is a hash."""
-    d = hub.root / "acme/m-GGUF"
-    d.mkdir(parents=True)
-    (d / "m-Q8_0.gguf").write_bytes(b"GGUF" + b"Q8" * 10_000)
-    got = fetch(parse_hub_id("acme/m-GGUF:Q8_0"), tmp_path / "cache", no_problem)
-    assert got.path.resolve().parent.name == "blobs" and len(got.path.resolve().name) == 64
+    assert hub.requests[-1][0] == "HEAD"  # refused on the file's metadata, before the file is fetched
 
 
 @pytest.mark.parametrize(
-    "listed", ["../../../escaped.safetensors", "/escaped.safetensors", "sub\\escaped.safetensors", "sub//m.safetensors"]
+    "listed", ["../../../../escaped.safetensors", "{tmp}/escaped.safetensors", "a\\b.safetensors", "a//b.safetensors"]
 )
 def test_a_file_name_that_is_not_a_path_inside_the_repo_is_refused_before_anything_is_fetched(hub, tmp_path, listed):
     checkpoint(hub.root, "acme/tiny")
-    hub.listed_as["model.safetensors"] = listed
+    hub.listed_as["model.safetensors"] = listed.format(tmp=tmp_path)  # the first two would land beside the cache
     cache = tmp_path / "cache"
     with pytest.raises(DownloadRefused, match="which is not a path inside the repo"):
         fetch(parse_hub_id("acme/tiny"), cache, no_problem)

@@ -1,7 +1,9 @@
-"""Which model the service runs, under which name, and the default model's dtype (startup -> policy)."""
+"""Which model the service runs, under which name, and the default model's dtype (startup -> policy); a reference
+read as a path or as a hub id, never one taken for the other."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -14,9 +16,11 @@ from service.models.demo_model import DEMO_NAME, ensure_demo_model
 from service.policy.backends import BACKENDS
 from service.policy.dtype import DEFAULT_MODEL_FP32, choose_dtype
 from service.settings import Settings
-from service.startup import NO_DEFAULT_MODEL, build_report, choose_model
+from service.startup import NO_DEFAULT_MODEL, build_report, choose_model, downloads, fetch_model
 from tests.support.gguf_models import tiny_gguf
+from tests.support.ollama_store import ollama_store
 from tests.support.server import MODELS
+from tests.unit.models.test_hub_download import checkpoint
 
 CPUINFO = Path(__file__).resolve().parents[2] / "fixtures" / "cpuinfo"
 
@@ -95,3 +99,70 @@ def test_a_directory_with_a_truncated_shard_is_refused_naming_it(tmp_path):
     assert f"the weights in {copy} cannot be loaded: {shard.name} is truncated" in error, error
     intact = Settings(model=str(demo), cache_dir=tmp_path)
     assert build_report(intact, model=choose_model(intact, build_demo=False)).ok
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch) -> Path:
+    """A working directory and a home of the test's own: where relative paths and `~` lead."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return work
+
+
+def chosen(reference: str, cache_dir: Path, download: bool = True):
+    settings = Settings(model=reference, cache_dir=cache_dir)
+    return fetch_model(choose_model(settings, build_demo=False), settings, download=download)
+
+
+@pytest.mark.parametrize("reference", ["./tiny", "../tiny", "./acme/tiny", "~/acme/tiny", "{tmp}/acme/tiny", "tiny"])
+def test_a_path_that_does_not_exist_is_an_error_never_a_download(hub, tmp_path, workdir, reference):
+    for repo in ("acme/tiny", "tiny/tiny"):
+        checkpoint(hub.root, repo)
+    choice = chosen(reference.format(tmp=tmp_path), tmp_path / "cache")
+    assert choice.location is None and not downloads(choice)
+    assert "does not exist (a path is never downloaded)" in choice.error and "hf:org/name" in choice.error
+    assert hub.requests == []
+
+
+def test_a_hub_id_whose_org_is_a_folder_here_is_refused_with_both_readings(hub, tmp_path, workdir):
+    """SERVICE_MODEL=models/qwen with the volume not mounted: its mount point is there, empty."""
+    checkpoint(hub.root, "models/qwen")  # whoever owns that name on the hub
+    (workdir / "models").mkdir()
+    choice = chosen("models/qwen", tmp_path / "cache")
+    assert choice.location is None and hub.requests == []
+    assert f"the path {workdir / 'models/qwen'}, which does not exist" in choice.error
+    assert "write ./models/qwen for the path, hf:models/qwen for the hub" in choice.error
+
+
+def test_hf_makes_it_a_hub_id_even_where_a_path_of_that_name_exists(hub, tmp_path, workdir):
+    d = hub.root / "acme/m-GGUF"
+    d.mkdir(parents=True)
+    (d / "m-Q8_0.gguf").write_bytes(b"GGUF" + b"Q8_0" * 5_000)
+    (workdir / "acme/m-GGUF@main:Q8_0").mkdir(parents=True)
+    assert chosen("acme/m-GGUF@main:Q8_0", tmp_path / "cache", download=False).location == "acme/m-GGUF@main:Q8_0"
+    assert hub.requests == []  # an existing path is a path
+    choice = chosen("hf:acme/m-GGUF@main:Q8_0", tmp_path / "cache")
+    assert Path(choice.location).read_bytes() == (d / "m-Q8_0.gguf").read_bytes()
+    assert choice.name == "acme/m-GGUF@main:Q8_0" and "downloaded from acme/m-GGUF@" in choice.fetched
+    refused = chosen("hf:../m-GGUF", tmp_path / "cache")
+    assert refused.location is None and "not a Hugging Face id (hf:org/name[@revision][:TAG])" in refused.error
+
+
+def test_an_ollama_blob_whose_content_is_not_its_digest_is_refused_naming_both(tmp_path, monkeypatch):
+    """The blob's sha256 is the one its GGUF facts carry, kept between starts: not hashed again to check it."""
+    store = tmp_path / "ollama"
+    blob = ollama_store(store, "tiny", "q8", tiny_gguf(MODELS, "qwen3", "Q8_0").read_bytes())
+    monkeypatch.setenv("OLLAMA_MODELS", str(store))
+    settings = Settings(model="ollama:tiny:q8", cache_dir=tmp_path / "cache")
+    digest = blob.name.removeprefix("sha256-")
+    assert not [e for e in build_report(settings, model=choose_model(settings, build_demo=False)).errors if digest in e]
+    other = tiny_gguf(MODELS, "llama", "Q8_0")
+    blob.write_bytes(other.read_bytes())
+    report = build_report(settings, model=choose_model(settings, build_demo=False))
+    found = hashlib.sha256(other.read_bytes()).hexdigest()
+    (error,) = [e for e in report.errors if digest in e]
+    assert f"has the sha256 {found}" in error and f"names sha256:{digest}" in error and "ollama pull tiny:q8" in error
+    monkeypatch.setattr("service.facts.gguf._sha256", lambda path: pytest.fail("hashed again"))
+    assert [e for e in build_report(settings, model=choose_model(settings, build_demo=False)).errors if digest in e]

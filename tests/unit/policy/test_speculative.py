@@ -1,13 +1,24 @@
-"""The speculative setting: what each value hands vLLM, and what `auto` rests on (service/policy/speculative.py)."""
+"""The speculative setting: what each value hands vLLM, and what `auto` rests on (service/policy/speculative.py); a
+draft model's or EAGLE head's directory as service/facts/draft_model.py reads it."""
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
 
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from service.facts.draft_model import read_draft
 from service.measurements.store import store
+from service.policy.plan import plan_engine
+from service.policy.plan_state import PlanInputs
 from service.policy.speculative import EAGLE_TOKENS, NGRAM, measured_key, plan_speculative
 from service.settings import Settings, load_settings
-from tests.unit.policy.test_policy_engine import decision, plan
+from service.startup import ModelChoice, build_report
+from tests.unit.conftest import MODELS, software
+from tests.unit.policy.test_policy_engine import decision, hw, model, plan
 
 BACKENDS = ("zen", "amx", "avx512", "avx2")
 
@@ -29,18 +40,87 @@ def test_suffix_needs_arctic_inference_and_says_so():
     assert config(plan_speculative("suffix", True, "zen", "0.1.1")) == {"method": "suffix"}
 
 
-def test_any_other_value_is_a_draft_model_handed_to_vllm():
-    planned = config(plan_speculative("/models/draft", True, "zen", None))
-    assert planned["method"] == "draft_model" and planned["model"] == "/models/draft"
+def draft_dir(path: Path, config: dict | None = None, weights: tuple[str, ...] = ("model.safetensors",)) -> Path:
+    """A draft model's directory: config.json and weight files (safetensors written as such, others as bytes)."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(config or {"architectures": ["LlamaForCausalLM"]}))
+    for name in weights:
+        if name.endswith(".safetensors"):
+            save_file({"w": np.zeros(4, dtype=np.float32)}, str(path / name))
+        else:
+            (path / name).write_bytes(b"a pickle")
+    return path
+
+
+def draft_plan(setting: str, directory: str, trust_remote_code: bool = False, vllm: str | None = None):
+    return plan_speculative(setting, True, "zen", None, vllm, read_draft(directory), trust_remote_code)
+
+
+def test_a_draft_models_local_directory_is_handed_to_vllm_by_its_absolute_path(tmp_path, monkeypatch):
+    draft_dir(tmp_path / "draft")
+    monkeypatch.chdir(tmp_path)
+    planned = config(draft_plan("draft", "draft"))
+    assert planned["method"] == "draft_model" and planned["model"] == str(tmp_path / "draft")
     assert planned["num_speculative_tokens"] > 0
 
 
-def test_eagle_hands_vllm_the_heads_directory_and_refuses_none():
-    planned = plan_speculative("eagle:/models/head", True, "amx", None, "0.32.0")
-    assert config(planned) == {"method": "eagle", "model": "/models/head", "num_speculative_tokens": EAGLE_TOKENS}
+def test_eagle_hands_vllm_the_heads_directory_and_refuses_none(tmp_path):
+    head = draft_dir(tmp_path / "head")
+    planned = draft_plan(f"eagle:{head}", str(head), vllm="0.32.0")
+    assert config(planned) == {"method": "eagle", "model": str(head), "num_speculative_tokens": EAGLE_TOKENS}
     assert planned.env["SERVICE_REJECTION_SAMPLER"] == "torch"
     refused = plan_speculative("eagle:", True, "amx", None)
     assert not refused.ok and "eagle:<" in refused.errors[0]
+
+
+@pytest.mark.parametrize("setting", ["acme/draft", "eagle:acme/head", "/models/missing"])
+def test_a_draft_that_is_not_a_local_directory_is_never_handed_to_vllm_to_download(setting, tmp_path, monkeypatch):
+    """vLLM would fetch a hub id itself: no pre-flight, no disk check, pickled weights allowed."""
+    monkeypatch.chdir(tmp_path)
+    refused = draft_plan(setting, setting.removeprefix("eagle:"))
+    assert config(refused) is None and not refused.decisions
+    (error,) = refused.errors
+    assert "must be a local directory" in error and "python -m service pull" in error
+
+
+def test_a_draft_with_only_pickled_weights_or_no_config_is_refused(tmp_path):
+    pickled = draft_dir(tmp_path / "pickled", weights=("pytorch_model.bin",))
+    (error,) = draft_plan(str(pickled), str(pickled)).errors
+    assert "no safetensors weights" in error and "pytorch_model.bin" in error
+    bare = draft_dir(tmp_path / "bare")
+    (bare / "config.json").unlink()
+    (error,) = draft_plan(f"eagle:{bare}", str(bare)).errors
+    assert "has no config.json" in error and "an EAGLE head" in error
+    both = draft_dir(tmp_path / "both", weights=("model.safetensors", "pytorch_model.bin"))
+    assert draft_plan(str(both), str(both)).ok  # vLLM loads the safetensors where both are
+
+
+def test_a_truncated_draft_shard_is_refused_naming_it(tmp_path):
+    truncated = draft_dir(tmp_path / "draft")
+    shard = truncated / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-8])
+    (error,) = draft_plan(str(truncated), str(truncated)).errors
+    assert "model.safetensors is truncated" in error
+
+
+def test_a_drafts_own_code_is_refused_while_trust_remote_code_is_on(tmp_path):
+    """vLLM builds the draft's config with the served model's trust_remote_code: that consent is not the draft's."""
+    coded = draft_dir(tmp_path / "coded", {"auto_map": {"AutoConfig": "configuration_x.XConfig"}})
+    (error,) = draft_plan(str(coded), str(coded), trust_remote_code=True).errors
+    assert "configuration_x.XConfig" in error and "trust_remote_code" in error
+    assert config(draft_plan(str(coded), str(coded), trust_remote_code=False))["model"] == str(coded)
+
+
+def test_the_plan_and_the_startup_report_read_the_draft_directory(tmp_path):
+    coded = draft_dir(tmp_path / "coded", {"auto_map": {"AutoModel": "modeling_x.X"}})
+    settings = Settings(speculative=str(coded), trust_remote_code=True)
+    inputs = PlanInputs(
+        hw(), model("llama-3.1-8b-instruct"), software(), settings, {}, draft_model=read_draft(str(coded))
+    )
+    assert any("modeling_x.X" in e for e in plan_engine(inputs).errors)
+    missing = Settings(speculative=str(tmp_path / "missing"), cache_dir=tmp_path / "cache")
+    report = build_report(missing, model=ModelChoice("configured", str(MODELS / "llama-3.1-8b-instruct")))
+    assert any("must be a local directory" in e and str(tmp_path / "missing") in e for e in report.errors)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

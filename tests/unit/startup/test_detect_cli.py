@@ -144,3 +144,12 @@ def test_live_detect_names_the_part_its_family_model_says(live_detect):
         assert hw["microarchitecture"] == part.name, hw
     else:  # a part the table does not know, or a model number its flags contradict: archspec names it
         assert hw["microarchitecture_source"] == "archspec"
+
+
+def test_pull_checks_the_model_it_fetches_not_the_draft_the_speculative_setting_names(tmp_path, monkeypatch):
+    """The draft may be the very model being pulled: a speculative setting that names it must not refuse the pull."""
+    monkeypatch.setenv("SERVICE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SERVICE_SPECULATIVE", str(tmp_path / "not-pulled-yet"))
+    result = runner.invoke(app, ["pull", "demo-tiny-llama"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("ready: demo-tiny-llama -> ")
