@@ -1,8 +1,8 @@
-# The service's kernels (service/kernels/ggml_build.py): ggml's CPU library from the same llama.cpp source as the
-# bench's peer (mk/bench.mk), built for this CPU (-march=native), then the torch op library over it. Part of
-# `make setup`; the images build them at their first start on a CPU instead. Without them the service says so and
-# runs vLLM's kernels.
-#   make kernels        build both (about a minute on 2 cores)
+# The service's kernels (service/kernels/ggml_build.py): ggml's CPU library and llama.cpp's (libllama) from the same
+# llama.cpp source as the bench's peer (mk/bench.mk), built for this CPU (-march=native), then the torch op library
+# over ggml, each library's sha256 recorded in the stamp, which every load checks. Part of `make setup`; the images
+# build them at their first start on a CPU instead. Without them the service says so and runs vLLM's kernels.
+#   make kernels        build them all, afresh (about two minutes on 2 cores)
 .PHONY: kernels
 
 # One build per CPU flags set (-march=native): service/facts/software.py looks for the one of the CPU it runs on.
@@ -16,22 +16,14 @@ setup: kernels
 $(GGML_STAMP): service/kernels/ggml_linear.cpp service/kernels/bf16_linear.cpp service/kernels/ggml_build.py mk/kernels.mk $(LLAMA_CPP_SOURCE) | $(STAMP)
 	$(PY) -m service.kernels.ggml_build $(LLAMA_CPP_TREE)/vendor/llama.cpp "ggml from llama-cpp-python $(LLAMA_CPP_VERSION)"
 
-# llama.cpp's own library (libllama), from the kernels' build tree above (ggml is built there already; the rest of
-# llama.cpp's source compiles in about a minute on 2 cores): the reference the GGUF architecture tests check the
-# service's answers against (tests/support/llama_cpp.py), and the service's GGUF check at start, which builds it the
-# same way where it is missing (service/models/llama_cpp_reference.py). Part of `make test-tools`, in the set-up: built beside
-# lint and the unit tests instead, it shared the cores with them and the image builds, and lint took 153 s instead
-# of 60 (CI run of a96d48c, Zen 4 guest, 2026-12-04).
-#   make llama-lib
+# llama.cpp's own library (libllama) is built with them, from the same tree, and recorded with them: the reference the
+# GGUF architecture tests check the service's answers against (tests/support/llama_cpp.py), and the service's GGUF
+# check at start (service/models/llama_cpp_reference.py), which never builds it: running the build tree's build.ninja
+# would run what the cache holds.
+#   make llama-lib      the same as make kernels
 .PHONY: llama-lib
-LLAMA_LIB := $(GGML_DIR)/build/bin/libllama.so
 
-llama-lib: $(LLAMA_LIB)
-
-test-tools: llama-lib
-
-$(LLAMA_LIB): $(GGML_STAMP)
-	$(dir $(PY))ninja -C $(GGML_DIR)/build llama >/dev/null
+llama-lib: kernels
 
 # The AVX2-only code paths on a CPU with AVX-512 (tests/support/avx2_emulation: vLLM's _C_AVX2 build, torch and
 # oneDNN at AVX2, the service's kernels built for haswell and the CPU read as AVX2-only), for the integration tests

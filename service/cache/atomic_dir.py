@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -19,6 +18,8 @@ import shutil
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from service.cache.verified import file_sha256
 
 log = logging.getLogger("service.cache.atomic_dir")
 
@@ -100,16 +101,8 @@ def finished_problem(target: Path, complete: str) -> str | None:
 
 def _write_manifest(staging: Path) -> None:
     files = sorted(p for p in staging.rglob("*") if p.is_file())
-    manifest = {p.relative_to(staging).as_posix(): [p.stat().st_size, _sha256(p)] for p in files}
+    manifest = {p.relative_to(staging).as_posix(): [p.stat().st_size, file_sha256(p)] for p in files}
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _remove(path: Path) -> None:

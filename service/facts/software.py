@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from service.cache.verified import recorded_problem
+
 
 @dataclass(frozen=True)
 class SoftwareFacts:
@@ -46,22 +48,37 @@ def cpu_flags_key(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 
 # The service's ggml kernel (service/kernels/ggml_linear.*), built at setup for this CPU (`make kernels`): the torch op
-# library and what it was built from. Not in the package: it is compiled with -march=native, so one build per CPU
-# flags set (a checkout moved to another CPU builds its own, instead of loading one that dies with SIGILL).
+# library, ggml's libraries it links, llama.cpp's library (the GGUF check's reference) and their record. Not in the
+# package: they are compiled with -march=native, so one build per CPU flags set (a checkout moved to another CPU builds
+# its own, instead of loading one that dies with SIGILL).
 GGML_KERNEL_DIR = (
     Path(os.environ.get("SERVICE_GGML_KERNEL_DIR") or Path(__file__).resolve().parents[2] / ".cache/ggml")
     / cpu_flags_key()
 )
 GGML_KERNEL_LIBRARY = GGML_KERNEL_DIR / "kernel" / "service_ggml_linear.so"
+# What the build wrote it from, and each library's sha256 (service/cache/verified.py): nothing is loaded that differs.
 GGML_KERNEL_BUILT = GGML_KERNEL_DIR / "kernel" / "built.json"
+# The libraries under GGML_KERNEL_DIR, in the order they load: each needs those before it, which the dynamic linker
+# then finds loaded (by soname) instead of looking in the build tree (their runpath), whose files were not checked.
+GGML_LIBRARIES = ("build/bin/libggml-base.so", "build/bin/libggml-cpu.so", "build/bin/libggml.so")
+KERNEL_FILES = (*GGML_LIBRARIES, "kernel/service_ggml_linear.so")
+LLAMA_FILES = (*GGML_LIBRARIES, "build/bin/libllama.so")
+BUILT_FILES = (*KERNEL_FILES, LLAMA_FILES[-1])
 # The llama.cpp source the service builds its kernels from at start where this CPU has none (the images set it:
 # they run on CPUs they were not built on); a checkout builds them with `make kernels` instead.
 KERNEL_SOURCE = Path(os.environ["SERVICE_KERNEL_SOURCE"]) if os.environ.get("SERVICE_KERNEL_SOURCE") else None
+# A checkout's llama.cpp source: mk/bench.mk's LLAMA_CPP_TREE, which `make setup` extracts and builds the kernels from.
+LLAMA_CPP_VERSION = "0.3.36"  # mk/bench.mk's LLAMA_CPP_VERSION
+CHECKOUT_SOURCE = (
+    Path(__file__).resolve().parents[2] / f".cache/bench-src/llama_cpp_python-{LLAMA_CPP_VERSION}/vendor/llama.cpp"
+)
 # What the policy says where they are missing: a checkout's fix, and an image's (whose log says why its build did not run).
 KERNELS_NOT_BUILT = (
     "the service's kernels are not built for this CPU (make kernels; an image builds them at its first start, and its "
     "startup log says why it did not)"
 )
+NOT_BUILT = "not built"
+UNRECORDED = "built before builds recorded their libraries' sha256"
 
 _MAJOR_MINOR = re.compile(r"^(\d+)\.(\d+)")
 
@@ -76,14 +93,33 @@ def installed_version(*distributions: str) -> str | None:
     return None
 
 
+def kernel_record(stamp: Path = GGML_KERNEL_BUILT) -> dict[str, object]:
+    """The build's {library: sha256} (empty where it recorded none: then nothing verifies)."""
+    try:
+        files = json.loads(stamp.read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return files if isinstance(files, dict) else {}
+
+
+def ggml_kernel_problem(stamp: Path = GGML_KERNEL_BUILT) -> str | None:
+    """Why the kernels' build at `stamp` cannot be loaded (NOT_BUILT, UNRECORDED, or the library that differs from its
+    record), or None."""
+    if not stamp.is_file():
+        return NOT_BUILT
+    files = kernel_record(stamp)
+    return recorded_problem(stamp.parents[1], files, BUILT_FILES) if files else UNRECORDED
+
+
 def ggml_kernel_built(stamp: Path = GGML_KERNEL_BUILT) -> str | None:
     """What the built ggml kernel says it was built from ("ggml 0.25.3 from llama-cpp-python 0.3.36"), or None when
-    it is not built (or its library is gone)."""
-    try:
-        built = json.loads(stamp.read_text())
-    except (OSError, ValueError):
+    it is not built or its libraries are not the ones its build recorded."""
+    if ggml_kernel_problem(stamp) is not None:
         return None
-    return built["built_from"] if Path(built["library"]).is_file() else None
+    try:
+        return str(json.loads(stamp.read_text())["built_from"])
+    except (OSError, ValueError, KeyError, TypeError):  # rewritten since: the next read decides
+        return None
 
 
 def _major_minor(version: str) -> str | None:

@@ -2,8 +2,9 @@
 source is at hand (SERVICE_KERNEL_SOURCE: the images carry it). The kernels are compiled for the CPU (-march=native)
 and an image runs on CPUs it was not built on, so an image builds them once per CPU flags set, into the cache
 (SERVICE_GGML_KERNEL_DIR, on its cache volume). Starts that share the volume take turns on a file lock: the second
-finds the first's build. A build that fails is logged loudly; the policy then says the kernels are not built and
-names what runs instead."""
+finds the first's build. A build whose libraries are not the ones it recorded (service/cache/verified.py) is said
+loudly, and rebuilt where the source is at hand. A build that fails is logged loudly; the policy then says the kernels
+are not built and names what runs instead."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from email.parser import Parser
 from pathlib import Path
 
-from service.facts.software import GGML_KERNEL_DIR, ggml_kernel_built
+from service.facts.software import GGML_KERNEL_DIR, NOT_BUILT, UNRECORDED, ggml_kernel_problem
 
 log = logging.getLogger("service.kernels")
 BUILD_TIMEOUT_S = 1800  # a minute or two on 2 cores; a compiler that hangs must not hold the start forever
@@ -38,23 +39,28 @@ def built_from(source: Path) -> str:
 def build_at_start(
     mode: str,  # Settings.build_kernels: auto | off
     source: Path | None,
-    built: Callable[[], str | None] = ggml_kernel_built,
+    problem: Callable[[], str | None] = ggml_kernel_problem,
     kernel_dir: Path = GGML_KERNEL_DIR,
 ) -> str | None:
-    """Builds the kernels when this CPU has none and `mode` allows it. What happened is logged once (an error when the
-    build failed) and returned (None: nothing to do or nothing to build from)."""
-    if built() is not None:
+    """Builds the kernels when this CPU has none (or a build that is not as recorded) and `mode` allows it. What
+    happened is logged once (an error when the build failed or cannot be loaded) and returned (None: nothing to do or
+    nothing to build from)."""
+    if (why := problem()) is None:
         return None
     if source is None or not (source / "CMakeLists.txt").is_file():
-        return None  # a checkout without `make kernels`: the policy's decisions say so
+        # A checkout without `make kernels`: the policy's decisions say so; a build that cannot be loaded is said here.
+        return None if why == NOT_BUILT else _unloadable(kernel_dir, why)
+    if why not in (NOT_BUILT, UNRECORDED):
+        log.error("the service's kernels in %s cannot be loaded, rebuilding them: %s", kernel_dir, why)
     if mode == "off":
         return _said(
-            f"the service's kernels are not built for this CPU and build_kernels=off: not building them from {source}"
+            f"the service's kernels are not built for this CPU ({why}) and build_kernels=off: not building them from "
+            f"{source}"
         )
     kernel_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(kernel_dir.parent / f"{kernel_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another start on this cache volume may be building them
-        if built() is not None:
+        if problem() is None:
             return _said(f"the service's kernels for this CPU were built by another start meanwhile ({kernel_dir})")
         log.warning(
             "building the service's kernels for this CPU from %s into %s: its first start on this CPU, a minute or "
@@ -66,7 +72,7 @@ def build_at_start(
         try:
             subprocess.run(
                 [sys.executable, "-m", "service.kernels.ggml_build", str(source), built_from(source)],
-                env={**os.environ, "SERVICE_GGML_KERNEL_DIR": str(kernel_dir.parent)},  # where `built` looks
+                env={**os.environ, "SERVICE_GGML_KERNEL_DIR": str(kernel_dir.parent)},  # where `problem` looks
                 check=True,
                 capture_output=True,
                 text=True,
@@ -76,13 +82,22 @@ def build_at_start(
             return _failed(f"exit {exc.returncode}: {(exc.stderr or exc.stdout or '')[-2000:]}")
         except (OSError, subprocess.TimeoutExpired) as exc:
             return _failed(str(exc))
-        if built() is None:
-            return _failed("the build finished without its stamp")
+        if (why := problem()) is not None:
+            return _failed(f"the build finished, but {why}")
     return _said(f"built the service's kernels for this CPU in {time.monotonic() - started:.0f} s ({kernel_dir})")
 
 
 def _said(line: str) -> str:
     log.info("%s", line)
+    return line
+
+
+def _unloadable(kernel_dir: Path, why: str) -> str:
+    line = (
+        f"the service's kernels in {kernel_dir} cannot be loaded, vLLM's kernels run instead: {why}. Rebuild them "
+        "(make kernels)"
+    )
+    log.error("%s", line)
     return line
 
 

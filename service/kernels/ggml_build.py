@@ -1,11 +1,14 @@
 """Builds the service's kernel library for the CPU it runs on (-march=native): ggml's CPU library from a llama.cpp
-source tree, without OpenMP since torch's thread pool calls it, then the torch op library over it (ggml_linear.cpp
-against ggml, and bf16_linear.cpp). `make kernels` runs it on a checkout, the service at start where its image
-carries the source (service/kernels/build_at_start.py):
+source tree, without OpenMP since torch's thread pool calls it, and llama.cpp's own library (libllama, the GGUF check's
+reference: service/models/llama_cpp_reference.py), then the torch op library over ggml (ggml_linear.cpp against ggml,
+and bf16_linear.cpp). Every build starts from empty folders, configured from the tree: nothing a build leaves in the
+cache (a build.ninja, an object file) is run or linked by the next. `make kernels` runs it on a checkout, the service
+at start where its image carries the source (service/kernels/build_at_start.py):
 `python -m service.kernels.ggml_build <llama.cpp tree> <built from> [avx2]`; `avx2` builds for AVX2 alone (haswell)
 instead of this CPU, for the AVX2 emulation of the tests (tests/support/avx2_emulation).
-torch's extension builder compiles the op library with torch's own headers and ABI; the stamp it writes last is what
-the service's software facts read (service/facts/software.py ggml_kernel_built)."""
+torch's extension builder compiles the op library with torch's own headers and ABI; the stamp written last records
+each library's sha256, which the service's software facts check (service/facts/software.py ggml_kernel_built) and
+every load checks again (service/cache/verified.py)."""
 
 from __future__ import annotations
 
@@ -16,10 +19,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from service.facts.software import GGML_KERNEL_BUILT, GGML_KERNEL_DIR, GGML_KERNEL_LIBRARY
+from service.cache.atomic_dir import replace_file
+from service.cache.verified import record
+from service.facts.software import BUILT_FILES, GGML_KERNEL_BUILT, GGML_KERNEL_DIR, GGML_KERNEL_LIBRARY
 
 SOURCES = [str(Path(__file__).with_name(name)) for name in ("ggml_linear.cpp", "bf16_linear.cpp")]
-# ggml alone: the rest of llama.cpp (its library, tools, tests) is neither configured nor built.
+# ggml and llama.cpp's library: the rest of llama.cpp (its tools, tests, examples) is neither configured nor built.
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_OPENMP=OFF",
@@ -50,7 +55,8 @@ def beside_python(tool: str) -> str:
 
 
 def build_ggml(tree: Path, out: Path, target: str = "native") -> Path:
-    """ggml's shared libraries for `target`, built afresh from `tree` under `out`; the directory that holds them."""
+    """ggml's and llama.cpp's shared libraries for `target`, built afresh from `tree` under `out`; the directory that
+    holds them."""
     build_dir = out / "build"
     shutil.rmtree(build_dir, ignore_errors=True)  # a tree configured by another generator or source is refused
     cmake = beside_python("cmake")
@@ -60,7 +66,9 @@ def build_ggml(tree: Path, out: Path, target: str = "native") -> Path:
     subprocess.run(configure, check=True, stdout=subprocess.DEVNULL)
     jobs = str(len(os.sched_getaffinity(0)))
     subprocess.run(
-        [cmake, "--build", str(build_dir), "-j", jobs, "--target", "ggml"], check=True, stdout=subprocess.DEVNULL
+        [cmake, "--build", str(build_dir), "-j", jobs, "--target", "ggml", "llama"],
+        check=True,
+        stdout=subprocess.DEVNULL,
     )
     return (build_dir / "bin").resolve()
 
@@ -68,8 +76,11 @@ def build_ggml(tree: Path, out: Path, target: str = "native") -> Path:
 def build(tree: Path, built_from: str, target: str = "native") -> None:
     from torch.utils.cpp_extension import load
 
+    GGML_KERNEL_BUILT.unlink(missing_ok=True)  # a build under way is not a build to load
     libraries = build_ggml(tree, GGML_KERNEL_DIR, target)
-    GGML_KERNEL_LIBRARY.parent.mkdir(parents=True, exist_ok=True)
+    # Afresh: torch's builder keeps object files its ninja finds newer than their sources (and the stamp goes with them).
+    shutil.rmtree(GGML_KERNEL_LIBRARY.parent, ignore_errors=True)
+    GGML_KERNEL_LIBRARY.parent.mkdir(parents=True)
     load(
         name=GGML_KERNEL_LIBRARY.stem,
         sources=SOURCES,
@@ -82,9 +93,8 @@ def build(tree: Path, built_from: str, target: str = "native") -> None:
         build_directory=str(GGML_KERNEL_LIBRARY.parent),
         is_python_module=False,
     )
-    GGML_KERNEL_BUILT.write_text(
-        json.dumps({"built_from": built_from, "library": str(GGML_KERNEL_LIBRARY), "tree": str(tree.resolve())})
-    )
+    stamp = {"built_from": built_from, "files": record(GGML_KERNEL_DIR, BUILT_FILES)}
+    replace_file(GGML_KERNEL_BUILT, json.dumps(stamp, indent=1).encode())
 
 
 if __name__ == "__main__":

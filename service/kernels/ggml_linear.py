@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.facts.software import GGML_KERNEL_LIBRARY, ggml_kernel_built
+from service.cache.verified import Unverified, open_verified
+from service.facts.software import GGML_KERNEL_BUILT, KERNEL_FILES, ggml_kernel_built, kernel_record
 from service.kernels.int4_layer import groups_first, int4_kernel_base, to_input_packed
 from service.kernels.registry import HANDOVER_ENV, KERNELS, parse_handover
 from service.measurements.store import row
@@ -113,16 +115,24 @@ def q4_1_blocks(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> t
     return torch.cat([*head, _nibbles(q)], dim=-1).reshape(n, -1)
 
 
+# The memfds the libraries were loaded from, open for the process's life: glibc knows a loaded library by its path
+# (/proc/self/fd/<fd>), and a number closed and reused would name the one loaded before.
+_LOADED: list[int] = []
+
+
+@functools.cache
 def available() -> bool:
+    """Built and as recorded (asked once per process: each layer asks, and hashing the libraries takes milliseconds)."""
     return ggml_kernel_built() is not None
 
 
 @functools.cache
 def load_library() -> None:
-    """The op library, and the fake implementations torch.compile traces with (output shapes only)."""
+    """The op library and ggml's, as their build recorded them (service/cache/verified.py), and the fake
+    implementations torch.compile traces with (output shapes only)."""
     import torch
 
-    torch.ops.load_library(str(GGML_KERNEL_LIBRARY))
+    _load_verified(GGML_KERNEL_BUILT)
 
     @torch.library.register_fake("service_ggml::linear")
     def _(x: torch.Tensor, handle: int, n: int, bias: torch.Tensor | None, dense_from: int) -> torch.Tensor:
@@ -131,6 +141,24 @@ def load_library() -> None:
     @torch.library.register_fake("service_ggml::embedding")
     def _(ids: torch.Tensor, handle: int, k: int) -> torch.Tensor:
         return ids.new_empty((ids.shape[0], k), dtype=torch.float32)
+
+
+def _load_verified(stamp: Path) -> None:
+    """ggml's libraries, then the op library over them, each from the bytes checked against the build's record
+    (`stamp`). Not through torch.ops.load_library: it resolves the path, and /proc/self/fd/<fd> resolves to the
+    memfd's name, which is no file."""
+    import ctypes
+
+    try:
+        fds = open_verified(stamp.parents[1], kernel_record(stamp), KERNEL_FILES)
+    except Unverified as exc:
+        raise Unverified(
+            f"the service's kernels cannot be loaded: {exc}. Rebuild them (make kernels; an image rebuilds them at "
+            "its next start)"
+        ) from exc
+    _LOADED.extend(fds)
+    for fd in fds:
+        ctypes.CDLL(f"/proc/self/fd/{fd}", mode=ctypes.RTLD_GLOBAL)
 
 
 def blocks_of(layer_q: torch.Tensor, layer_s: torch.Tensor, layer_zp: torch.Tensor | None) -> tuple[torch.Tensor, int]:

@@ -14,9 +14,9 @@ from collections.abc import Callable, MutableMapping
 
 from rich.console import Console
 
-from service.cache.permissions import cache_dir_problem
+from service.cache.permissions import cache_dir_problem, code_dirs
 from service.facts.api_key import api_key_of
-from service.facts.software import KERNEL_SOURCE
+from service.facts.software import GGML_KERNEL_DIR, KERNEL_SOURCE
 from service.kernels.build_at_start import build_at_start
 from service.policy.access import plan_access
 from service.settings import Settings
@@ -46,7 +46,7 @@ def decide_start(
     fetch: Callable[[ModelChoice], ModelChoice],  # downloads the model while the port answers (the server's)
 ) -> tuple[StartupReport, ModelChoice]:
     """Everything the service decides before it binds its port; raises StartRefused."""
-    if (problem := cache_dir_problem(settings.cache_dir)) is not None:
+    if (problem := cache_dir_problem(settings.cache_dir, code_dirs(GGML_KERNEL_DIR.parent))) is not None:
         raise StartRefused(problem)
     access = plan_access(settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts)
     if access.errors:  # before anything is read or built: a deployment that forgot its key stays closed

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from service.models.llama_cpp_reference import source_tree
 from service.policy.gguf_check import MEAN_BOUND, judge
 
 REFERENCE = {
@@ -67,12 +64,3 @@ def test_no_reference_is_a_named_check_not_run(mode):
 def test_off_runs_nothing_and_says_so():
     verdict = judge(REFERENCE, None, None, "off")
     assert verdict.ok and verdict.passed is None and "gguf_check=off" in verdict.reason
-
-
-def test_the_source_tree_is_the_one_the_kernels_were_built_from(tmp_path):
-    stamp = tmp_path / "built.json"
-    stamp.write_text(json.dumps({"built_from": "ggml", "library": "x.so", "tree": "/src/llama.cpp"}))
-    assert str(source_tree(stamp, None)) == "/src/llama.cpp"
-    stamp.write_text(json.dumps({"built_from": "ggml", "library": "x.so"}))  # a stamp from before it named its tree
-    assert source_tree(stamp, tmp_path) == tmp_path
-    assert source_tree(tmp_path / "none.json", None) is None
