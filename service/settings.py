@@ -60,6 +60,13 @@ class Settings(BaseSettings):
     served_model_name: str | None = Field(
         None, description="Name clients use; default: the model's name", json_schema_extra={"shown": "the model's name"}
     )
+    model_aliases: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Other names requests may give the served model, comma-separated, each a name or a glob pattern "
+        "(`claude-*,gpt-*`: Claude Code asks for its own main and small fast models by name); unset: none, an unknown "
+        "name is a 404",
+        json_schema_extra={"shown": "unset"},
+    )
     host: str = Field("127.0.0.1", description="Bind address (0.0.0.0 in containers)")
     port: int = Field(8000, ge=1, le=65535, description="Port")
     api_key: SecretStr | None = Field(None, description="Bearer key required on all but probes, /version, /metrics")
@@ -190,6 +197,13 @@ class Settings(BaseSettings):
     max_queued_requests: int = Field(
         64, ge=0, description="Requests in the engine (running + waiting) beyond which /v1 answers 503; 0: no cap"
     )
+    hosted_tools: Literal["skip", "refuse"] = Field(
+        "skip",
+        description="Hosted tools a request asks the server to run (web_search, file_search, code_interpreter, "
+        "computer use, image generation, MCP servers), which it cannot: skip leaves them out of the prompt and says "
+        "which in the X-Service-Skipped-Tools header (as llama-server does: Codex CLI sends web_search by default); "
+        "refuse answers 400 naming the tool",
+    )
     request_timeout: float | None = Field(
         None,
         gt=0,
@@ -282,7 +296,7 @@ class Settings(BaseSettings):
         # Compose passes unset variables as empty strings.
         return None if value == "" else value
 
-    @field_validator("cors_origins", "allowed_hosts", "media_domains", mode="before")
+    @field_validator("cors_origins", "allowed_hosts", "media_domains", "model_aliases", mode="before")
     @classmethod
     def _origins(cls, value: Any) -> Any:
         # A variable holds a comma-separated list (or a JSON one); YAML and code give a list.

@@ -169,3 +169,17 @@ def test_the_key_is_taken_as_x_api_key_and_its_absence_is_an_authentication_erro
     with pytest.raises(anthropic.AuthenticationError) as refused:
         wrong.messages.count_tokens(model=chat_server.served_model, messages=[{"role": "user", "content": "hi"}])
     assert refused.value.body["error"]["type"] == "authentication_error"
+
+
+def test_claude_codes_output_budget_is_served_up_to_what_fits(client):
+    """Claude Code asks for 32,000 tokens whatever the model: more than SmolLM2's context (8,192), which vLLM
+    refused. Served up to what fits, the header says so, the answer ends where the model does."""
+    raw = client.messages.with_raw_response.create(
+        model=MODEL,
+        max_tokens=32000,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        extra_body=GREEDY,
+    )
+    assert "32000" in raw.headers["x-service-max-tokens"], raw.headers
+    message = raw.parse()
+    assert message.stop_reason == "end_turn" and "Paris" in message.content[0].text

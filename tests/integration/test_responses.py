@@ -85,3 +85,18 @@ def test_what_vllm_keeps_no_store_for_is_said_as_such(client):
         with pytest.raises(openai.NotFoundError) as missing:
             call()
         assert "stores no responses" in missing.value.message and "input" in missing.value.message
+
+
+def test_codex_clis_hosted_and_namespace_tools_are_served_without_the_hosted_one(client):
+    """What Codex CLI sends with every request: function tools, a namespace group, and OpenAI's hosted web_search.
+    The hosted tool is left out (the header says so); the rest reach the model."""
+    tools = [
+        WEATHER,
+        {"type": "namespace", "name": "agents", "description": "sub-agents", "tools": [WEATHER | {"name": "spawn"}]},
+        {"type": "web_search"},
+    ]
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, input="What is the capital of France?", tools=tools, temperature=0, max_output_tokens=40
+    )
+    assert raw.headers["x-service-skipped-tools"].startswith("web_search"), raw.headers
+    assert raw.parse().status == "completed"

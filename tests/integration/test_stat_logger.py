@@ -133,3 +133,42 @@ def test_live_counters_and_gauges_follow_requests(chat_server):
         "vllm:request_success_total": 2,
     }
     assert _metric(after, "vllm:num_requests_running") == 0
+
+
+def _histogram(text: str, name: str) -> tuple[float, float]:
+    """(count, sum) of a histogram over its labels."""
+    return _metric(text, name + "_count"), _metric(text, name + "_sum")
+
+
+@pytest.mark.engine
+def test_an_agent_sessions_cached_prompt_is_measured_per_request(chat_server):
+    """A conversation re-sent with one more turn, as an agent does: the second request finds its prefix in the cache.
+    Per request, the prompt, its cached tokens, the prefill and decode times are histograms; /v1/hardware gives the
+    hit rate since start."""
+    url, headers = chat_server.url, chat_server.headers()
+    conversation = [{"role": "user", "content": " ".join(f"word{i}" for i in range(200))}]
+    body = {"model": chat_server.served_model, "max_tokens": 4, "ignore_eos": True}
+    before = httpx.get(f"{url}/metrics").text
+    usages = []
+    for turn in range(2):
+        resp = httpx.post(
+            f"{url}/v1/chat/completions", headers=headers, timeout=120, json=body | {"messages": conversation}
+        )
+        assert resp.status_code == 200, resp.text
+        usages.append(resp.json()["usage"])
+        conversation += [resp.json()["choices"][0]["message"], {"role": "user", "content": f"and turn {turn}"}]
+    after = httpx.get(f"{url}/metrics").text
+    count, cached = (
+        a - b
+        for a, b in zip(
+            _histogram(after, "service_request_prompt_cached_tokens"),
+            _histogram(before, "service_request_prompt_cached_tokens"),
+            strict=True,
+        )
+    )
+    assert count == 2
+    assert 16 <= cached <= usages[0]["prompt_tokens"], (cached, usages)  # at least a block, at most the first prompt
+    for name in ("vllm:request_prompt_tokens", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds"):
+        assert _histogram(after, name)[0] - _histogram(before, name)[0] == 2, name
+    hardware = httpx.get(f"{url}/v1/hardware", headers=headers, timeout=30).json()["prefix_cache"]
+    assert hardware["hit_tokens"] >= cached and 0 < hardware["hit_rate"] <= 1, hardware

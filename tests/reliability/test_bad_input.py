@@ -209,9 +209,13 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         ("/v1/responses", {"input": "hi", "max_output_tokens": True}, "max_output_tokens"),
         ("/invocations", {"messages": MSG, "logprobs": 1}, "logprobs"),
         # served without what they ask for: the search, the built-in tool; vLLM's 400 for the image named no field
-        (CHAT, {"messages": MSG, "web_search_options": {}}, "web_search_options"),
         (CHAT, {"messages": [*MSG, {"role": "assistant"}, *MSG]}, "messages[1].content"),
-        ("/v1/responses", {"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        # a hosted tool the request forces: not served without it (one merely offered is left out, below)
+        (
+            "/v1/responses",
+            {"input": "hi", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}},
+            "tools[0].type",
+        ),
         (
             "/v1/responses",
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": IMAGE["image_url"]["url"]}]}]},
@@ -272,9 +276,8 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
         "temperature-a-boolean",
         "responses-output-limit-a-boolean",
         "sagemaker-chat-logprobs-a-number",
-        "web-search-options",
         "assistant-without-content-or-calls",
-        "responses-built-in-tool",
+        "responses-forced-built-in-tool",
         "responses-image-to-text-model",
     ],
 )
@@ -283,6 +286,28 @@ def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param)
     service/server/openai_compat/request_checks.py)."""
     error = assert_openai_error(post(server, path, json_body={"model": SERVED, "max_tokens": 2, **body}), 400)
     assert param in (error["param"] or ""), error
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "skipped"),
+    [
+        (CHAT, {"messages": MSG, "web_search_options": {}}, "web_search_options"),
+        ("/v1/responses", {"input": "hi", "tools": [{"type": "web_search"}, {"type": "file_search"}]}, "web_search"),
+    ],
+    ids=["web-search-options", "responses-hosted-tools"],
+)
+def test_hosted_tools_are_left_out_and_named_in_a_header(server, path, body, skipped):
+    """What agents send by default (Codex CLI's web_search), served without it, as llama.cpp's server does."""
+    resp = post(
+        server,
+        path,
+        json_body={"model": SERVED, "max_tokens": 2, **body}
+        if path == CHAT
+        else {"model": SERVED, "max_output_tokens": 2, **body},
+    )
+    assert resp.status_code == 200, resp.text
+    assert skipped in resp.headers["x-service-skipped-tools"]
+    assert skipped in server.log()  # and logged
 
 
 ANTHROPIC_HI = [{"role": "user", "content": "hi"}]
@@ -329,11 +354,19 @@ def test_max_tokens_not_positive_is_400_naming_the_limit(server, path, max_token
 
 
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
-def test_max_tokens_beyond_context_is_400_naming_the_limit(server, path):
-    body = {"model": SERVED, "max_tokens": 100_000, **({"prompt": "hi"} if path == COMPLETIONS else {"messages": MSG})}
-    error = assert_openai_error(post(server, path, json_body=body), 400)
-    assert error["param"] == "max_tokens"
-    assert "100000" in error["message"] and f"max_model_len={MAX_MODEL_LEN}" in error["message"], error
+def test_max_tokens_beyond_context_is_served_up_to_what_fits_and_says_so(server, path):
+    """As llama.cpp's server and Ollama do (Claude Code asks for 32,000 tokens whatever the model): vLLM refused it."""
+    ids = [5] * (MAX_MODEL_LEN - 40)
+    prompt = {"prompt": ids} if path == COMPLETIONS else {"messages": [{"role": "user", "content": "hi " * 300}]}
+    body = {"model": SERVED, "max_tokens": 100_000, "ignore_eos": True, **prompt}
+    resp = post(server, path, json_body=body)
+    assert resp.status_code == 200, resp.text
+    usage = resp.json()["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == MAX_MODEL_LEN
+    assert resp.json()["choices"][0]["finish_reason"] == "length"
+    assert (
+        "100000" in resp.headers["x-service-max-tokens"] and str(MAX_MODEL_LEN) in resp.headers["x-service-max-tokens"]
+    )
 
 
 def test_max_tokens_past_the_room_left_is_clamped_to_the_context(server):

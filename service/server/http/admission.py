@@ -7,15 +7,19 @@ vLLM lets through (request_checks.py) or one that could never be admitted; the d
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
 from fastapi import Request
 
 from service.facts.model import ModelFacts
+from service.server.openai_compat import hosted_tools, model_aliases
 from service.server.openai_compat.errors import RETRY_AFTER_SECONDS, ServiceError
-from service.server.openai_compat.output_limit import limit_output
+from service.server.openai_compat.model_aliases import ModelAliases
+from service.server.openai_compat.output_limit import HEADER as OUTPUT_LIMIT_HEADER
+from service.server.openai_compat.output_limit import OutputBound, limit_output
 from service.server.openai_compat.request_checks import CHAT_BATCH, CHECKED_PATHS, COMPLETIONS, check_request, served_as
 from service.server.supervision.lifecycle import Lifecycle
 
@@ -54,11 +58,33 @@ def _prompts(body: dict[str, Any], path: str) -> tuple[int | None, str]:
     return 1, "prompt"
 
 
-async def _refusal(
-    request: Request, max_queued: int, model: ModelFacts | None, max_tokens_limit: int | None
-) -> ServiceError | None:
+# The routes whose JSON body names a model: the checked ones, and the pooling routes.
+NAMED_MODEL_PATHS = CHECKED_PATHS | {
+    "/v1/embeddings",
+    "/v2/embed",
+    "/pooling",
+    "/classify",
+    "/score",
+    "/v1/score",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+}
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a deployment changes in the requests it admits (settings): the output bound, the hosted tools, the
+    model's other names."""
+
+    output: OutputBound = OutputBound()
+    skip_hosted_tools: bool = True
+    aliases: ModelAliases | None = None
+
+
+async def _refusal(request: Request, max_queued: int, model: ModelFacts | None, bounds: Bounds) -> ServiceError | None:
     path = request.url.path
-    if request.method != "POST" or path not in CHECKED_PATHS:
+    if request.method != "POST" or path not in NAMED_MODEL_PATHS:
         return None
     raw = await request.body()
     if not raw:
@@ -67,16 +93,32 @@ async def _refusal(
     # request.json() returns that parse.
     body = await request.json()
     request.state.json_body = body  # for naming the field of an engine error later (engine_responses.py)
+    # In place, before the checks and vLLM read the body: FastAPI validates the route's body from this same parse after
+    # its dependencies (this one) have run. What was changed is said in the response's headers (engine_responses.py).
+    notes = request.state.service_headers = {}
+    if bounds.aliases and (renamed := bounds.aliases.rename(body, _adapters(request))):
+        notes[model_aliases.HEADER] = renamed
+    if path not in CHECKED_PATHS:
+        return None
+    if bounds.skip_hosted_tools and (skipped := hosted_tools.skip_hosted_tools(path, body)):
+        hosted_tools.said(path, skipped)
+        notes[hosted_tools.HEADER] = hosted_tools.header_value(skipped)
     problem = check_request(path, body, model, raw)
     if problem is not None:
         return ServiceError(HTTPStatus.BAD_REQUEST, problem.message, "BadRequestError", param=problem.param)
-    # In place: FastAPI validates the route's body from this same parse after its dependencies (this one) have run.
-    request.state.output_limit = limit_output(path, body, max_tokens_limit)
+    if (limited := limit_output(path, body, bounds.output)) is not None:
+        notes[OUTPUT_LIMIT_HEADER] = limited
     return sequences_beyond_admission(body, max_queued, path)
 
 
+def _adapters(request: Request) -> Collection[str]:
+    """The LoRA adapters requests may name (vLLM's serving models hold them once the engine is up)."""
+    models = getattr(request.app.state, "openai_serving_models", None)
+    return getattr(models, "lora_requests", None) or ()
+
+
 def engine_admission(
-    lifecycle: Lifecycle, max_queued: int, model: ModelFacts | None, max_tokens_limit: int | None = None
+    lifecycle: Lifecycle, max_queued: int, model: ModelFacts | None, bounds: Bounds = Bounds()
 ) -> Callable[[Request], AsyncIterator[None]]:
     async def admit(request: Request) -> AsyncIterator[None]:
         if not lifecycle.accepting:
@@ -90,7 +132,7 @@ def engine_admission(
         # find it in flight, or the drain would end at once and leave it to uvicorn's connection wait.
         lifecycle.request_started()
         try:
-            refusal = await _refusal(request, max_queued, model, max_tokens_limit)
+            refusal = await _refusal(request, max_queued, model, bounds)
             if refusal is not None:
                 raise refusal
             yield

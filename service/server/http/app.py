@@ -22,7 +22,7 @@ from vllm.entrypoints.serve.utils.api_utils import validate_json_request
 
 from service.facts.api_key import api_key_of
 from service.policy.access import checked_host_names
-from service.server.http.admission import engine_admission
+from service.server.http.admission import Bounds, engine_admission
 from service.server.http.auth import require_api_key
 from service.server.http.body_limit import BodyLimitMiddleware
 from service.server.http.host_check import HostCheckMiddleware
@@ -42,6 +42,8 @@ from service.server.http.routes import (
 from service.server.openai_compat.anthropic_errors import AnthropicErrorsMiddleware
 from service.server.openai_compat.engine_responses import engine_endpoint
 from service.server.openai_compat.errors import ServiceError, install_error_handlers
+from service.server.openai_compat.model_aliases import ModelAliases
+from service.server.openai_compat.output_limit import OutputBound
 from service.server.supervision.lifecycle import Lifecycle, Phase
 from service.settings import Settings
 from service.startup.report import StartupReport
@@ -86,7 +88,9 @@ def create_app(
     loader = None
     if settings.lora_dir is not None and report.model is not None and rank:
         loader = AdapterLoader(settings.lora_dir, report.model, rank)
-    admission = engine_admission(lifecycle, settings.max_queued_requests, report.model, settings.max_tokens_limit)
+    admission = engine_admission(
+        lifecycle, settings.max_queued_requests, report.model, _bounds(settings, report, served_model)
+    )
     admitted = [needs_key, Depends(admission)]
     dependencies = {
         Access.PROBE: [],
@@ -94,7 +98,7 @@ def create_app(
         Access.SERVICE: [needs_key],
         Access.ENGINE: admitted + ([Depends(loader.load_on_first_use)] if loader else []),
     }
-    handlers = _service_handlers(app, report, lifecycle, metrics, demo)
+    handlers = _service_handlers(app, report, lifecycle, metrics, demo, tuple(settings.model_aliases))
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -169,6 +173,13 @@ def create_app(
     return HttpShell(app, attach_engine)
 
 
+def _bounds(settings: Settings, report: StartupReport, served: str) -> Bounds:
+    context = report.plan.engine_args.get("max_model_len")
+    output = OutputBound(context=int(context) if context else None, deployment=settings.max_tokens_limit)
+    aliases = ModelAliases(served, tuple(settings.model_aliases)) if settings.model_aliases else None
+    return Bounds(output=output, skip_hosted_tools=settings.hosted_tools == "skip", aliases=aliases)
+
+
 def _wrapped(route: APIRoute, lifecycle: Lifecycle, deadline_s: float | None) -> APIRoute:
     """vLLM's route with its endpoint wrapped (engine_responses.py); include_router rebuilds the route from the
     copy, so vLLM's own app is left as it was."""
@@ -206,7 +217,12 @@ def _model_source(report: StartupReport) -> dict[str, Any] | None:
 
 
 def _service_handlers(
-    app: FastAPI, report: StartupReport, lifecycle: Lifecycle, metrics: ServiceMetrics, demo: bool
+    app: FastAPI,
+    report: StartupReport,
+    lifecycle: Lifecycle,
+    metrics: ServiceMetrics,
+    demo: bool,
+    aliases: tuple[str, ...],
 ) -> dict[str, Callable[..., Any]]:
     hardware = report.to_dict()
     versions = {
@@ -243,8 +259,11 @@ def _service_handlers(
 
     async def v1_hardware() -> dict[str, Any]:
         """The startup report: facts, backend, decisions with reasons, warnings, errors; for a GGUF file, the
-        engine's check against llama.cpp once it has run."""
-        return hardware if lifecycle.gguf_check is None else {**hardware, "gguf_check": lifecycle.gguf_check}
+        engine's check against llama.cpp once it has run; the prefix cache's hit rate since start."""
+        live = {"prefix_cache": metrics.prefix_cache()}
+        return (
+            hardware | live if lifecycle.gguf_check is None else hardware | live | {"gguf_check": lifecycle.gguf_check}
+        )
 
     async def prometheus_metrics() -> Response:
         metrics.in_flight.set(lifecycle.in_flight)
@@ -264,6 +283,8 @@ def _service_handlers(
                 card.update(demo=True, description=_DEMO_DESCRIPTION)
             if source:
                 card.update(source=source)
+            if aliases:
+                card.update(aliases=list(aliases))
         return body
 
     async def v1_models(request: Request) -> Response:
@@ -272,6 +293,9 @@ def _service_handlers(
     async def v1_model(request: Request, model: str) -> Response:
         listing = await cards(request)
         card = next((c for c in listing["data"] if c["id"] == model), None)
+        if card is None and aliases:  # an alias names the served model, the first card
+            served = ModelAliases(listing["data"][0]["id"], aliases)
+            card = listing["data"][0] if served.resolve(model) else None
         if card is None:
             served = ", ".join(c["id"] for c in listing["data"])
             raise ServiceError(

@@ -67,5 +67,14 @@ class ServiceMetrics:
             # No paths: /metrics is open unless metrics_require_auth (cache, model and adapter paths are values).
             self.decision.labels(setting=d.setting, value=without_paths(value)[:200], source=d.source).set(1)
 
+    def prefix_cache(self) -> dict[str, float | None]:
+        """The engine's prefix cache since start, from vLLM's counters: tokens looked up, tokens found, their ratio."""
+        totals = {"vllm:prefix_cache_queries": 0.0, "vllm:prefix_cache_hits": 0.0}
+        for family in self.registry.collect():
+            if family.name in totals:
+                totals[family.name] += sum(s.value for s in family.samples if s.name.endswith("_total"))
+        queries, hits = totals["vllm:prefix_cache_queries"], totals["vllm:prefix_cache_hits"]
+        return {"queried_tokens": queries, "hit_tokens": hits, "hit_rate": hits / queries if queries else None}
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

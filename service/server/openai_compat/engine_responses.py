@@ -16,7 +16,7 @@ A request the engine's death ends answers as one the shutdown ends (503 + Retry-
 A request past the deployment's deadline (request_timeout) is dropped by the engine (its task is cancelled, which
 aborts it in vLLM) and answers 504, or, once its stream has started, ends with an error event and `[DONE]`.
 
-A request whose output limit the deployment bounded (max_tokens_limit, admission.py) says so in a header.
+A request the admission changed (its output limit bounded, hosted tools left out: admission.py) says so in headers.
 
 A 404 for an unknown model names the LoRA adapters among the valid names, as vLLM's names only the base model.
 
@@ -51,7 +51,6 @@ from service.server.openai_compat.errors import (
     error_type,
     openai_error,
 )
-from service.server.openai_compat.output_limit import HEADER as OUTPUT_LIMIT_HEADER
 from service.server.supervision.lifecycle import Lifecycle
 
 log = logging.getLogger("service.http")
@@ -284,11 +283,11 @@ async def _close(chunks: AsyncIterator[Any]) -> None:
         await close()
 
 
-def _with_output_limit(response: Any, request: Request | None) -> Any:
-    """The header that says the deployment bounded the request's output (admission.py set the note)."""
-    note = getattr(request.state, "output_limit", None) if request is not None else None
-    if note and isinstance(response, Response) and response.status_code < HTTPStatus.BAD_REQUEST:
-        response.headers[OUTPUT_LIMIT_HEADER] = note
+def _with_service_headers(response: Any, request: Request | None) -> Any:
+    """The headers that say what the admission changed in the request (admission.py wrote them down)."""
+    notes = getattr(request.state, "service_headers", None) if request is not None else None
+    if notes and isinstance(response, Response) and response.status_code < HTTPStatus.BAD_REQUEST:
+        response.headers.update(notes)
     return response
 
 
@@ -314,7 +313,7 @@ def engine_endpoint(
             raise
         _refuse_if_cut(lifecycle)  # the cut aborted it in the engine: its answer is unfinished
         request = _request_of(kwargs)
-        response = _with_output_limit(response, request)
+        response = _with_service_headers(response, request)
         if (
             type(response) is StreamingResponse
             and response.status_code == HTTPStatus.OK

@@ -1,6 +1,7 @@
-"""What a deployment may bound per request: its deadline (request_timeout: engine_responses.py) and its output limit
-(max_tokens_limit: output_limit.py through the admission dependency), on a small FastAPI app in-process whose routes
-take vLLM's own request models, as the engine's routes do."""
+"""What the service changes in a request before vLLM reads it, and what a deployment may bound: the deadline
+(request_timeout: engine_responses.py), the output limit (the context and max_tokens_limit: output_limit.py) and
+the hosted tools left out (hosted_tools.py), through the admission dependency, on a small FastAPI app in-process whose
+routes take vLLM's own request models, as the engine's routes do."""
 
 from __future__ import annotations
 
@@ -15,22 +16,25 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-from service.server.http.admission import engine_admission
+from service.server.http.admission import Bounds, engine_admission
 from service.server.openai_compat.engine_responses import engine_endpoint
 from service.server.openai_compat.errors import install_error_handlers
-from service.server.openai_compat.output_limit import HEADER, limit_output
+from service.server.openai_compat import hosted_tools, model_aliases
+from service.server.openai_compat.model_aliases import ModelAliases
+from service.server.openai_compat.output_limit import HEADER, OutputBound, limit_output
 from service.server.supervision.lifecycle import Lifecycle, Phase
 
 DEADLINE_S = 0.3
 LIMIT = 100
+CONTEXT = 1024
 
 
-def _app(seen: list[Any], cancelled: list[str]) -> FastAPI:
+def _app(seen: list[Any], cancelled: list[str], bounds: Bounds) -> FastAPI:
     lifecycle = Lifecycle()
     lifecycle.set_phase(Phase.READY, "test")
     app = FastAPI()
     install_error_handlers(app, on_engine_dead=lifecycle.engine_died)
-    admitted = [Depends(engine_admission(lifecycle, 8, None, LIMIT))]
+    admitted = [Depends(engine_admission(lifecycle, 8, None, bounds))]
 
     async def generation(what: str, first_event: bool):
         try:
@@ -62,12 +66,14 @@ def _app(seen: list[Any], cancelled: list[str]) -> FastAPI:
     return app
 
 
-def _post(path: str, body: dict[str, Any]) -> tuple[httpx.Response, list[Any], list[str]]:
+def _post(
+    path: str, body: dict[str, Any], bounds: Bounds = Bounds(OutputBound(CONTEXT, LIMIT))
+) -> tuple[httpx.Response, list[Any], list[str]]:
     seen: list[Any] = []
     cancelled: list[str] = []
 
     async def go() -> httpx.Response:
-        transport = httpx.ASGITransport(app=_app(seen, cancelled))
+        transport = httpx.ASGITransport(app=_app(seen, cancelled, bounds))
         async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=10) as client:
             return await client.post(path, json=body)
 
@@ -119,6 +125,17 @@ def test_the_engine_reads_the_bounded_output_limit_and_the_response_says_so(body
         assert "32000" in resp.headers[HEADER] and str(LIMIT) in resp.headers[HEADER]
 
 
+def test_a_limit_past_the_context_is_served_up_to_what_fits_without_a_deployment_bound():
+    """Claude Code's 32,000 against a 1,024-token context: vLLM refused it (400); now vLLM gets the context, and stops
+    the sequence where the context ends."""
+    resp, seen, _ = _post("/v1/chat/completions", CHAT | {"max_tokens": 32000}, Bounds(OutputBound(CONTEXT)))
+    assert resp.status_code == 200, resp.text
+    assert seen[0].max_tokens == CONTEXT
+    assert "the context length" in resp.headers[HEADER] and "32000" in resp.headers[HEADER]
+    resp, seen, _ = _post("/v1/chat/completions", CHAT, Bounds(OutputBound(CONTEXT)))
+    assert seen[0].max_tokens is None and HEADER not in resp.headers  # vLLM's own default: up to the context
+
+
 def test_a_completion_keeps_its_small_default():
     resp, seen, _ = _post("/v1/completions", {"model": "m", "prompt": "hi"})
     assert resp.status_code == 200 and seen[0].max_tokens == 16 and HEADER not in resp.headers
@@ -137,5 +154,79 @@ def test_a_completion_keeps_its_small_default():
     ],
 )
 def test_each_generation_route_is_bounded_on_its_own_field(path, body, field, value):
-    limit_output(path, body, LIMIT)
+    limit_output(path, body, OutputBound(CONTEXT, LIMIT))
     assert body.get(field) == value
+
+
+RESPONSES_BODY = {
+    "model": "m",
+    "input": "hi",
+    "tools": [
+        {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+        {"type": "namespace", "name": "multi_agent_v1", "tools": []},
+        {"type": "web_search"},
+        {"type": "mcp", "server_label": "docs", "server_url": "https://example.com"},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "kept", "skipped"),
+    [  # Codex CLI's default tools: its functions and namespace kept, its hosted web_search left out
+        ("/v1/responses", RESPONSES_BODY, ["exec_command", "multi_agent_v1"], ["web_search", "mcp:docs"]),
+        (
+            "/v1/messages",
+            {
+                "tools": [
+                    {"name": "Bash", "input_schema": {"type": "object"}},
+                    {"type": "web_search_20250305", "name": "web_search", "max_uses": 3},
+                ],
+                "mcp_servers": [{"type": "url", "url": "https://example.com", "name": "x"}],
+            },
+            ["Bash"],
+            ["web_search", "mcp_servers"],
+        ),
+        ("/v1/chat/completions", {"messages": [], "web_search_options": {}}, None, ["web_search_options"]),
+        # forced: refused by name by the request checks, not served without what it forces
+        ("/v1/responses", RESPONSES_BODY | {"tool_choice": {"type": "web_search"}}, None, []),
+    ],
+)
+def test_hosted_tools_are_left_out_and_named(path, body, kept, skipped):
+    body = json.loads(json.dumps(body))
+    assert hosted_tools.skip_hosted_tools(path, body) == skipped
+    if kept is not None:
+        assert [tool["name"] for tool in body["tools"]] == kept
+    if skipped:
+        assert "mcp_servers" not in body and "web_search_options" not in body
+
+
+def test_a_response_says_which_hosted_tools_were_left_out_and_refuse_keeps_the_400():
+    body = CHAT | {"web_search_options": {}, "max_tokens": 5}
+    resp, seen, _ = _post("/v1/chat/completions", body)
+    assert resp.status_code == 200 and "web_search_options" in resp.headers[hosted_tools.HEADER]
+    assert "web_search_options" not in (seen[0].model_extra or {})
+    resp, seen, _ = _post("/v1/chat/completions", body, Bounds(skip_hosted_tools=False))
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "web_search_options" and not seen
+
+
+ALIASES = Bounds(aliases=ModelAliases("served-model", ("claude-*", "gpt-4o")))
+
+
+@pytest.mark.parametrize(
+    ("asked", "seen_as"),
+    [
+        ("claude-sonnet-4-5", "served-model"),  # Claude Code's main model
+        ("claude-haiku-4-5", "served-model"),  # and its small fast one
+        ("gpt-4o", "served-model"),
+        ("gpt-4o-mini", "gpt-4o-mini"),  # not listed: vLLM's 404 names it
+        ("served-model", "served-model"),
+    ],
+)
+def test_an_alias_is_served_as_the_model_and_the_response_says_so(asked, seen_as):
+    resp, seen, _ = _post("/v1/chat/completions", CHAT | {"model": asked, "max_tokens": 5}, ALIASES)
+    assert resp.status_code == 200 and seen[0].model == seen_as
+    assert (model_aliases.HEADER in resp.headers) is (asked != seen_as)
+
+
+def test_a_lora_adapter_named_like_an_alias_keeps_its_name():
+    assert ModelAliases("served-model", ("claude-*",)).resolve("claude-sql", served_names={"claude-sql"}) is None
