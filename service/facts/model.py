@@ -81,6 +81,8 @@ class ModelFacts:
     chat_template: ChatTemplateFacts | None = None  # read from the model directory (or the GGUF metadata)
     gguf: GgufFacts | None = None  # a GGUF file: what it holds; the engine loads a converted copy
     linear_shapes: tuple[tuple[int, int], ...] = ()  # (K, N) of the decoder's distinct linear layers (dense models)
+    sliding_window: int | None = None  # tokens a sliding-window layer attends to (None: no layer slides)
+    sliding_layers: int = 0  # of full_attention_layers, those that see only the window
     decode_reads: DecodeReads | None = None  # None: no safetensors headers to read
     # Why the weights on disk cannot load (a truncated shard, shards the index names but the directory lacks): found
     # from the safetensors headers and file sizes, before the engine spends a minute finding it.
@@ -101,6 +103,14 @@ class ModelFacts:
         if not self.num_kv_heads or not self.head_dim:
             return 0
         return 2 * self.full_attention_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    def kv_read_at(self, depth: int, dtype_bytes: int) -> int:
+        """KV-cache bytes one decode step reads with `depth` tokens of context: every token for a full layer, the
+        window's for a sliding one."""
+        per_layer = self.kv_bytes_per_token(dtype_bytes) // max(self.full_attention_layers, 1)
+        window = min(depth, self.sliding_window or depth)
+        full = self.full_attention_layers - self.sliding_layers
+        return per_layer * (full * depth + self.sliding_layers * window)
 
 
 class ModelNotFound(ValueError):
@@ -217,6 +227,7 @@ _GENERATIVE_BARE_MODELS = frozenset(
 
 LINEAR = "linear_attention"
 FULL = "full_attention"
+SLIDING = "sliding_attention"
 
 
 def _first(cfg: Config, keys: tuple[str, ...]) -> Any:
@@ -253,6 +264,29 @@ _HYBRID_LAYER_TYPES: dict[str, Callable[[Config], list[str]]] = {
 
 def _num_layers(lm: Config) -> int:
     return int(_first(lm, _NUM_LAYER_KEYS) or 0)
+
+
+def _sliding_layers(lm: Config, layer_types: list[str]) -> tuple[int | None, int]:
+    """(the window, how many attention layers see only it): a decode step reads at most that many tokens of their
+    KV cache, however deep the context. From `layer_types` where the config lists them, else as transformers builds
+    them: Gemma 2 every other layer, Gemma 3 all but every `sliding_window_pattern`-th, Mistral's every layer."""
+    window = lm.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0 or lm.get("use_sliding_window") is False:
+        return None, 0
+    if SLIDING in layer_types:
+        return window, layer_types.count(SLIDING)
+    layers = _num_layers(lm)
+    rebuild = _SLIDING_LAYER_COUNT.get(str(lm.get("model_type", "")))
+    return (window, rebuild(lm, layers)) if rebuild else (None, 0)
+
+
+# Families whose config may omit `layer_types`: how many of their layers slide (transformers' defaults).
+_SLIDING_LAYER_COUNT: dict[str, Callable[[Config, int], int]] = {
+    "gemma2": lambda lm, layers: (layers + 1) // 2,  # layers 0, 2, 4, ...
+    "gemma3_text": lambda lm, layers: layers - layers // int(lm.get("sliding_window_pattern") or 6),
+    "gemma3": lambda lm, layers: layers - layers // int(lm.get("sliding_window_pattern") or 6),
+    "mistral": lambda lm, layers: layers,
+}
 
 
 def _layer_types(lm: Config) -> list[str]:
@@ -435,6 +469,7 @@ def _facts_from_config(cfg: Config, directory: Path | None, template_file: Path 
     model_type = str(cfg.get("model_type", ""))
     layer_types = _layer_types(lm)
     linear = sum(t == LINEAR for t in layer_types)
+    window, sliding = _sliding_layers(lm, layer_types)
     uses_mla = lm.get("kv_lora_rank") is not None
     kv_heads = _first(lm, _NUM_KV_HEAD_KEYS) or _first(lm, _NUM_HEAD_KEYS)
     tensors, weight_problems = _safetensors_headers(directory) if directory else ({}, [])
@@ -467,6 +502,8 @@ def _facts_from_config(cfg: Config, directory: Path | None, template_file: Path 
         linear_num_key_heads=_int_or_none(lm, "linear_num_key_heads"),
         linear_num_value_heads=_int_or_none(lm, "linear_num_value_heads"),
         linear_conv_kernel_dim=_int_or_none(lm, "linear_conv_kernel_dim"),
+        sliding_window=window,
+        sliding_layers=sliding,
         decode_reads=None if weight_problems else _decode_reads(tensors, bits),
         weight_problems=tuple(weight_problems),
     )

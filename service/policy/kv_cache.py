@@ -10,6 +10,7 @@ from service.facts.model import ModelFacts
 from service.policy.decision import PolicyResult, Source, engine, record
 from service.policy.dtype import BYTES
 from service.policy.kv_cache_dtype import plan_kv_cache_dtype
+from service.policy.kv_reads import kv_read_per_token
 from service.policy.lora import LoraRuntime, lora_runtime, lora_slot_bytes
 from service.policy.memory import plan_memory, rank_nodes
 from service.policy.threads import ThreadPlan
@@ -49,7 +50,10 @@ def kv_cache_decision(
     )
     if plan.error:
         return stored + PolicyResult(errors=(plan.error,))
-    return stored + PolicyResult.of(engine("kv_cache_memory_bytes", plan.kv_cache_bytes, plan.reason, plan.source))
+    reads = PolicyResult(decisions=kv_read_per_token(model, value_bytes, max_len))
+    return (
+        stored + PolicyResult.of(engine("kv_cache_memory_bytes", plan.kv_cache_bytes, plan.reason, plan.source)) + reads
+    )
 
 
 def model_lora_runtime(model: ModelFacts, settings: Settings) -> LoraRuntime | None:

@@ -11,6 +11,7 @@ from service.facts.limits import Limits
 from service.facts.model import ModelFacts
 from service.facts.node_memory import NodeMemory
 from service.policy.decision import Source
+from service.policy.kv_reads import sessions_at_depth
 
 GiB = 1024**3
 # Three processes (API server, engine core, worker) each import torch and vLLM (~1 GiB apiece), plus
@@ -136,6 +137,7 @@ def plan_memory(
         + (f"; capped at {seqs} max-length sequences ({gib(useful)})" if useful and useful < budget else "")
         + (f"; split over {tp_size} ranks" if tp_size > 1 else "")
         + f"; holds {kv // per_token if per_token else 'any number of'} tokens"
+        + (f" ({sessions_at_depth(kv // per_token, max_model_len, seqs)})" if per_token else "")
     )
     if room.where != machine_where:  # a NUMA node's room is the tighter one
         reason += f" (the machine's {machine_where})"
