@@ -1,4 +1,4 @@
-"""CLI: `python -m service serve | detect | pull` (the benchmark is a tool beside the service: `python -m bench`)."""
+"""CLI: `python -m service serve | detect | pull | launch` (the benchmark is a tool beside it: `python -m bench`)."""
 
 from __future__ import annotations
 
@@ -182,6 +182,42 @@ def pull(
         f"ready: {choice.name or choice.location} -> {engine_model}"
         + (f" ({choice.fetched})" if choice.fetched else "")
     )
+
+
+@app.command()
+def launch(
+    client: Annotated[str, typer.Argument(help="claude (Claude Code) | codex (Codex CLI)")],
+    args: Annotated[list[str] | None, typer.Argument(help="The client's own arguments, after --")] = None,
+    client_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--client-path", help="The client's executable (default: on PATH, else the one make agent-clients installs)"
+        ),
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Run Claude Code or Codex CLI against the running service (its address and key from the settings, its model
+    and context from GET /v1/models); says on stderr what it set, then the client takes over."""
+    import os
+
+    from service.launch import CLIENTS, LaunchError, fetch_models, find_client, prepare
+
+    if client not in CLIENTS:
+        typer.echo(f"unknown client {client!r}: one of {', '.join(CLIENTS)}", err=True)
+        raise typer.Exit(2)
+    settings = _settings(config)
+    try:
+        binary = find_client(client, client_path)
+        launched = prepare(client, settings, fetch_models(settings), os.environ)
+    except LaunchError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from exc
+    for path, text in launched.files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for line in [*launched.said, f"running {binary} {' '.join(args or [])}"]:
+        typer.echo(line, err=True)
+    os.execve(binary, [str(binary), *(args or [])], launched.env)
 
 
 if __name__ == "__main__":

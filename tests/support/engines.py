@@ -33,6 +33,11 @@ ENGINES: dict[str, Engine] = {
     "embed": Engine(1, "a pooling model (MiniLM): embeddings, not generation"),
     # One test file's own model or settings.
     "qwen3-chat": Engine(1, "a Qwen3-style chat model: its tool and reasoning parsers"),
+    "agent-clients": Engine(
+        1,
+        "Claude Code and Codex CLI need a template that renders their tools and 30k tokens of context for their "
+        "prompts (in the tiny models' vocabulary); the Qwen3-style chat model has 2k, SmolLM2 renders no tools",
+    ),
     "chat-template": Engine(1, "a model served with a chat template file the user gives"),
     "gguf-file": Engine(1, "a GGUF file dequantized (gguf_blocks=off)"),
     "gguf-blocks": Engine(1, "a GGUF file's own blocks on ggml's kernel"),

@@ -81,13 +81,8 @@ def _dress_tokenizer(directory: Path, template: str, special: list[str], added: 
 
 
 def _scripted_qwen3_weights(directory: Path) -> None:
-    """Qwen3 architecture whose next token depends only on the current one: attention and MLP outputs are
-    zero, so the last hidden state is the current token's embedding; scripted tokens get orthogonal
-    embeddings and the LM head maps each to its successor. Random weights never write <think> or <tool_call>;
-    this model writes `<think>REASONING</think><tool_call>CALL</tool_call>` after the generation prompt."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
+    """Random weights never write <think> or <tool_call>; this model writes
+    `<think>REASONING</think><tool_call>CALL</tool_call>` after the generation prompt."""
     from tests.support.chat_templates import QWEN3_ADDED, QWEN3_SPECIAL, QWEN3_TEMPLATE
 
     tok = _dress_tokenizer(
@@ -116,9 +111,24 @@ def _scripted_qwen3_weights(directory: Path) -> None:
     successors[ids["</think>"]].append((ids[SCRIPT_ANSWER], 2.0))
     successors[ids["</tool_call>"]] = [(ids["<|im_end|>"], 3.0)]
     successors[ids[SCRIPT_ANSWER]] = [(ids["<|im_end|>"], 3.0)]
+    _save_scripted_qwen3(directory, len(tok), ids, successors, max_position_embeddings=2048)
+
+
+def _save_scripted_qwen3(
+    directory: Path,
+    tokens: int,
+    ids: dict[str, int],
+    successors: dict[int, list[tuple[int, float]]],
+    max_position_embeddings: int,
+) -> None:
+    """Qwen3 architecture whose next token depends only on the current one (`successors`: token -> [(successor,
+    logit scale)]): attention and MLP outputs are zero, so the last hidden state is the current token's embedding;
+    scripted tokens get orthogonal embeddings and the LM head maps each to its successor."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     hidden = 64
-    vocab = (len(tok) + 63) // 64 * 64
+    vocab = (tokens + 63) // 64 * 64
     torch.manual_seed(0)
     config = Qwen3Config(
         vocab_size=vocab,
@@ -128,7 +138,7 @@ def _scripted_qwen3_weights(directory: Path) -> None:
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=32,
-        max_position_embeddings=2048,
+        max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=False,
         bos_token_id=ids["<|im_start|>"],
         eos_token_id=ids["<|im_end|>"],
@@ -155,6 +165,35 @@ def tiny_qwen3_chat(cache_dir: Path) -> Path:
     """Qwen3-style chat model (Qwen3ForCausalLM, Qwen3 template, <think> and <tool_call> added tokens) whose
     weights write a scripted reasoning + tool call; about 1 MB."""
     return build_model(cache_dir / "models" / "tiny-qwen3-chat-v1", build_weights=_scripted_qwen3_weights)
+
+
+# What the agent model says to any prompt: a thought, then a text answer (neither Claude Code nor Codex has the
+# chat model's get_weather tool, so a call to it would end no turn of theirs).
+AGENT_REASONING = "The user asks a question; I answer it."
+AGENT_ANSWER = "Paris is the capital of France."
+# Its context, served whole: it holds Claude Code 2.1.332's prompt (29.8k tokens in the demo tokenizer's small
+# vocabulary) and Codex CLI 0.171.0's (23.8k) with room for more turns (tests/integration/test_agent_clients.py prints
+# them), but not Claude Code's 32,000-token output budget beside its prompt, as most served contexts do not.
+AGENT_CONTEXT = 49152
+
+
+def _scripted_qwen3_agent_weights(directory: Path) -> None:
+    """`<think>AGENT_REASONING</think>AGENT_ANSWER` after the generation prompt, tools or not."""
+    from tests.support.chat_templates import QWEN3_ADDED, QWEN3_SPECIAL, QWEN3_TEMPLATE
+
+    tok = _dress_tokenizer(
+        directory, QWEN3_TEMPLATE, QWEN3_SPECIAL, QWEN3_ADDED + [AGENT_REASONING, AGENT_ANSWER], eos="<|im_end|>"
+    )
+    ids = {t: tok.convert_tokens_to_ids(t) for t in [*QWEN3_SPECIAL, *QWEN3_ADDED, AGENT_REASONING, AGENT_ANSWER]}
+    newline = tok.encode("\n", add_special_tokens=False)[-1]  # the generation prompt ends with it
+    chain = [newline, ids["<think>"], ids[AGENT_REASONING], ids["</think>"], ids[AGENT_ANSWER], ids["<|im_end|>"]]
+    successors = {a: [(b, 3.0)] for a, b in zip(chain, chain[1:])}
+    _save_scripted_qwen3(directory, len(tok), ids, successors, max_position_embeddings=AGENT_CONTEXT)
+
+
+def tiny_qwen3_agent(cache_dir: Path) -> Path:
+    """The scripted Qwen3-style model with a context that holds the agent clients' prompts, answering in text."""
+    return build_model(cache_dir / "models" / "tiny-qwen3-agent-v1", build_weights=_scripted_qwen3_agent_weights)
 
 
 def _llama31_weights(directory: Path) -> None:

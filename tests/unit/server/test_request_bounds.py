@@ -17,9 +17,9 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
 from service.server.http.admission import Bounds, engine_admission
+from service.server.openai_compat import hosted_tools, model_aliases
 from service.server.openai_compat.engine_responses import engine_endpoint
 from service.server.openai_compat.errors import install_error_handlers
-from service.server.openai_compat import hosted_tools, model_aliases
 from service.server.openai_compat.model_aliases import ModelAliases
 from service.server.openai_compat.output_limit import HEADER, OutputBound, limit_output
 from service.server.supervision.lifecycle import Lifecycle, Phase
@@ -66,9 +66,10 @@ def _app(seen: list[Any], cancelled: list[str], bounds: Bounds) -> FastAPI:
     return app
 
 
-def _post(
-    path: str, body: dict[str, Any], bounds: Bounds = Bounds(OutputBound(CONTEXT, LIMIT))
-) -> tuple[httpx.Response, list[Any], list[str]]:
+BOUNDED = Bounds(OutputBound(CONTEXT, LIMIT))
+
+
+def _post(path: str, body: dict[str, Any], bounds: Bounds = BOUNDED) -> tuple[httpx.Response, list[Any], list[str]]:
     seen: list[Any] = []
     cancelled: list[str] = []
 

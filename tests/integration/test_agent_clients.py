@@ -1,0 +1,266 @@
+"""Claude Code and Codex CLI, from npm at the versions mk/agents.mk pins, run unmodified against the service: each with
+nothing set but the service's address, its key and a model name (telemetry off: there is no network here), and through
+`python -m service launch`, which sets those itself.
+
+Two servers. A tiny Qwen3-style model whose template renders the clients' tools and whose context holds their prompts,
+but not Claude Code's 32,000-token output budget beside them (tests/support/tiny_models.py `tiny_qwen3_agent`: it
+thinks, then answers with a scripted text), served with a key and `SERVICE_MODEL_ALIASES=claude-*`: every protocol
+path, to the clients' final answers. And the default model as `make serve` runs it (the package's `default_server`: a
+template that renders no tools, 8192 tokens of context). Neither client sends a temperature, and at temperature 1,
+given a client's prompt, SmolLM2-135M often writes on to the end of the context: thousands of tokens, minutes on one
+core (Claude Code then asks for the rest, past the context, and gives up: "Prompt is too long"). Its runs are therefore
+waited for DEFAULT_MODEL_WAIT_S: by then every request must have been answered 200, and a run that has ended must have
+succeeded.
+
+Each run passes through a recording proxy (tests/support/recording_proxy.py): the requests of each turn and each one's
+prompt tokens are printed at the end of the module; the service's own /metrics must count each of those requests
+answered 2xx, and the prompt tokens they add up to."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.conftest import RunningServer, _start
+from tests.support import agent_clients
+from tests.support.agent_clients import ClaudeRun, CodexRun, Scratch, claude_argv, claude_env, codex_config
+from tests.support.recording_proxy import Exchange, RecordingProxy
+from tests.support.release import release
+from tests.support.server import MODELS
+from tests.support.tiny_models import AGENT_ANSWER, tiny_qwen3_agent
+
+AGENT = "tiny-qwen3-agent"
+AGENT_KEY = "agent-clients-key-5f1e0c9a7b"
+PROMPT = "What is the capital of France?"
+# Long enough for the default model to read a client's prompt (4-5k tokens: 10 s at 410 tokens/s on a shared Xeon
+# core) and write a short answer (8 tokens/s there), with room for a slower CPU.
+DEFAULT_MODEL_WAIT_S = 45
+
+
+@dataclass
+class Clients:
+    claude: Path
+    codex: Path
+    versions: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def clients() -> Clients:
+    if shutil.which("npm") is None:
+        pytest.skip("npm and node are missing: `make test` installs them (mk/agents.mk)")
+    found = agent_clients.install()
+    versions = {name: agent_clients.version(path) for name, path in found.items()}
+    return Clients(found["claude"], found["codex"], versions)
+
+
+@pytest.fixture(scope="module")
+def agent_server(server_logs):
+    server = _start(
+        "agent-clients",
+        server_logs,
+        AGENT,
+        api_key=AGENT_KEY,
+        model=str(tiny_qwen3_agent(MODELS)),
+        served_model_name=AGENT,
+        kv_cache_gib="0.25",
+        model_aliases="claude-*",
+    )
+    yield server
+    release(server.process)
+
+
+SUMMARY: list[str] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary(request):
+    """The requests of every turn and their prompt tokens, printed once the module's tests are done (past pytest's
+    capture, so that `make test`'s log has them)."""
+    yield
+    with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+        print()
+        for line in SUMMARY:
+            print(f"agent clients: {line}")
+
+
+def service_counts(server: RunningServer) -> Counter[str]:
+    """The service's own counts: requests by method, handler and status class, and prompt tokens."""
+    text = httpx.get(f"{server.url}/metrics", headers=server.headers(), timeout=10).text
+    counts: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "http_requests_total":
+                counts[f"{sample.labels['method']} {sample.labels['handler']} {sample.labels['status']}"] += (
+                    sample.value
+                )
+            elif sample.name == "vllm:prompt_tokens_total":
+                counts["prompt tokens"] += sample.value
+    return counts
+
+
+@dataclass
+class Turn:
+    exchanges: list[Exchange] = field(default_factory=list)
+    service: Counter[str] = field(default_factory=Counter)  # what /metrics counted meanwhile
+
+    @property
+    def posts(self) -> list[Exchange]:
+        return [e for e in self.exchanges if e.method == "POST"]
+
+    def line(self, what: str) -> str:
+        asked = "; ".join(f"{e.path} {e.model} -> {e.status}, {e.prompt_tokens} prompt tokens" for e in self.posts)
+        return f"{what}: {len(self.posts)} request(s): {asked}"
+
+
+@contextmanager
+def turn(server: RunningServer, proxy: RecordingProxy) -> Iterator[Turn]:
+    """What the service was asked during the block, through the proxy and by its own count."""
+    seen, before, first = Turn(), service_counts(server), len(proxy.exchanges)
+    yield seen
+    # The proxy records an exchange, and the service counts it, as its answer ends: the client may be gone by then.
+    deadline = time.monotonic() + 10
+    while True:
+        seen.exchanges, seen.service = proxy.exchanges[first:], service_counts(server) - before
+        counted = sum(n for key, n in seen.service.items() if key.startswith("POST "))
+        if (proxy.in_flight == 0 and counted == len(seen.posts)) or time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
+
+
+def assert_served(seen: Turn, why: str) -> None:
+    """Every request of the turn answered 200, as the client saw it and as the service counted it."""
+    assert seen.posts, f"the client asked nothing: {why}"
+    assert all(e.status == 200 for e in seen.exchanges), f"{seen.line('requests')}\n{why}"
+    counted = {key: n for key, n in seen.service.items() if key.startswith("POST ")}
+    assert set(counted) <= {"POST /v1/messages 2xx", "POST /v1/responses 2xx"}, (counted, why)
+    assert sum(counted.values()) == len(seen.posts), (counted, seen.line("requests"))
+    assert seen.service["prompt tokens"] == sum(e.prompt_tokens or 0 for e in seen.posts), (seen.service, why)
+
+
+def claude_succeeded(run: ClaudeRun, versions: dict[str, str]) -> str:
+    why = f"{versions['claude']}: {run.summary()}"
+    assert run.finished.returncode == 0 and run.result is not None, why
+    assert run.result["is_error"] is False and run.result["result"].strip(), why
+    return run.result["result"]
+
+
+def codex_succeeded(run: CodexRun, versions: dict[str, str]) -> str:
+    why = f"{versions['codex']}: {run.summary()}"
+    assert run.finished.returncode == 0 and not run.failures and run.messages, why
+    return run.messages[-1]
+
+
+def launch_claude(clients: Clients, where: Scratch, port: int, key: str | None, timeout: float) -> ClaudeRun:
+    """`python -m service launch claude -- -p PROMPT --output-format json`, the service's settings in its environment:
+    the port (the proxy's, so that its requests are seen) and the key."""
+    settings = {"SERVICE_PORT": str(port)} | ({"SERVICE_API_KEY": key} if key else {})
+    argv = [sys.executable, "-m", "service", "launch", "claude", "--client-path", str(clients.claude), "--"]
+    argv += claude_argv(clients.claude, PROMPT)[1:]
+    return ClaudeRun(agent_clients.run(argv, where, settings | agent_clients.QUIET, timeout))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The tiny Qwen3-style model: tools rendered, the clients' whole prompts in its context
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.engine
+def test_claude_code_answers_and_continues_on_a_model_that_renders_its_tools(clients, agent_server):
+    with RecordingProxy(agent_server.url) as proxy, agent_clients.scratch() as where:
+        for resume in (False, True):
+            env = claude_env(proxy.url, AGENT_KEY, AGENT)
+            with turn(agent_server, proxy) as seen:
+                run = ClaudeRun(agent_clients.run(claude_argv(clients.claude, PROMPT, resume=resume), where, env))
+            SUMMARY.append(
+                seen.line(f"{clients.versions['claude']} on {AGENT}, {'--continue' if resume else 'turn 1'}")
+            )
+            assert claude_succeeded(run, clients.versions) == AGENT_ANSWER  # the model's own words, through Claude Code
+            assert_served(seen, run.summary())
+
+
+@pytest.mark.engine
+def test_codex_answers_on_a_model_that_renders_its_tools(clients, agent_server):
+    with RecordingProxy(agent_server.url) as proxy, agent_clients.scratch() as where:
+        with turn(agent_server, proxy) as seen:
+            run = agent_clients.run_codex(clients.codex, where, codex_config(proxy.url, AGENT), AGENT_KEY, PROMPT)
+    SUMMARY.append(seen.line(f"{clients.versions['codex']} on {AGENT}"))
+    assert codex_succeeded(run, clients.versions) == AGENT_ANSWER
+    assert_served(seen, run.summary())
+
+
+@pytest.mark.engine
+def test_claude_code_naming_its_own_models_is_served_through_the_aliases(clients, agent_server):
+    """No ANTHROPIC_MODEL: Claude Code asks for its own models by name, which claude-* maps to the served model."""
+    with RecordingProxy(agent_server.url) as proxy, agent_clients.scratch() as where:
+        with turn(agent_server, proxy) as seen:
+            env = claude_env(proxy.url, AGENT_KEY, None)
+            run = ClaudeRun(agent_clients.run(claude_argv(clients.claude, PROMPT), where, env))
+    SUMMARY.append(seen.line(f"{clients.versions['claude']} on {AGENT}, no model named"))
+    assert claude_succeeded(run, clients.versions) == AGENT_ANSWER
+    assert_served(seen, run.summary())
+    asked = {e.model for e in seen.posts}
+    assert asked and all(m and m.startswith("claude-") for m in asked), asked
+
+
+@pytest.mark.engine
+def test_launch_gives_claude_code_the_services_key_and_model(clients, agent_server):
+    with RecordingProxy(agent_server.url) as proxy, agent_clients.scratch() as where:
+        with turn(agent_server, proxy) as seen:
+            run = launch_claude(clients, where, proxy.port, AGENT_KEY, agent_clients.RUN_TIMEOUT_S)
+    SUMMARY.append(seen.line(f"{clients.versions['claude']} on {AGENT}, by `python -m service launch`"))
+    assert claude_succeeded(run, clients.versions) == AGENT_ANSWER
+    assert_served(seen, run.summary())
+    said = run.finished.stderr
+    assert f"ANTHROPIC_MODEL={AGENT}" in said and "ANTHROPIC_AUTH_TOKEN=age...a7b" in said and AGENT_KEY not in said
+    assert {e.model for e in seen.posts} == {AGENT}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The default model, as `make serve` runs it
+# ---------------------------------------------------------------------------------------------------------
+
+
+def served_so_far(seen: Turn, ended: bool, what: str, why: str) -> None:
+    """A run on the default model: every request answered 200 so far; one the client has ended, counted too."""
+    SUMMARY.append(seen.line(what if ended else f"{what} (SmolLM2 still writing after {DEFAULT_MODEL_WAIT_S} s)"))
+    if ended:
+        assert_served(seen, why)
+    else:
+        assert seen.posts and all(e.status == 200 for e in seen.exchanges), f"{seen.line('requests')}\n{why}"
+
+
+@pytest.mark.engine
+def test_launch_runs_claude_code_on_the_default_model(clients, default_server):
+    with RecordingProxy(default_server.url) as proxy, agent_clients.scratch() as where:
+        with turn(default_server, proxy) as seen:
+            run = launch_claude(clients, where, proxy.port, None, DEFAULT_MODEL_WAIT_S)
+    ended = run.finished.returncode is not None
+    if ended:
+        claude_succeeded(run, clients.versions)
+    assert f"ANTHROPIC_MODEL={default_server.served_model}" in run.finished.stderr, run.summary()
+    assert {e.model for e in seen.posts} <= {default_server.served_model}
+    what = f"{clients.versions['claude']} on the default model, by `python -m service launch`"
+    served_so_far(seen, ended, what, run.summary())
+
+
+@pytest.mark.engine
+def test_codex_runs_on_the_default_model(clients, default_server):
+    model = default_server.served_model
+    with RecordingProxy(default_server.url) as proxy, agent_clients.scratch() as where:
+        with turn(default_server, proxy) as seen:
+            config = codex_config(proxy.url, model)
+            run = agent_clients.run_codex(clients.codex, where, config, "unused", PROMPT, DEFAULT_MODEL_WAIT_S)
+    ended = run.finished.returncode is not None
+    if ended:
+        codex_succeeded(run, clients.versions)
+    served_so_far(seen, ended, f"{clients.versions['codex']} on the default model", run.summary())
