@@ -123,6 +123,12 @@ class Settings(BaseSettings):
         "fetches one and prints its directory), and refused while trust_remote_code is on if its config names model "
         "code; auto: policy (what measured best on this CPU class)",
     )
+    default_sampling: Literal["auto", "off"] = Field(
+        "auto",
+        description="What a request that names no temperature samples with (agents name none): auto is greedy for the "
+        "packaged default model (at temperature 1 it writes on past an agent's turn) and the model's generation config "
+        "for others; off: the model's generation config, else vLLM's temperature 1",
+    )
     top_p_mask: Literal["auto", "partial", "sort"] = Field(
         "auto",
         description="How the sampler finds a request's top-p tokens: partial (the service's, from the top tokens), sort "

@@ -99,6 +99,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("lora", stages.lora, needs_model=True),
     Stage("kernel limits", stages.kernel_check, needs_model=True),
     Stage("quantization", stages.quantization, needs_model=True),
+    Stage("sampling defaults", stages.sampling, needs_model=True),
     Stage("speculative decoding", stages.speculative, needs_model=True),
     Stage("calibration verdicts", stages.calibration_verdicts),
     Stage("general", stages.general),

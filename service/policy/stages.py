@@ -40,6 +40,7 @@ from service.policy.platform import choose_platform
 from service.policy.preflight import check_kernels, dtype_limit
 from service.policy.preload import choose_preload
 from service.policy.quant import plan_quant
+from service.policy.sampling import plan_sampling
 from service.policy.speculative import plan_speculative
 from service.policy.threads import BIND_ENV, ThreadPlan, plan_threads, thread_decisions
 from service.policy.top_p import plan_top_p
@@ -229,6 +230,14 @@ def quantization(inputs: PlanInputs, draft: Draft) -> Step:
         w8a8 = w8a8_question(model.quant, dtype, *candidates(quant, w8a8_choices))
         questions = tuple(q for q in (int4, w8a8) if q is not None)
     return Step.of_result(citing_reads(quantized, reads) + PolicyResult.of(*reads), questions=questions)
+
+
+def sampling(inputs: PlanInputs, draft: Draft) -> Step:
+    """What a request that names no temperature samples with (policy/sampling.py); a pooling model samples nothing."""
+    if _model(inputs).is_embedding:
+        return Step()
+    user = "default_sampling" in inputs.user
+    return Step.of_result(plan_sampling(inputs.default_model, inputs.settings.default_sampling, user))
 
 
 def speculative(inputs: PlanInputs, draft: Draft) -> Step:
