@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Request
 
 from service.facts.model import ModelFacts
+from service.server.http.routes import POOLING_ROUTES
 from service.server.openai_compat import hosted_tools, model_aliases
 from service.server.openai_compat.errors import RETRY_AFTER_SECONDS, ServiceError
 from service.server.openai_compat.model_aliases import ModelAliases
@@ -59,17 +60,7 @@ def _prompts(body: dict[str, Any], path: str) -> tuple[int | None, str]:
 
 
 # The routes whose JSON body names a model: the checked ones, and the pooling routes.
-NAMED_MODEL_PATHS = CHECKED_PATHS | {
-    "/v1/embeddings",
-    "/v2/embed",
-    "/pooling",
-    "/classify",
-    "/score",
-    "/v1/score",
-    "/rerank",
-    "/v1/rerank",
-    "/v2/rerank",
-}
+NAMED_MODEL_PATHS = CHECKED_PATHS | POOLING_ROUTES
 
 
 @dataclass(frozen=True)

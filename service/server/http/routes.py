@@ -31,9 +31,24 @@ SERVICE_ROUTES: dict[str, Access] = {
     "/v1/models/{model:path}": Access.ENGINE,
 }
 
+# vLLM's routes for pooling models: a JSON body that names its model.
+POOLING_ROUTES: frozenset[str] = frozenset(
+    {
+        "/v1/embeddings",
+        "/v2/embed",
+        "/pooling",
+        "/classify",
+        "/score",
+        "/v1/score",
+        "/rerank",
+        "/v1/rerank",
+        "/v2/rerank",
+    }
+)
+
 # vLLM's routes that are served (Access.ENGINE), each only where the model supports it (vLLM registers the
 # pooling routes for pooling models, the generation routes for generative ones).
-ENGINE_ROUTES: frozenset[str] = frozenset(
+ENGINE_ROUTES: frozenset[str] = POOLING_ROUTES | frozenset(
     {
         "/v1/chat/completions",
         "/v1/chat/completions/batch",
@@ -44,15 +59,6 @@ ENGINE_ROUTES: frozenset[str] = frozenset(
         # Anthropic's Messages API (Claude Code and the anthropic SDK).
         "/v1/messages",
         "/v1/messages/count_tokens",
-        "/v1/embeddings",
-        "/v2/embed",
-        "/pooling",
-        "/classify",
-        "/score",
-        "/v1/score",
-        "/rerank",
-        "/v1/rerank",
-        "/v2/rerank",
         "/v1/audio/transcriptions",
         "/v1/audio/translations",
         "/tokenize",
