@@ -57,6 +57,7 @@ def download_status(sock: socket.socket) -> Iterator[Callable[[str], None]]:
     state = {"line": STARTING}
     loop = asyncio.new_event_loop()
     started = threading.Event()
+    failed: list[OSError] = []
     stop: asyncio.Event | None = None
 
     async def serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -75,8 +76,13 @@ def download_status(sock: socket.socket) -> Iterator[Callable[[str], None]]:
     async def main() -> None:
         nonlocal stop
         stop = asyncio.Event()
-        server = await asyncio.start_server(serve_one, sock=sock, limit=MAX_HEAD_BYTES)
-        started.set()
+        try:
+            server = await asyncio.start_server(serve_one, sock=sock, limit=MAX_HEAD_BYTES)
+        except OSError as exc:  # said by the caller, whose download would otherwise go on without its port
+            failed.append(exc)
+            return
+        finally:
+            started.set()
         async with server:
             await stop.wait()
         clients = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
@@ -87,6 +93,10 @@ def download_status(sock: socket.socket) -> Iterator[Callable[[str], None]]:
     thread = threading.Thread(target=loop.run_until_complete, args=(main(),), name="download-status", daemon=True)
     thread.start()
     started.wait()
+    if failed:
+        thread.join()
+        loop.close()
+        raise failed[0]
     try:
         yield lambda line: state.__setitem__("line", public_progress(line))
     finally:

@@ -69,3 +69,10 @@ def test_the_port_is_closed_once_the_download_ends():
         assert httpx.get(url + "/health").status_code == 200
     with pytest.raises(httpx.ConnectError):  # the service binds it next
         httpx.get(url + "/health", timeout=2)
+
+
+def test_a_port_it_cannot_serve_is_an_error_not_a_hang():
+    sock = socket.socket()
+    sock.close()  # closed: listen() fails
+    with pytest.raises(OSError), download_status(sock):
+        pass
