@@ -80,6 +80,9 @@ def test_hardware_equals_detect_json_for_the_same_settings(chat_server):
         first = min(parse_cpulist(rank))
         node = next(n for n, cpus in hardware["numa_nodes"].items() if first in parse_cpulist(cpus))
         assert nodes[node]["available_bytes"] is not None and served_kv["value"] < nodes[node]["available_bytes"]
+    # What the running engine adds: its prefix cache since start.
+    assert set(served["prefix_cache"]) == {"queried_tokens", "hit_tokens", "hit_rate"}
+    del served["prefix_cache"]
     assert _without_the_start_snapshot(served) == _without_the_start_snapshot(detected)
     assert chat_server.api_key not in json.dumps(served)
 
