@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench import decode, dtype, frontend, peer, preload, quality, quant_kernels, warm_start
+from bench import decode, depth, dtype, frontend, peer, preload, quality, quant_kernels, warm_start
 from bench.context import Context
 from bench.output import Output
 from bench.stats import Comparison, DecodeResult
@@ -86,6 +86,15 @@ PARTS: tuple[Part, ...] = (
         peer.section,
         peer.PeerOptions,
         comparisons=peer.comparisons,
+    ),
+    Part(
+        "depth",
+        "depth",
+        "prefill and decode at prompt depths up to 32k tokens against llama.cpp's server (built by `make bench-tools`)",
+        depth.run,
+        depth.section,
+        depth.DepthOptions,
+        comparisons=depth.comparisons,
     ),
     Part(
         "quality",

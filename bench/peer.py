@@ -196,7 +196,13 @@ def gguf_bytes_per_token(path: Path) -> int:
 
 
 def start_llama(
-    ctx: Context, peer: dict[str, Any], gguf: Path, cpus: list[int], slots: int, log_path: Path
+    ctx: Context,
+    peer: dict[str, Any],
+    gguf: Path,
+    cpus: list[int],
+    slots: int,
+    log_path: Path,
+    ctx_per_slot: int = CTX_PER_SLOT,
 ) -> ServerProcess:
     """llama-server, started. One that dies of SIGILL or SIGSEGV while it loads with its weight repacking on (on Intel
     guests with AMX its AMX kernel did: `tilezero` raised SIGILL on one, a general protection fault in libggml-cpu on
@@ -204,7 +210,7 @@ def start_llama(
     repacked AVX-512 layouts too), as is every later llama-server of the run: a fallback the table names. A user's own
     LLAMA_ARG_REPACK is left as it is."""
     off = peer.get("repack_off")
-    server = llama_server(gguf, cpus, slots, log_path, REPACK_OFF if off else None)
+    server = llama_server(gguf, cpus, slots, log_path, REPACK_OFF if off else None, ctx_per_slot=ctx_per_slot)
     try:
         return start(server, ctx)
     except RuntimeError:
@@ -217,7 +223,7 @@ def start_llama(
         "AMX) kernels, which flatters ours"
     )
     log(f"peer: {peer['repack_off']}")
-    return start(llama_server(gguf, cpus, slots, log_path, REPACK_OFF), ctx)
+    return start(llama_server(gguf, cpus, slots, log_path, REPACK_OFF, ctx_per_slot=ctx_per_slot), ctx)
 
 
 def predicted_tokens(url: str) -> float:

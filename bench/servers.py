@@ -67,6 +67,12 @@ class Reported:
         return int(found["value"]) if found else None
 
     @property
+    def kv_read_per_token(self) -> dict[str, int] | None:
+        """{depth: KV-cache bytes one decode step reads there}, as the service planned them (model.kv_read_per_token)."""
+        found = next((d for d in self.raw["decisions"] if d["setting"] == "model.kv_read_per_token"), None)
+        return {str(k): int(v) for k, v in found["value"].items()} if found else None
+
+    @property
     def linear_kernel(self) -> str:
         """The kernel the service's linear layers run, and what chose it (a calibration, the table, the user)."""
         found = {d["setting"]: d for d in self.raw["decisions"]}

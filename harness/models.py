@@ -35,14 +35,24 @@ CONFIG = dict(
 )
 
 
-# size -> the decoder's shape: Qwen2.5-1.5B's and Llama-3.2-3B's (their config.json), as Llama layers without biases.
-_SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+# size -> the decoder's shape and context: Qwen2.5-1.5B's and Llama-3.2-3B's (their config.json), as Llama layers
+# without biases. Their contexts are the checkpoints' own, for the depth sweep (bench/depth.py).
+_SHAPE_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+)
 DEFAULT_SIZE = "0.5b"  # CONFIG: the bench model every other part runs
 SIZES: dict[str, dict] = {
     DEFAULT_SIZE: CONFIG,
-    "1.5b": {**CONFIG, **dict(zip(_SHAPE_KEYS, (1536, 8960, 28, 12, 2), strict=True))},
-    "3b": {**CONFIG, **dict(zip(_SHAPE_KEYS, (3072, 8192, 28, 24, 8), strict=True))},
+    "1.5b": {**CONFIG, **dict(zip(_SHAPE_KEYS, (1536, 8960, 28, 12, 2, 32768), strict=True))},
+    "3b": {**CONFIG, **dict(zip(_SHAPE_KEYS, (3072, 8192, 28, 24, 8, 131072), strict=True))},
 }
+# bump a size's version when its recipe changes, so caches rebuild (v2: the sized models got their own contexts)
+SIZE_VERSIONS = {DEFAULT_SIZE: VERSION, "1.5b": "v2", "3b": "v2"}
 
 
 def parameter_shapes(cfg: dict = CONFIG) -> dict[str, tuple[int, ...]]:
@@ -109,4 +119,6 @@ def _write_weights(directory: Path, cfg: dict = CONFIG) -> None:
 def ensure_bench_model(cache_dir: Path, size: str = DEFAULT_SIZE) -> Path:
     cfg = SIZES[size]
     name = NAME if size == DEFAULT_SIZE else f"bench-llama-{size}"
-    return build_model(cache_dir / "models" / f"{name}-{VERSION}", build_weights=lambda d: _write_weights(d, cfg))
+    return build_model(
+        cache_dir / "models" / f"{name}-{SIZE_VERSIONS[size]}", build_weights=lambda d: _write_weights(d, cfg)
+    )

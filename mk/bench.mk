@@ -3,7 +3,8 @@
 #                           preload, cold/warm start, the quantized kernels per format, and the llama.cpp peer
 #                           (builds it first with bench-tools; BENCH_PEER=0 skips both)
 #   make bench-quick        c=4 only, front end only (< 5 min); last line: the front-end throughput ratio
-#   make bench-peer         the llama.cpp peer table alone, then speculative decoding against its lookup
+#   make bench-peer         the llama.cpp peer table alone, then speculative decoding against its lookup, then the
+#                           depth sweep (prefill and decode at 128-32k-token prompts)
 #   make bench-tools        llama.cpp (llama-server, llama-quantize, llama-tokenize, llama-perplexity) from the
 #                           llama-cpp-python sdist, built for this CPU
 # The `bench` extra (matplotlib, py-spy) is installed by `make setup`; llama.cpp by bench-tools (a build takes minutes).
@@ -36,7 +37,7 @@ bench-quick: setup
 	$(PY) -m bench --quick $(BENCH_ARGS)
 
 bench-peer: setup bench-tools
-	$(PY) -m bench --only-peer $(BENCH_ARGS)
+	$(PY) -m bench --only-peer --only-depth $(BENCH_ARGS)
 
 bench-tools: $(LLAMA_CPP_BIN)/.installed
 
