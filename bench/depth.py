@@ -40,6 +40,10 @@ class DepthOptions:
     requests: int = 2  # per depth, side and repetition (one after the other: one stream)
     output_len: int = 64
     repetitions: int = 2
+    # KV-cache types served beside the policy's choice (`--depth-kv fp8`), each compared with it at every depth: what
+    # the KV storage decision (service/policy/kv_cache_dtype.py) rests on.
+    kv: tuple[str, ...] = ()
+    peer: bool = True  # `--no-depth-peer`: ours and its KV variants only (llama.cpp's deep prefill takes longest)
 
 
 def fitting(depths: tuple[int, ...], context: int, output_len: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -62,7 +66,7 @@ def inverse(e: Estimate | None) -> tuple[float, float | None, float | None] | No
 
 
 def run(ctx: Context, options: DepthOptions) -> Output:
-    why = available()
+    why = available() if options.peer else None
     if why:
         log(f"depth skipped: {why}")
         return Output({"skipped": why})
@@ -77,7 +81,13 @@ def run(ctx: Context, options: DepthOptions) -> Output:
             raise SystemExit(f"--depth-format {' '.join(unknown)}: one of {', '.join(FORMATS)}")
         base, formats = ensure_bench_model(cache_dir(), options.size), list(options.format)
         generated = gguf_models(base, formats, ctx.logdir / "gguf.log")
-    out: dict[str, Any] = {"runs": [], "formats": {}, "output_len": options.output_len, "requests": options.requests}
+    out: dict[str, Any] = {
+        "runs": [],
+        "formats": {},
+        "size": None if options.file else options.size,
+        "output_len": options.output_len,
+        "requests": options.requests,
+    }
     comparisons: list[Comparison] = []
     for fmt in formats:
         paired = sides(fmt, base, generated)
@@ -92,13 +102,27 @@ def run(ctx: Context, options: DepthOptions) -> Output:
         ctx_len = max(depths) + options.output_len + MARGIN
         for rep in range(options.repetitions):
             _repetition(ctx, options, fmt, paired, depths, ctx_len, rep, out)
-        for depth in depths:
-            runs = [r for r in out["runs"] if r["comparison"] == f"{PREFIX}{fmt}-{depth}"]
-            if {r["server"] for r in runs} == {"ours", "llama.cpp"}:
-                comparisons.append(
-                    compare(runs[0]["comparison"], "ours", "llama.cpp", 1, runs, estimates=PEER_ESTIMATES)
-                )
+    comparisons = _comparisons(out["runs"])
     return Output(out, tuple(comparisons), summary=tuple(summary_lines(out, comparisons)))
+
+
+def variant(kv: str) -> str:
+    """The server name of ours with KV-cache type `kv`."""
+    return f"ours-kv-{kv}"
+
+
+def _comparisons(runs: list[dict[str, Any]]) -> list[Comparison]:
+    """Per depth: ours / llama.cpp, named depth-<format>-<depth>; and each KV variant / ours, named
+    depth-<format>-<depth>/ours-kv-<type>. A depth whose runs of either side were left out has no comparison."""
+    out = []
+    for name in dict.fromkeys(r["comparison"] for r in runs):
+        of_name = [r for r in runs if r["comparison"] == name]
+        servers = {r["server"] for r in of_name}
+        if {"ours", "llama.cpp"} <= servers:
+            out.append(compare(name, "ours", "llama.cpp", 1, of_name, estimates=PEER_ESTIMATES))
+        for other in sorted(s for s in servers if s.startswith("ours-kv-") and "ours" in servers):
+            out.append(compare(f"{name}/{other}", other, "ours", 1, of_name, estimates=PEER_ESTIMATES))
+    return out
 
 
 def _repetition(
@@ -121,7 +145,7 @@ def _repetition(
         return start_llama(ctx, out, paired.gguf, cpus, 1, log_path, ctx_per_slot=ctx_len)
 
     try:
-        theirs = llama() if rep % 2 else None
+        theirs = llama() if rep % 2 and options.peer else None
         if theirs:
             live.append(theirs)
         ours = start(
@@ -135,15 +159,23 @@ def _repetition(
         )
         live.append(ours)
         ours_ready(ctx, lambda: None)(ours)
+        variants = []
+        for kv in options.kv:
+            settings = {"SERVICE_MAX_MODEL_LEN": str(ctx_len), "SERVICE_KV_CACHE_DTYPE": kv, **paired.settings}
+            log_path = ctx.logdir / f"server-{PREFIX}{fmt}-{variant(kv)}-rep{rep}.log"
+            variants.append(
+                (variant(kv), start(srv.ours(str(paired.ours), SERVED, log_path, settings, variant(kv)), ctx))
+            )
+            live.append(variants[-1][1])
         assert ctx.reported is not None
         out["formats"][fmt]["kv_read_per_token"] = ctx.reported.kv_read_per_token
         out["formats"][fmt]["read_per_token"] = ctx.reported.read_per_token
         cpus = ctx.reported.engine_cpus
         out.update(engine_cpus=cpus, threads=len(cpus))
-        if theirs is None:
+        if theirs is None and options.peer:
             theirs = llama()
             live.append(theirs)
-        pair = [("ours", ours), ("llama.cpp", theirs)]
+        pair = [("ours", ours), *variants, *([("llama.cpp", theirs)] if theirs else [])]
         if rep % 2:
             pair.reverse()
         for _, proc in pair:  # warm, discarded
@@ -182,11 +214,7 @@ def _repetition(
 
 
 def comparisons(results: dict[str, Any]) -> list[Comparison]:
-    runs = results.get("depth", {}).get("runs", [])
-    return [
-        compare(name, "ours", "llama.cpp", 1, [r for r in runs if r["comparison"] == name], estimates=PEER_ESTIMATES)
-        for name in dict.fromkeys(r["comparison"] for r in runs)
-    ]
+    return _comparisons(results.get("depth", {}).get("runs", []))
 
 
 def rows(data: dict[str, Any], comparisons: list[Comparison]) -> list[dict[str, Any]]:
@@ -216,6 +244,27 @@ def rows(data: dict[str, Any], comparisons: list[Comparison]) -> list[dict[str, 
     return out
 
 
+def kv_rows(data: dict[str, Any], comparisons: list[Comparison]) -> list[dict[str, Any]]:
+    """Per format, depth and KV variant: its prefill and decode against ours with the policy's KV type, as speeds."""
+    out = []
+    for c in comparisons:
+        name, _, other = c.name.partition("/")
+        if not other:
+            continue
+        fmt, depth = name.removeprefix(PREFIX).rsplit("-", 1)
+        out.append(
+            {
+                "format": fmt,
+                "depth": int(depth),
+                "kv": other.removeprefix("ours-kv-"),
+                "prefill_ratio": inverse(c.estimates.get("ttft_p50_ms")),
+                "decode_ratio": inverse(c.estimates.get("tpot_p50_ms")),
+                "repetitions": c.repetitions,
+            }
+        )
+    return out
+
+
 def _ratio(r: tuple[float, float | None, float | None] | None) -> str:
     if r is None:
         return ""
@@ -228,6 +277,10 @@ def summary_lines(data: dict[str, Any], comparisons: list[Comparison]) -> list[s
         f"depth {r['format']} {r['depth']} tokens, ours/llama.cpp: prefill {_ratio(r['prefill_ratio'])}, decode "
         f"{_ratio(r['decode_ratio'])}"
         for r in rows(data, comparisons)
+    ] + [
+        f"depth {r['format']} {r['depth']} tokens, KV {r['kv']} / the policy's KV type: prefill "
+        f"{_ratio(r['prefill_ratio'])}, decode {_ratio(r['decode_ratio'])}"
+        for r in kv_rows(data, comparisons)
     ]
 
 
@@ -240,7 +293,8 @@ def section(results: dict[str, Any], comparisons: list[Comparison], _decoded: li
         f"{data['output_len']} output tokens each, on {data.get('threads')} compute thread(s) (CPUs "
         f"{data.get('engine_cpus')}) for both; llama-server with one slot and its default f16 KV cache, the service "
         "with its policy's choices. Prefill = prompt tokens / TTFT p50, decode = 1 / TPOT p50; ratios ours/llama.cpp "
-        "as speeds (above 1: ours faster) with 95% intervals over restarts.",
+        "as speeds (above 1: ours faster) with 95% intervals over restarts."
+        + (f" **{data['repack_off']}.**" if data.get("repack_off") else ""),
         "",
         "| file | depth | prefill tok/s ours / llama.cpp | prefill ratio | decode tok/s ours / llama.cpp | decode ratio "
         "| our KV read per step |",
@@ -254,6 +308,20 @@ def section(results: dict[str, Any], comparisons: list[Comparison], _decoded: li
             f"{_ratio(r['decode_ratio'])} | {kv} |"
         )
     lines.append("")
+    variants = kv_rows(data, comparisons)
+    if variants:
+        lines += [
+            "Other KV-cache types, each served beside the policy's choice (`--depth-kv`), as speeds against it:",
+            "",
+            "| file | depth | KV type | prefill ratio | decode ratio |",
+            "| --- | --- | --- | --- | --- |",
+            *(
+                f"| {r['format']} | {r['depth']} | {r['kv']} | {_ratio(r['prefill_ratio'])} | "
+                f"{_ratio(r['decode_ratio'])} |"
+                for r in variants
+            ),
+            "",
+        ]
     for fmt, record in data.get("formats", {}).items():
         if record.get("left_out"):
             lines += [

@@ -69,14 +69,32 @@ def _peer(s: Store, cpu: str, fmt: str, c: int, metric: str) -> Row | None:
     return s.rows.get(f"peer/{cpu}/{fmt}/c{c}/{metric}")
 
 
+def _k(tokens: int) -> str:
+    return f"{tokens // 1024}k" if tokens >= 1024 else str(tokens)
+
+
+def _at_depth(s: Store, cpu: str) -> str:
+    """Decode at the deepest prompt the depth sweep measured on this CPU class, per file: whose speed it favours."""
+    rows = [r for r in s.of_kind("depth") if r.cpu == cpu and r.params["metric"] == "decode" and "kv" not in r.params]
+    if not rows:
+        return "not measured"
+    deepest = max(r.params["depth"] for r in rows)
+    verdicts = [
+        f"{_label(FORMATS, r.params['format'])}: {_verdict(r)} (x{r.value:.2f})"
+        for r in rows
+        if r.params["depth"] == deepest
+    ]
+    return f"{_k(deepest)} tokens, " + "; ".join(verdicts)
+
+
 def which_to_pick(s: Store) -> list[str]:
     """One row per CPU class, one column per format: whose output throughput the interval favours, at one stream
-    and at 16."""
+    and at 16; and a column for decode at agent depth (the depth sweep's deepest prompt)."""
     peers = s.of_kind("peer")
     cpus = _ordered(sorted({r.cpu for r in peers if r.params["format"] in PICK_FORMATS}), CPUS)
     lines = [
-        "| CPU | " + " | ".join(FORMATS[f] for f in PICK_FORMATS) + " |",
-        "| --- |" + " --- |" * len(PICK_FORMATS),
+        "| CPU | " + " | ".join(FORMATS[f] for f in PICK_FORMATS) + " | decode at agent depth, one stream |",
+        "| --- |" + " --- |" * (len(PICK_FORMATS) + 1),
     ]
     for cpu in cpus:
         cells = []
@@ -94,8 +112,33 @@ def which_to_pick(s: Store) -> list[str]:
                 if a == b
                 else f"1 stream: {a} (x{one.value:.2f}); 16: {b} (x{many.value:.2f})"
             )
+        cells.append(_at_depth(s, cpu))
         lines.append(f"| {_label(CPUS, cpu)} | " + " | ".join(cells) + " |")
     return lines
+
+
+def depth_table(s: Store) -> list[str]:
+    """The depth sweep: per CPU class, file and depth, prefill and decode speed ours / llama.cpp; what a row's run
+    says of itself (a llama.cpp that ran with its repacking off) as a numbered note."""
+    rows = s.of_kind("depth")
+    lines = [
+        "| CPU | file | depth | prefill, ours / llama.cpp | decode, ours / llama.cpp | note |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    notes: list[str] = []
+    for cpu in _ordered(sorted({r.cpu for r in rows}), CPUS):
+        for fmt in sorted({r.params["format"] for r in rows if r.cpu == cpu}):
+            for depth in sorted({r.params["depth"] for r in rows if r.cpu == cpu and r.params["format"] == fmt}):
+                prefill, decode = (s.rows.get(f"depth/{cpu}/{fmt}/{depth}/{m}") for m in ("prefill", "decode"))
+                says = next((r.says for r in (prefill, decode) if r is not None and r.says), "")
+                if says and says not in notes:
+                    notes.append(says)
+                cells = [_ratio(r) if r else "" for r in (prefill, decode)]
+                note = f"({notes.index(says) + 1})" if says else ""
+                lines.append(
+                    f"| {_label(CPUS, cpu)} | {_label(FORMATS, fmt)} | {_k(depth)} | {' | '.join(cells)} | {note} |"
+                )
+    return lines + ["", *(f"({n}) {says}." for n, says in enumerate(notes, 1))] if notes else lines
 
 
 def sizes(s: Store) -> list[str]:
@@ -209,6 +252,7 @@ RENDERERS: dict[str, Callable[[Store], list[str]]] = {
     "peer-tables": peer_tables,
     "quant-tables": quant_tables,
     "sizes": sizes,
+    "depth": depth_table,
     "speculation": speculation,
     "suffix-speculation": suffix_speculation,
 }

@@ -1,10 +1,11 @@
-"""Promote a finished run's peer comparisons into the measurement store (service/measurements/peers.yaml, and
-speculative.yaml for its speculative-decoding rows): `python -m bench.promote bench/results/<stamp> [--cpu zen4]`,
-then `make docs` puts them everywhere they show.
+"""Promote a finished run's peer comparisons into the measurement store (service/measurements/peers.yaml,
+speculative.yaml for its speculative-decoding rows, depth.yaml for its depth sweep):
+`python -m bench.promote bench/results/<stamp> [--cpu zen4]`, then `make docs` puts them everywhere they show.
 
 One row per (CPU class, format, concurrency, metric), ratio ours / llama.cpp with its 95% interval; one per (CPU
-class, file, concurrency, workload) for speculation, ours drafting / llama.cpp's lookup. A row already in the store
-under the same key is replaced by the newer run's."""
+class, file, concurrency, workload) for speculation, ours drafting / llama.cpp's lookup; one per (CPU class, file,
+depth, prefill or decode) for the depth sweep, as a speed ratio. A row already in the store under the same key is
+replaced by the newer run's."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from bench import depth
 from bench.peer import DEFAULT_GGUF, FORMATS, USER_FILE, comparisons
 from bench.speculative import HEADLINE, SUFFIX_HEADLINE
 from bench.stats import Estimate, estimate
@@ -23,6 +25,7 @@ from service.measurements.store import STORE, Row, read_store
 
 PEERS = STORE / "peers.yaml"
 SPECULATIVE = STORE / "speculative.yaml"
+DEPTH = STORE / "depth.yaml"
 METRICS = {"output_throughput": "output", "ttft_p50_ms": "ttft", "tpot_p50_ms": "tpot"}
 
 
@@ -73,6 +76,37 @@ def peer_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list
             }
             rows.append(_ratio_row(results, run, cpu, f"peer/{cls}/{fmt}/c{c.concurrency}/{short}", e, params=params))
     return rows
+
+
+def depth_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list[Row]:
+    """Per file and depth: prefill and decode, ours / llama.cpp as speeds. A run whose llama.cpp ran with its
+    repacking off says so in each row (such a peer is slower than a user's)."""
+    data = results.get("depth") or {}
+    if not data.get("runs"):
+        return []
+    cls = _machine(results, cpu)[0]
+    size = data.get("size") or DEFAULT_SIZE
+    compared = depth.comparisons(results)
+    out = []
+    # against llama.cpp, and (--depth-kv) a KV-cache type against the policy's, in the same service
+    for r in [*depth.rows(data, compared), *depth.kv_rows(data, compared)]:
+        if r["format"] == USER_FILE:
+            continue
+        bench_model = FORMATS[r["format"]][0] != DEFAULT_GGUF
+        fmt = f"{size}-{r['format']}" if bench_model and size != DEFAULT_SIZE else r["format"]
+        kv = r.get("kv")
+        # a handicapped llama.cpp is said where llama.cpp is the baseline
+        says = data.get("repack_off", "") if kv is None else ""
+        for metric in ("prefill", "decode"):
+            value, low, high = r[f"{metric}_ratio"]
+            e = Estimate(metric, "ratio", value, low, high, ())
+            params = {"format": fmt, "depth": r["depth"], "metric": metric, "repetitions": r["repetitions"]}
+            key = f"depth/{cls}/{fmt}/{r['depth']}/{metric}"
+            if kv is not None:
+                params |= {"kv": kv, "against": "the service with the policy's KV-cache type"}
+                key += f"-kv-{kv}"
+            out.append(_ratio_row(results, run, cpu, key, e, params=params, says=says))
+    return out
 
 
 def speculative_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list[Row]:
@@ -148,12 +182,19 @@ def write_rows(path: Path, rows: list[Row]) -> None:
     path.write_text(head + body)
 
 
-def promote(run_dir: Path, cpu: str | None = None, path: Path = PEERS, speculative: Path = SPECULATIVE) -> list[Row]:
+def promote(
+    run_dir: Path,
+    cpu: str | None = None,
+    path: Path = PEERS,
+    speculative: Path = SPECULATIVE,
+    depth_store: Path = DEPTH,
+) -> list[Row]:
     results = json.loads((run_dir / "results.json").read_text())
     promoted = []
     for kind, new, into in (
         ("peer", peer_rows(results, str(run_dir), cpu), path),
         ("speculative", speculative_rows(results, str(run_dir), cpu), speculative),
+        ("depth", depth_rows(results, str(run_dir), cpu), depth_store),
     ):
         if new:
             existing = read_store(into.parent).of_kind(kind) if into.exists() else []

@@ -87,6 +87,7 @@ def test_the_table_shows_prefill_and_decode_as_speeds_with_ours_over_llama_cpp()
         "output_len": 64,
         "threads": 1,
         "engine_cpus": [1],
+        "repack_off": "llama-server died of SIGILL loading m.q4_0.gguf with its weight repacking on",
     }
     results = {"depth": data}
     [row] = depth.rows(data, depth.comparisons(results))
@@ -96,5 +97,33 @@ def test_the_table_shows_prefill_and_decode_as_speeds_with_ours_over_llama_cpp()
     assert row["decode_ratio"][0] < 1 and row["decode_ratio"][1] < row["decode_ratio"][0] < row["decode_ratio"][2]
     text = "\n".join(depth.section(results, depth.comparisons(results), []))
     assert "| m.q4_0.gguf (q4_0-gguf) | 4096 | 3901 / 1950 |" in text
+    assert "**llama-server died of SIGILL" in text  # a fallback that flatters ours is said in bold
     assert "59 MB" in text and "depths [16384], past its 8192-token context" in text
     assert depth.summary_lines(data, depth.comparisons(results))[0].startswith("depth q4_0-gguf 4096 tokens")
+
+
+def test_a_kv_type_served_beside_the_policys_is_compared_with_ours_not_with_llama_cpp():
+    runs = []
+    for rep in (0, 1):
+        runs += [
+            _run("ours", rep, 16384, 8000, 100.0 + rep),
+            _run("ours-kv-fp8", rep, 16384, 8000, 80.0 + rep),  # decode x1.25 of ours
+            _run("llama.cpp", rep, 16384, 16000, 200.0),
+        ]
+    data = {
+        "runs": runs,
+        "formats": {"q4_0-gguf": {"gguf": "/c/m.gguf", "context": 32768, "depths": [16384]}},
+        "requests": 2,
+        "output_len": 64,
+    }
+    compared = depth.comparisons({"depth": data})
+    assert {c.name: (c.candidate, c.baseline) for c in compared} == {
+        "depth-q4_0-gguf-16384": ("ours", "llama.cpp"),
+        "depth-q4_0-gguf-16384/ours-kv-fp8": ("ours-kv-fp8", "ours"),
+    }
+    [row] = depth.rows(data, compared)
+    assert abs(row["decode_ratio"][0] - 200 / 100.5) < 0.01  # the variant's runs are not ours'
+    [kv] = depth.kv_rows(data, compared)
+    assert kv["kv"] == "fp8" and kv["depth"] == 16384 and abs(kv["decode_ratio"][0] - 1.25) < 0.01
+    text = "\n".join(depth.section({"depth": data}, compared, []))
+    assert "| q4_0-gguf | 16384 | fp8 | x1.00" in text

@@ -3,6 +3,7 @@ reach them, and every link in the docs resolves."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -239,3 +240,74 @@ def test_suffix_decoding_rows_keep_their_first_round_apart(tmp_path):
     run_table = "\n".join(speculation_table(results["peer"]["speculative"]))
     assert "| /cache/q4_0-gguf.gguf" not in run_table and "q4_0-gguf.gguf (q4_0-gguf) | free | 1 | x0.95" in run_table
     assert any("first round 0.70-0.80" in line for line in speculation_lines(results["peer"]["speculative"]))
+
+
+def depth_results(repack_off: str = "") -> dict:
+    """A depth sweep's run: the SmolLM2 file and the 1.5 B bench model's Q4_0 file at 4096 tokens, two restarts."""
+    runs = [
+        {
+            "comparison": f"depth-{fmt}-4096",
+            "server": server,
+            "concurrency": 1,
+            "rep": rep,
+            "depth": 4096,
+            "metrics": {
+                "output_throughput": 1000 / tpot,
+                "ttft_p50_ms": ttft,
+                "ttft_p99_ms": ttft,
+                "tpot_p50_ms": tpot,
+            },
+        }
+        for fmt in ("smollm2-q4_1", "q4_0-gguf")
+        for rep in range(2)
+        # ours: TTFT a quarter of llama.cpp's (prefill x4), TPOT twice its (decode x0.5)
+        for server, ttft, tpot in (("ours", 1000.0 + rep, 40.0 + rep), ("llama.cpp", 4000.0 + 4 * rep, 20.0 + rep / 2))
+    ]
+    formats = {
+        fmt: {"gguf": f"/c/{fmt}.gguf", "context": 32768, "depths": [4096]} for fmt in ("smollm2-q4_1", "q4_0-gguf")
+    }
+    results = peer_results([])
+    results["depth"] = {"runs": runs, "formats": formats, "size": "1.5b", "output_len": 64, "requests": 2}
+    if repack_off:
+        results["depth"]["repack_off"] = repack_off
+    return results
+
+
+def test_a_depth_sweep_files_prefill_and_decode_as_speed_ratios(tmp_path):
+    from bench.promote import promote
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(depth_results("llama-server died of SIGILL")))
+    store_dir = tmp_path / "store"
+    store_dir.mkdir()
+    rows = promote(
+        run, path=store_dir / "peers.yaml", speculative=store_dir / "s.yaml", depth_store=store_dir / "d.yaml"
+    )
+    by_key = {r.key: r for r in rows}
+    # the bench model's file is filed under its size; the default model's file is the same file at any size
+    assert set(by_key) == {
+        f"depth/zen4/{fmt}/4096/{m}" for fmt in ("smollm2-q4_1", "1.5b-q4_0-gguf") for m in ("prefill", "decode")
+    }
+    assert by_key["depth/zen4/1.5b-q4_0-gguf/4096/prefill"].value == pytest.approx(4.0, rel=0.01)
+    assert by_key["depth/zen4/1.5b-q4_0-gguf/4096/decode"].value == pytest.approx(0.5, rel=0.05)
+    assert all(r.says == "llama-server died of SIGILL" for r in rows)  # the peer's handicap travels with the figure
+    assert read_store(store_dir).of_kind("depth") == rows
+
+
+def test_the_depth_rows_render_with_their_notes_and_give_which_to_pick_its_depth_column():
+    from bench.docs import depth_table, which_to_pick
+    from bench.promote import depth_rows, peer_rows
+
+    results = depth_results("llama-server died of SIGILL")
+    rows = list(store().rows.values())
+    peer = peer_rows(peer_results(peer_run("peer-q8_0")), "bench/results/x", cpu="zen9")
+    s = Store(rows + peer + depth_rows(results, "bench/results/x", cpu="zen9"))
+    table = "\n".join(depth_table(s))
+    assert "| zen9 | SmolLM2-135M's Q4_1 file, both sides | 4k | **x4.00** [" in table
+    assert "(1) llama-server died of SIGILL." in table and table.count("| (1) |") == 2
+    [zen9] = [line for line in which_to_pick(s) if line.startswith("| zen9 |")]
+    assert zen9.endswith(
+        "| 4k tokens, SmolLM2-135M's Q4_1 file, both sides: llama.cpp (x0.50); a Q4_0 file, both "
+        "sides, a 1.5B-shaped random model: llama.cpp (x0.50) |"
+    )
