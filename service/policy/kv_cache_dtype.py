@@ -29,19 +29,38 @@ def plan_kv_cache_dtype(
 ) -> tuple[PolicyResult, int]:
     """(the decision, bytes per cached value)."""
     if setting not in FP8:
-        why = f"the model dtype ({dtype}): values cached as computed, no quality cost"
-        return PolicyResult.of(engine("kv_cache_dtype", "auto", why, source)), BYTES[dtype]
+        return PolicyResult.of(engine("kv_cache_dtype", "auto", _auto_reason(isa, model, dtype), source)), BYTES[dtype]
     stored = FP8[setting]
     refusal = _refusal(isa, model)
     if refusal:
         return PolicyResult(errors=(f"kv_cache_dtype={setting}: {refusal}",)), BYTES[dtype]
-    kernel = "amx" if isa.amx and dtype == "bfloat16" else "vec"
+    kernel = _kernel(isa, dtype)
     cost = MEASURED_COST[kernel] if stored == "fp8_e4m3" or kernel == "amx" else "quality cost not measured here"
     why = (
         f"{stored}: 1 byte a cached value, {BYTES[dtype]}x the tokens of {dtype} in the same memory; "
         f"{cost}; vLLM's {kernel} attention kernel, scales 1.0"
     )
     return PolicyResult.of(engine("kv_cache_dtype", stored, why, source)), 1
+
+
+def _kernel(isa: Isa, dtype: str) -> str:
+    return "amx" if isa.amx and dtype == "bfloat16" else "vec"
+
+
+def _auto_reason(isa: Isa, model: ModelFacts, dtype: str) -> str:
+    """Why the cache holds the model dtype: what a value takes against llama.cpp's default f16 cache (at agent depth
+    a decode step reads the whole cache, model.kv_read_per_token), and what the smaller type this CPU could store
+    would cost, or why there is none."""
+    why = f"the model dtype ({dtype}, {BYTES[dtype]} bytes a value): values cached as computed, no quality cost"
+    if BYTES[dtype] > 2:
+        why += "; twice the bytes of llama.cpp's default f16 cache that a decode step reads at depth"
+    refusal = _refusal(isa, model)
+    if refusal:
+        return f"{why}; no smaller type here: {refusal}"
+    return (
+        f"{why}; fp8 (kv_cache_dtype=fp8, 1 byte a value) is left to the user for its quality cost: "
+        + (MEASURED_COST[_kernel(isa, dtype)])
+    )
 
 
 def _refusal(isa: Isa, model: ModelFacts) -> str | None:

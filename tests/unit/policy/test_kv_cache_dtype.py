@@ -62,6 +62,25 @@ def test_auto_caches_in_the_model_dtype_and_says_so():
     assert (d.value, d.source) == ("auto", "default") and "bfloat16" in d.reason and "no quality cost" in d.reason
 
 
+@pytest.mark.parametrize("cpu", sorted(p.name for p in CPUINFO.glob("*.txt")))
+def test_the_kv_type_kept_says_what_a_value_takes_and_what_a_smaller_one_would_cost_or_why_there_is_none(cpu):
+    """At agent depth a decode step reads the whole cache: the reason compares it with llama.cpp's f16 cache and
+    names the alternative this CPU has (fp8, with its measured quality cost) or why it has none."""
+    plan = _plan(cpu)
+    if plan.errors:
+        return
+    d = _decision(plan, "engine.kv_cache_dtype")
+    dtype = plan.engine_args["dtype"]
+    assert d.value == "auto" and f"the model dtype ({dtype}" in d.reason
+    assert ("twice the bytes of llama.cpp's default f16 cache" in d.reason) == (dtype == "float32")
+    isa = read_hardware(cpuinfo_path=CPUINFO / cpu).cpu.isa
+    if isa.avx512 or isa.amx_tile:
+        assert "fp8 (kv_cache_dtype=fp8, 1 byte a value) is left to the user" in d.reason
+        assert "measured: claim/kv-fp8-cost/" in d.reason
+    else:
+        assert "no smaller type here: vLLM's CPU attention stores an fp8 KV cache only on x86 CPUs" in d.reason
+
+
 @pytest.mark.parametrize(("dtype", "times"), [("bfloat16", 2), ("float32", 4)])
 def test_fp8_gives_the_same_memory_twice_or_four_times_the_tokens(dtype, times):
     plain = _plan(dtype=dtype, max_model_len=8192)
