@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,10 +53,24 @@ def fitting(depths: tuple[int, ...], context: int, output_len: int) -> tuple[tup
     return fits, tuple(d for d in depths if d not in fits)
 
 
+def _config(model_dir: Path) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
+    return dict(config.get("text_config") or config)
+
+
 def context_of(model_dir: Path) -> int:
     """The model's context in tokens, as its config.json states it (what the service plans against)."""
-    config = json.loads((model_dir / "config.json").read_text())
-    return int(config.get("max_position_embeddings") or config.get("text_config", {})["max_position_embeddings"])
+    return int(_config(model_dir)["max_position_embeddings"])
+
+
+def kv_cache_gib(model_dir: Path, tokens: int) -> int:
+    """GiB of KV cache that hold one sequence of `tokens` in fp32 (the widest type the service caches), a quarter
+    over: every server of the sweep gets this much, so that several fit the machine at once (the policy's default
+    takes most of the free memory) and none is short of its deepest prompt."""
+    c = _config(model_dir)
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    per_token = c["num_hidden_layers"] * c.get("num_key_value_heads", c["num_attention_heads"]) * head_dim * 2 * 4
+    return max(1, math.ceil(int(per_token) * tokens * 1.25 / 1024**3))
 
 
 def inverse(e: Estimate | None) -> tuple[float, float | None, float | None] | None:
@@ -144,6 +159,10 @@ def _repetition(
         log_path = ctx.logdir / f"server-{PREFIX}{fmt}-llama.cpp-rep{rep}.log"
         return start_llama(ctx, out, paired.gguf, cpus, 1, log_path, ctx_per_slot=ctx_len)
 
+    sized = {
+        "SERVICE_MAX_MODEL_LEN": str(ctx_len),
+        "SERVICE_KV_CACHE_GIB": str(kv_cache_gib(paired.tokenizer, ctx_len)),
+    }
     try:
         theirs = llama() if rep % 2 and options.peer else None
         if theirs:
@@ -153,7 +172,7 @@ def _repetition(
                 str(paired.ours),
                 SERVED,
                 ctx.logdir / f"server-{PREFIX}{fmt}-ours-rep{rep}.log",
-                {"SERVICE_MAX_MODEL_LEN": str(ctx_len), **paired.settings},
+                {**sized, **paired.settings},
             ),
             ctx,
         )
@@ -161,7 +180,7 @@ def _repetition(
         ours_ready(ctx, lambda: None)(ours)
         variants = []
         for kv in options.kv:
-            settings = {"SERVICE_MAX_MODEL_LEN": str(ctx_len), "SERVICE_KV_CACHE_DTYPE": kv, **paired.settings}
+            settings = {**sized, "SERVICE_KV_CACHE_DTYPE": kv, **paired.settings}
             log_path = ctx.logdir / f"server-{PREFIX}{fmt}-{variant(kv)}-rep{rep}.log"
             variants.append(
                 (variant(kv), start(srv.ours(str(paired.ours), SERVED, log_path, settings, variant(kv)), ctx))

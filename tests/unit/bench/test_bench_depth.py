@@ -127,3 +127,12 @@ def test_a_kv_type_served_beside_the_policys_is_compared_with_ours_not_with_llam
     assert kv["kv"] == "fp8" and kv["depth"] == 16384 and abs(kv["decode_ratio"][0] - 1.25) < 0.01
     text = "\n".join(depth.section({"depth": data}, compared, []))
     assert "| q4_0-gguf | 16384 | fp8 | x1.00" in text
+
+
+def test_each_server_gets_a_kv_cache_that_holds_the_deepest_prompt_in_fp32(tmp_path):
+    """Not the policy's default (most of the free memory): a KV variant started beside ours found 2.5 GiB free."""
+    (tmp_path / "config.json").write_text(json.dumps(models.SIZES["3b"]))
+    # 28 layers x 8 KV heads x 128 x (K, V) x 4 bytes = 229 KB a token; 32 832 tokens = 7.0 GiB, a quarter over: 8.8
+    assert depth.kv_cache_gib(tmp_path, 32768 + 64) == 9
+    (tmp_path / "config.json").write_text(json.dumps(models.SIZES["1.5b"]))
+    assert depth.kv_cache_gib(tmp_path, 4096) == 1
