@@ -80,7 +80,9 @@ def _at_depth(s: Store, cpu: str) -> str:
         return "not measured"
     deepest = max(r.params["depth"] for r in rows)
     verdicts = [
-        f"{_label(FORMATS, r.params['format'])}: {_verdict(r)} (x{r.value:.2f})"
+        f"{_label(FORMATS, r.params['format'])}: {_verdict(r)} (x{r.value:.2f}"
+        + (", llama.cpp with its repacking off" if r.params.get("llama_cpp_repacking") == "off" else "")
+        + ")"
         for r in rows
         if r.params["depth"] == deepest
     ]
@@ -120,7 +122,7 @@ def which_to_pick(s: Store) -> list[str]:
 def depth_table(s: Store) -> list[str]:
     """The depth sweep: per CPU class, file and depth, prefill and decode speed ours / llama.cpp; what a row's run
     says of itself (a llama.cpp that ran with its repacking off) as a numbered note."""
-    rows = s.of_kind("depth")
+    rows = [r for r in s.of_kind("depth") if "kv" not in r.params]
     lines = [
         "| CPU | file | depth | prefill, ours / llama.cpp | decode, ours / llama.cpp | note |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -138,7 +140,32 @@ def depth_table(s: Store) -> list[str]:
                 lines.append(
                     f"| {_label(CPUS, cpu)} | {_label(FORMATS, fmt)} | {_k(depth)} | {' | '.join(cells)} | {note} |"
                 )
-    return lines + ["", *(f"({n}) {says}." for n, says in enumerate(notes, 1))] if notes else lines
+    lines += ["", *(f"({n}) {says}." for n, says in enumerate(notes, 1))] if notes else []
+    return lines + kv_table(s)
+
+
+def kv_table(s: Store) -> list[str]:
+    """`--depth-kv`: another KV-cache type served beside the policy's, as speeds against it."""
+    rows = [r for r in s.of_kind("depth") if "kv" in r.params]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Another KV-cache type against the policy's, in the same service (`--depth-kv`):",
+        "",
+        "| CPU | file | depth | KV type | prefill | decode |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for cpu in _ordered(sorted({r.cpu for r in rows}), CPUS):
+        for key in sorted({(r.params["format"], r.params["depth"], r.params["kv"]) for r in rows if r.cpu == cpu}):
+            fmt, depth, kv = key
+            cells = [s.rows.get(f"depth/{cpu}/{fmt}/{depth}/{m}-kv-{kv}") for m in ("prefill", "decode")]
+            lines.append(
+                f"| {_label(CPUS, cpu)} | {_label(FORMATS, fmt)} | {_k(depth)} | {kv} | "
+                + " | ".join(_ratio(r) if r else "" for r in cells)
+                + " |"
+            )
+    return lines
 
 
 def sizes(s: Store) -> list[str]:

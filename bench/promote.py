@@ -101,6 +101,8 @@ def depth_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> lis
             value, low, high = r[f"{metric}_ratio"]
             e = Estimate(metric, "ratio", value, low, high, ())
             params = {"format": fmt, "depth": r["depth"], "metric": metric, "repetitions": r["repetitions"]}
+            if says:
+                params["llama_cpp_repacking"] = "off"
             key = f"depth/{cls}/{fmt}/{r['depth']}/{metric}"
             if kv is not None:
                 params |= {"kv": kv, "against": "the service with the policy's KV-cache type"}

@@ -22,6 +22,9 @@ FP8_HEAD_MULTIPLE = 32
 # text, prefilled in 256-token chunks so that attention reads the cache (docs/lab/performance.md, "fp8 KV cache";
 # Intel Xeon guest with AMX). The AMX kernel runs bf16 models; the vec kernel the rest.
 MEASURED_COST = {kernel: cite(f"claim/kv-fp8-cost/{kernel}") for kernel in ("amx", "vec")}
+# What fp8 buys at agent depth, per kernel: decode at 16k tokens of context against the cache in the model dtype, the
+# same service side by side (make bench-peer's depth sweep with --depth-kv fp8, on the 1.5 B bench model's Q4_0 file).
+MEASURED_AT_DEPTH = {"amx": cite("depth/xeon-amx/1.5b-q4_0-gguf/16384/decode-kv-fp8")}
 
 
 def plan_kv_cache_dtype(
@@ -57,9 +60,11 @@ def _auto_reason(isa: Isa, model: ModelFacts, dtype: str) -> str:
     refusal = _refusal(isa, model)
     if refusal:
         return f"{why}; no smaller type here: {refusal}"
+    kernel = _kernel(isa, dtype)
+    speed = MEASURED_AT_DEPTH.get(kernel, "not measured on this kernel")
     return (
-        f"{why}; fp8 (kv_cache_dtype=fp8, 1 byte a value) is left to the user for its quality cost: "
-        + (MEASURED_COST[_kernel(isa, dtype)])
+        f"{why}; fp8 (kv_cache_dtype=fp8, 1 byte a value) is left to the user: its decode at 16k tokens against this "
+        f"cache: {speed}; its quality cost: {MEASURED_COST[kernel]}"
     )
 
 
