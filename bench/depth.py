@@ -2,8 +2,8 @@
 one stream of fresh random prompts of that many tokens (no prefix cache helps either side), `output_len` tokens
 each. The prefill rate is the prompt over the time to its first token; the decode rate is one over the time per
 output token, both at that depth. Both servers are restarted per repetition (start order alternating), each sized
-for the deepest prompt that fits the model's context, llama.cpp with its defaults (one slot, f16 KV cache), the
-service with what its policy decides."""
+for the deepest prompt that fits the model's context: llama.cpp with its defaults (one slot, f16 KV cache), the
+service with what its policy decides but the KV cache's size (kv_cache_gib)."""
 
 from __future__ import annotations
 
