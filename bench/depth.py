@@ -100,6 +100,7 @@ def run(ctx: Context, options: DepthOptions) -> Output:
         "runs": [],
         "formats": {},
         "size": None if options.file else options.size,
+        "llama_cpp_flags": srv.llama_cpp_flags() if options.peer else "",
         "output_len": options.output_len,
         "requests": options.requests,
     }
@@ -313,6 +314,7 @@ def section(results: dict[str, Any], comparisons: list[Comparison], _decoded: li
         f"{data.get('engine_cpus')}) for both; llama-server with one slot and its default f16 KV cache, the service "
         "with its policy's choices. Prefill = prompt tokens / TTFT p50, decode = 1 / TPOT p50; ratios ours/llama.cpp "
         "as speeds (above 1: ours faster) with 95% intervals over restarts."
+        + (f" llama.cpp built with `{data['llama_cpp_flags']}`." if data.get("llama_cpp_flags") else "")
         + (f" **{data['repack_off']}.**" if data.get("repack_off") else ""),
         "",
         "| file | depth | prefill tok/s ours / llama.cpp | prefill ratio | decode tok/s ours / llama.cpp | decode ratio "

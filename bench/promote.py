@@ -95,13 +95,14 @@ def depth_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> lis
         bench_model = FORMATS[r["format"]][0] != DEFAULT_GGUF
         fmt = f"{size}-{r['format']}" if bench_model and size != DEFAULT_SIZE else r["format"]
         kv = r.get("kv")
-        # a handicapped llama.cpp is said where llama.cpp is the baseline
-        says = data.get("repack_off", "") if kv is None else ""
+        # how llama.cpp was built and whether it ran handicapped, where llama.cpp is the baseline
+        built = f"llama.cpp built with {data['llama_cpp_flags']}" if data.get("llama_cpp_flags") else ""
+        says = "; ".join(x for x in (built, data.get("repack_off", "")) if x) if kv is None else ""
         for metric in ("prefill", "decode"):
             value, low, high = r[f"{metric}_ratio"]
             e = Estimate(metric, "ratio", value, low, high, ())
             params = {"format": fmt, "depth": r["depth"], "metric": metric, "repetitions": r["repetitions"]}
-            if says:
+            if kv is None and data.get("repack_off"):
                 params["llama_cpp_repacking"] = "off"
             key = f"depth/{cls}/{fmt}/{r['depth']}/{metric}"
             if kv is not None:

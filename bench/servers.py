@@ -23,6 +23,16 @@ LLAMA_CPP_BIN = (
     Path(os.environ.get("BENCH_LLAMA_CPP_BUILD") or Path(__file__).resolve().parents[1] / ".cache/llama.cpp-build")
     / "bin"
 )
+
+
+def llama_cpp_flags() -> str:
+    """The compiler flags the llama.cpp build was given beyond its CMake options (CMAKE_C_FLAGS in its CMakeCache),
+    "" for none: a build without its AMX kernels (-mno-amx-*) is another peer than the default one."""
+    cache = LLAMA_CPP_BIN.parent / "CMakeCache.txt"
+    lines = cache.read_text().splitlines() if cache.exists() else []
+    return next((line.split("=", 1)[1].strip() for line in lines if line.startswith("CMAKE_C_FLAGS:")), "")
+
+
 SERVED = "bench-llama"  # llama-server's model name
 CTX_PER_SLOT = 512  # prompt + answer of every workload here, with room
 # Given to both sides (the service does not report it): admitted requests, far above any concurrency measured.

@@ -6,7 +6,7 @@
 #   make bench-peer         the llama.cpp peer table alone, then speculative decoding against its lookup, then the
 #                           depth sweep (prefill and decode at 128-32k-token prompts)
 #   make bench-tools        llama.cpp (llama-server, llama-quantize, llama-tokenize, llama-perplexity) from the
-#                           llama-cpp-python sdist, built for this CPU
+#                           llama-cpp-python sdist, built for this CPU (LLAMA_CPP_NO_AMX=1: without its AMX kernels)
 # The `bench` extra (matplotlib, py-spy) is installed by `make setup`; llama.cpp by bench-tools (a build takes minutes).
 .PHONY: bench bench-quick bench-peer bench-tools
 
@@ -16,9 +16,17 @@ LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CPP_SDIST := $(BENCH_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz
 LLAMA_CPP_TREE := $(BENCH_SRC)/llama_cpp_python-$(LLAMA_CPP_VERSION)
 LLAMA_CPP_BUILD := .cache/llama.cpp-build
-LLAMA_CPP_BIN := $(LLAMA_CPP_BUILD)/bin
 # -march=native: llama.cpp's kernels for this machine's ISA (AVX-512, VNNI, BF16, AMX where the CPU shows them).
 LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=ON
+# LLAMA_CPP_NO_AMX=1: llama.cpp without its AMX kernels, its AVX-512 repacked ones kept, in a build of its own that
+# bench-peer then runs: the peer for Intel guests where its AMX kernel dies while loading (docs/benchmarks.md).
+ifeq ($(LLAMA_CPP_NO_AMX),1)
+NO_AMX_FLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CPP_BUILD := .cache/llama.cpp-build-noamx
+LLAMA_CPP_CMAKE_ARGS += "-DCMAKE_C_FLAGS=$(NO_AMX_FLAGS)" "-DCMAKE_CXX_FLAGS=$(NO_AMX_FLAGS)"
+export BENCH_LLAMA_CPP_BUILD := $(CURDIR)/$(LLAMA_CPP_BUILD)
+endif
+LLAMA_CPP_BIN := $(LLAMA_CPP_BUILD)/bin
 
 # The llama.cpp source the peer and the service's ggml kernel (mk/kernels.mk) are built from.
 LLAMA_CPP_SOURCE := $(LLAMA_CPP_TREE)/vendor/llama.cpp/CMakeLists.txt

@@ -136,3 +136,16 @@ def test_each_server_gets_a_kv_cache_that_holds_the_deepest_prompt_in_fp32(tmp_p
     assert depth.kv_cache_gib(tmp_path, 32768 + 64) == 9
     (tmp_path / "config.json").write_text(json.dumps(models.SIZES["1.5b"]))
     assert depth.kv_cache_gib(tmp_path, 4096) == 1
+
+
+def test_a_llama_cpp_built_with_other_flags_is_named_in_the_table(tmp_path, monkeypatch):
+    from bench import servers
+
+    monkeypatch.setattr(servers, "LLAMA_CPP_BIN", tmp_path / "bin")
+    assert servers.llama_cpp_flags() == ""  # not built: nothing to name
+    (tmp_path / "CMakeCache.txt").write_text(
+        "GGML_NATIVE:BOOL=ON\nCMAKE_C_FLAGS:STRING=-mno-amx-tile -mno-amx-int8\nCMAKE_CXX_FLAGS:STRING=\n"
+    )
+    assert servers.llama_cpp_flags() == "-mno-amx-tile -mno-amx-int8"
+    data = {"runs": [], "formats": {}, "requests": 1, "output_len": 64, "llama_cpp_flags": servers.llama_cpp_flags()}
+    assert "llama.cpp built with `-mno-amx-tile -mno-amx-int8`." in "\n".join(depth.section({"depth": data}, [], []))

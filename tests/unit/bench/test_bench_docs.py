@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.docs import DOCUMENTS, render
-from bench.promote import peer_rows, write_rows
+from bench.promote import depth_rows, peer_rows, write_rows
 from service.measurements.store import Row, Store, read_store, store
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -292,12 +292,16 @@ def test_a_depth_sweep_files_prefill_and_decode_as_speed_ratios(tmp_path):
     assert by_key["depth/zen4/1.5b-q4_0-gguf/4096/prefill"].value == pytest.approx(4.0, rel=0.01)
     assert by_key["depth/zen4/1.5b-q4_0-gguf/4096/decode"].value == pytest.approx(0.5, rel=0.05)
     assert all(r.says == "llama-server died of SIGILL" for r in rows)  # the peer's handicap travels with the figure
+    results = depth_results()
+    results["depth"]["llama_cpp_flags"] = "-mno-amx-tile"
+    built = depth_rows(results, "bench/results/x")
+    assert {r.says for r in built} == {"llama.cpp built with -mno-amx-tile"}
+    assert not any("llama_cpp_repacking" in r.params for r in built)
     assert read_store(store_dir).of_kind("depth") == rows
 
 
 def test_the_depth_rows_render_with_their_notes_and_give_which_to_pick_its_depth_column():
     from bench.docs import depth_table, which_to_pick
-    from bench.promote import depth_rows, peer_rows
 
     results = depth_results("llama-server died of SIGILL")
     rows = list(store().rows.values())
