@@ -44,8 +44,10 @@ bench: setup $(if $(filter 0,$(BENCH_PEER)),,bench-tools)
 bench-quick: setup
 	$(PY) -m bench --quick $(BENCH_ARGS)
 
+# BENCH_PEER_PARTS=--only-depth: the depth sweep alone
+BENCH_PEER_PARTS ?= --only-peer --only-depth
 bench-peer: setup bench-tools
-	$(PY) -m bench --only-peer --only-depth $(BENCH_ARGS)
+	$(PY) -m bench $(BENCH_PEER_PARTS) $(BENCH_ARGS)
 
 bench-tools: $(LLAMA_CPP_BIN)/.installed
 
