@@ -82,6 +82,7 @@ def _at_depth(s: Store, cpu: str) -> str:
     verdicts = [
         f"{_label(FORMATS, r.params['format'])}: {_verdict(r)} (x{r.value:.2f}"
         + (", llama.cpp with its repacking off" if r.params.get("llama_cpp_repacking") == "off" else "")
+        + (f", llama.cpp built with {r.params['llama_cpp_flags']}" if r.params.get("llama_cpp_flags") else "")
         + ")"
         for r in rows
         if r.params["depth"] == deepest

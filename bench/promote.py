@@ -104,6 +104,8 @@ def depth_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> lis
             params = {"format": fmt, "depth": r["depth"], "metric": metric, "repetitions": r["repetitions"]}
             if kv is None and data.get("repack_off"):
                 params["llama_cpp_repacking"] = "off"
+            if kv is None and data.get("llama_cpp_flags"):
+                params["llama_cpp_flags"] = data["llama_cpp_flags"]
             key = f"depth/{cls}/{fmt}/{r['depth']}/{metric}"
             if kv is not None:
                 params |= {"kv": kv, "against": "the service with the policy's KV-cache type"}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.docs import DOCUMENTS, render
+from bench.docs import DOCUMENTS, render, which_to_pick
 from bench.promote import depth_rows, peer_rows, write_rows
 from service.measurements.store import Row, Store, read_store, store
 
@@ -297,6 +297,10 @@ def test_a_depth_sweep_files_prefill_and_decode_as_speed_ratios(tmp_path):
     built = depth_rows(results, "bench/results/x")
     assert {r.says for r in built} == {"llama.cpp built with -mno-amx-tile"}
     assert not any("llama_cpp_repacking" in r.params for r in built)
+    assert all(r.params["llama_cpp_flags"] == "-mno-amx-tile" for r in built)
+    peer = peer_rows(peer_results(peer_run("peer-q8_0")), "bench/results/x")
+    [row] = [line for line in which_to_pick(Store(built + peer)) if line.startswith("| AMD EPYC Zen 4 |")]
+    assert "llama.cpp (x0.50, llama.cpp built with -mno-amx-tile)" in row
     assert read_store(store_dir).of_kind("depth") == rows
 
 
