@@ -41,9 +41,10 @@ class DepthOptions:
     requests: int = 2  # per depth, side and repetition (one after the other: one stream)
     output_len: int = 64
     repetitions: int = 2
-    # KV-cache types served beside the policy's choice (`--depth-kv fp8`), each compared with it at every depth: what
-    # the KV storage decision (service/policy/kv_cache_dtype.py) rests on.
+    # Variants of ours served beside the policy's choice, each compared with it at every depth (VARIANT_SETTINGS):
+    # KV-cache types (`--depth-kv fp8`) and step sizes (`--depth-chunk 8192`, the chunk a long prompt is prefilled in).
     kv: tuple[str, ...] = ()
+    chunk: tuple[int, ...] = ()
     peer: bool = True  # `--no-depth-peer`: ours and its KV variants only (llama.cpp's deep prefill takes longest)
 
 
@@ -122,21 +123,34 @@ def run(ctx: Context, options: DepthOptions) -> Output:
     return Output(out, tuple(comparisons), summary=tuple(summary_lines(out, comparisons)))
 
 
-def variant(kv: str) -> str:
-    """The server name of ours with KV-cache type `kv`."""
-    return f"ours-kv-{kv}"
+# What each kind of variant sets, and what the decision resting on it is: service/policy/kv_cache_dtype.py (the KV
+# cache's storage type) and service/policy/prefill_chunk.py (the tokens one engine step takes).
+VARIANT_SETTINGS = {"kv": "SERVICE_KV_CACHE_DTYPE", "chunk": "SERVICE_MAX_NUM_BATCHED_TOKENS"}
+VARIANT_LABELS = {"kv": "KV-cache type", "chunk": "tokens a step takes"}
+VARIANT_PREFIX = "ours-"
+
+
+def variant(kind: str, value: object) -> str:
+    """The server name of ours with `kind` (VARIANT_SETTINGS) set to `value`."""
+    return f"{VARIANT_PREFIX}{kind}-{value}"
+
+
+def variants(options: DepthOptions) -> list[tuple[str, dict[str, str]]]:
+    """(server name, settings) of each variant the options ask for."""
+    chosen: dict[str, tuple[object, ...]] = {"kv": options.kv, "chunk": options.chunk}
+    return [(variant(k, v), {VARIANT_SETTINGS[k]: str(v)}) for k, values in chosen.items() for v in values]
 
 
 def _comparisons(runs: list[dict[str, Any]]) -> list[Comparison]:
-    """Per depth: ours / llama.cpp, named depth-<format>-<depth>; and each KV variant / ours, named
-    depth-<format>-<depth>/ours-kv-<type>. A depth whose runs of either side were left out has no comparison."""
+    """Per depth: ours / llama.cpp, named depth-<format>-<depth>; and each variant / ours, named
+    depth-<format>-<depth>/ours-<kind>-<value>. A depth whose runs of either side were left out has no comparison."""
     out = []
     for name in dict.fromkeys(r["comparison"] for r in runs):
         of_name = [r for r in runs if r["comparison"] == name]
         servers = {r["server"] for r in of_name}
         if {"ours", "llama.cpp"} <= servers:
             out.append(compare(name, "ours", "llama.cpp", 1, of_name, estimates=PEER_ESTIMATES))
-        for other in sorted(s for s in servers if s.startswith("ours-kv-") and "ours" in servers):
+        for other in sorted(s for s in servers if s.startswith(VARIANT_PREFIX) and "ours" in servers):
             out.append(compare(f"{name}/{other}", other, "ours", 1, of_name, estimates=PEER_ESTIMATES))
     return out
 
@@ -179,14 +193,18 @@ def _repetition(
         )
         live.append(ours)
         ours_ready(ctx, lambda: None)(ours)
-        variants = []
-        for kv in options.kv:
-            settings = {**sized, "SERVICE_KV_CACHE_DTYPE": kv, **paired.settings}
-            log_path = ctx.logdir / f"server-{PREFIX}{fmt}-{variant(kv)}-rep{rep}.log"
-            variants.append(
-                (variant(kv), start(srv.ours(str(paired.ours), SERVED, log_path, settings, variant(kv)), ctx))
+        others = []
+        for name, setting in variants(options):
+            log_path = ctx.logdir / f"server-{PREFIX}{fmt}-{name}-rep{rep}.log"
+            others.append(
+                (
+                    name,
+                    start(
+                        srv.ours(str(paired.ours), SERVED, log_path, {**sized, **setting, **paired.settings}, name), ctx
+                    ),
+                )
             )
-            live.append(variants[-1][1])
+            live.append(others[-1][1])
         assert ctx.reported is not None
         out["formats"][fmt]["kv_read_per_token"] = ctx.reported.kv_read_per_token
         out["formats"][fmt]["read_per_token"] = ctx.reported.read_per_token
@@ -195,7 +213,7 @@ def _repetition(
         if theirs is None and options.peer:
             theirs = llama()
             live.append(theirs)
-        pair = [("ours", ours), *variants, *([("llama.cpp", theirs)] if theirs else [])]
+        pair = [("ours", ours), *others, *([("llama.cpp", theirs)] if theirs else [])]
         if rep % 2:
             pair.reverse()
         for _, proc in pair:  # warm, discarded
@@ -264,19 +282,21 @@ def rows(data: dict[str, Any], comparisons: list[Comparison]) -> list[dict[str, 
     return out
 
 
-def kv_rows(data: dict[str, Any], comparisons: list[Comparison]) -> list[dict[str, Any]]:
-    """Per format, depth and KV variant: its prefill and decode against ours with the policy's KV type, as speeds."""
+def variant_rows(data: dict[str, Any], comparisons: list[Comparison]) -> list[dict[str, Any]]:
+    """Per format, depth and variant: its prefill and decode against ours with the policy's choice, as speeds."""
     out = []
     for c in comparisons:
         name, _, other = c.name.partition("/")
         if not other:
             continue
         fmt, depth = name.removeprefix(PREFIX).rsplit("-", 1)
+        kind, value = other.removeprefix(VARIANT_PREFIX).split("-", 1)
         out.append(
             {
                 "format": fmt,
                 "depth": int(depth),
-                "kv": other.removeprefix("ours-kv-"),
+                "kind": kind,
+                "value": value,
                 "prefill_ratio": inverse(c.estimates.get("ttft_p50_ms")),
                 "decode_ratio": inverse(c.estimates.get("tpot_p50_ms")),
                 "repetitions": c.repetitions,
@@ -298,9 +318,9 @@ def summary_lines(data: dict[str, Any], comparisons: list[Comparison]) -> list[s
         f"{_ratio(r['decode_ratio'])}"
         for r in rows(data, comparisons)
     ] + [
-        f"depth {r['format']} {r['depth']} tokens, KV {r['kv']} / the policy's KV type: prefill "
+        f"depth {r['format']} {r['depth']} tokens, {VARIANT_LABELS[r['kind']]} {r['value']} / the policy's: prefill "
         f"{_ratio(r['prefill_ratio'])}, decode {_ratio(r['decode_ratio'])}"
-        for r in kv_rows(data, comparisons)
+        for r in variant_rows(data, comparisons)
     ]
 
 
@@ -329,17 +349,19 @@ def section(results: dict[str, Any], comparisons: list[Comparison], _decoded: li
             f"{_ratio(r['decode_ratio'])} | {kv} |"
         )
     lines.append("")
-    variants = kv_rows(data, comparisons)
-    if variants:
+    varied = variant_rows(data, comparisons)
+    if varied:
         lines += [
-            "Other KV-cache types, each served beside the policy's choice (`--depth-kv`), as speeds against it:",
+            "Other settings, each served beside the policy's choice (`--depth-kv`, `--depth-chunk`), as speeds against "
+            "it:",
             "",
-            "| file | depth | KV type | prefill ratio | decode ratio |",
-            "| --- | --- | --- | --- | --- |",
+            "| file | depth | setting | value | prefill ratio | decode ratio |",
+            "| --- | --- | --- | --- | --- | --- |",
             *(
-                f"| {r['format']} | {r['depth']} | {r['kv']} | {_ratio(r['prefill_ratio'])} | "
+                f"| {r['format']} | {r['depth']} | {VARIANT_LABELS[r['kind']]} | {r['value']} | "
+                f"{_ratio(r['prefill_ratio'])} | "
                 f"{_ratio(r['decode_ratio'])} |"
-                for r in variants
+                for r in varied
             ),
             "",
         ]

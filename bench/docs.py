@@ -75,7 +75,9 @@ def _k(tokens: int) -> str:
 
 def _at_depth(s: Store, cpu: str) -> str:
     """Decode at the deepest prompt the depth sweep measured on this CPU class, per file: whose speed it favours."""
-    rows = [r for r in s.of_kind("depth") if r.cpu == cpu and r.params["metric"] == "decode" and "kv" not in r.params]
+    rows = [
+        r for r in s.of_kind("depth") if r.cpu == cpu and r.params["metric"] == "decode" and "against" not in r.params
+    ]
     if not rows:
         return "not measured"
     deepest = max(r.params["depth"] for r in rows)
@@ -123,7 +125,7 @@ def which_to_pick(s: Store) -> list[str]:
 def depth_table(s: Store) -> list[str]:
     """The depth sweep: per CPU class, file and depth, prefill and decode speed ours / llama.cpp; what a row's run
     says of itself (a llama.cpp that ran with its repacking off) as a numbered note."""
-    rows = [r for r in s.of_kind("depth") if "kv" not in r.params]
+    rows = [r for r in s.of_kind("depth") if "against" not in r.params]
     lines = [
         "| CPU | file | depth | prefill, ours / llama.cpp | decode, ours / llama.cpp | note |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -142,27 +144,31 @@ def depth_table(s: Store) -> list[str]:
                     f"| {_label(CPUS, cpu)} | {_label(FORMATS, fmt)} | {_k(depth)} | {' | '.join(cells)} | {note} |"
                 )
     lines += ["", *(f"({n}) {says}." for n, says in enumerate(notes, 1))] if notes else []
-    return lines + kv_table(s)
+    return lines + variant_table(s)
 
 
-def kv_table(s: Store) -> list[str]:
-    """`--depth-kv`: another KV-cache type served beside the policy's, as speeds against it."""
-    rows = [r for r in s.of_kind("depth") if "kv" in r.params]
+def variant_table(s: Store) -> list[str]:
+    """`--depth-kv`, `--depth-chunk`: another setting served beside the policy's choice, as speeds against it."""
+    rows = [r for r in s.of_kind("depth") if "against" in r.params]
     if not rows:
         return []
     lines = [
         "",
-        "Another KV-cache type against the policy's, in the same service (`--depth-kv`):",
+        "Another setting against the policy's choice, in the same service (`--depth-kv`, `--depth-chunk`):",
         "",
-        "| CPU | file | depth | KV type | prefill | decode |",
+        "| CPU | file | depth | setting | prefill | decode |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for cpu in _ordered(sorted({r.cpu for r in rows}), CPUS):
-        for key in sorted({(r.params["format"], r.params["depth"], r.params["kv"]) for r in rows if r.cpu == cpu}):
-            fmt, depth, kv = key
-            cells = [s.rows.get(f"depth/{cpu}/{fmt}/{depth}/{m}-kv-{kv}") for m in ("prefill", "decode")]
+        varied = {
+            (r.params["format"], r.params["depth"], r.params["variant"], str(r.params[r.params["variant"]]))
+            for r in rows
+            if r.cpu == cpu
+        }
+        for fmt, depth, kind, value in sorted(varied):
+            cells = [s.rows.get(f"depth/{cpu}/{fmt}/{depth}/{m}-{kind}-{value}") for m in ("prefill", "decode")]
             lines.append(
-                f"| {_label(CPUS, cpu)} | {_label(FORMATS, fmt)} | {_k(depth)} | {kv} | "
+                f"| {_label(CPUS, cpu)} | {_label(FORMATS, fmt)} | {_k(depth)} | `--depth-{kind} {value}` | "
                 + " | ".join(_ratio(r) if r else "" for r in cells)
                 + " |"
             )

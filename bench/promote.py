@@ -88,28 +88,32 @@ def depth_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> lis
     size = data.get("size") or DEFAULT_SIZE
     compared = depth.comparisons(results)
     out = []
-    # against llama.cpp, and (--depth-kv) a KV-cache type against the policy's, in the same service
-    for r in [*depth.rows(data, compared), *depth.kv_rows(data, compared)]:
+    # against llama.cpp, and (--depth-kv, --depth-chunk) a variant against the policy's choice, in the same service
+    for r in [*depth.rows(data, compared), *depth.variant_rows(data, compared)]:
         if r["format"] == USER_FILE:
             continue
         bench_model = FORMATS[r["format"]][0] != DEFAULT_GGUF
         fmt = f"{size}-{r['format']}" if bench_model and size != DEFAULT_SIZE else r["format"]
-        kv = r.get("kv")
+        kind = r.get("kind")
         # how llama.cpp was built and whether it ran handicapped, where llama.cpp is the baseline
         built = f"llama.cpp built with {data['llama_cpp_flags']}" if data.get("llama_cpp_flags") else ""
-        says = "; ".join(x for x in (built, data.get("repack_off", "")) if x) if kv is None else ""
+        says = "; ".join(x for x in (built, data.get("repack_off", "")) if x) if kind is None else ""
         for metric in ("prefill", "decode"):
             value, low, high = r[f"{metric}_ratio"]
             e = Estimate(metric, "ratio", value, low, high, ())
             params = {"format": fmt, "depth": r["depth"], "metric": metric, "repetitions": r["repetitions"]}
-            if kv is None and data.get("repack_off"):
+            if kind is None and data.get("repack_off"):
                 params["llama_cpp_repacking"] = "off"
-            if kv is None and data.get("llama_cpp_flags"):
+            if kind is None and data.get("llama_cpp_flags"):
                 params["llama_cpp_flags"] = data["llama_cpp_flags"]
             key = f"depth/{cls}/{fmt}/{r['depth']}/{metric}"
-            if kv is not None:
-                params |= {"kv": kv, "against": "the service with the policy's KV-cache type"}
-                key += f"-kv-{kv}"
+            if kind is not None:
+                params |= {
+                    "variant": kind,
+                    kind: r["value"],
+                    "against": f"the service with the policy's {depth.VARIANT_LABELS[kind]}",
+                }
+                key += f"-{kind}-{r['value']}"
             out.append(_ratio_row(results, run, cpu, key, e, params=params, says=says))
     return out
 

@@ -200,6 +200,12 @@ class Settings(BaseSettings):
     max_num_seqs: int | None = Field(
         None, ge=1, description="Max concurrent sequences; default: vLLM's", json_schema_extra={"shown": "vLLM's"}
     )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Tokens one engine step takes (a long prompt is prefilled in chunks of this); default: policy",
+        json_schema_extra={"shown": "policy"},
+    )
     max_queued_requests: int = Field(
         64, ge=0, description="Requests in the engine (running + waiting) beyond which /v1 answers 503; 0: no cap"
     )

@@ -91,6 +91,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("dtype", stages.dtype, needs_model=True),
     Stage("context length", stages.context_length, needs_model=True),
     Stage("prefix caching and chunked prefill", stages.caching, needs_model=True),
+    Stage("prefill chunk", stages.prefill_chunk, needs_model=True),
     Stage("kv cache", stages.kv_cache, needs_model=True),
     Stage("chat parsers", stages.chat, needs_model=True),
     Stage("backend questions", backend_questions, needs_model=True),

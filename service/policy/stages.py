@@ -37,6 +37,7 @@ from service.policy.model_source import choose_blocks, converted_bytes, plan_mod
 from service.policy.patches import fxgraph_patch
 from service.policy.plan_state import Draft, PlanInputs, Step
 from service.policy.platform import choose_platform
+from service.policy.prefill_chunk import plan_prefill_chunk
 from service.policy.preflight import check_kernels, dtype_limit
 from service.policy.preload import choose_preload
 from service.policy.quant import plan_quant
@@ -154,6 +155,23 @@ def context_length(inputs: PlanInputs, draft: Draft) -> Step:
 
 def caching(inputs: PlanInputs, draft: Draft) -> Step:
     return Step.of_result(cache_decisions(_model(inputs), draft.entry, inputs.settings, inputs.user, inputs.environ))
+
+
+def prefill_chunk(inputs: PlanInputs, draft: Draft) -> Step:
+    """The tokens one step takes: the chunk a long prompt is prefilled in (pooling models: left to vLLM)."""
+    if _model(inputs).is_embedding:
+        return Step()
+    chunked = draft.merged.find("engine.enable_chunked_prefill")
+    args = draft.merged.engine_args
+    decided = plan_prefill_chunk(
+        draft.entry.name,
+        inputs.settings,
+        inputs.user,
+        chunked is None or chunked.value is not False,
+        int(args["max_model_len"]),
+        int(args.get("tensor_parallel_size") or 1),
+    )
+    return Step.of_result(decided)
 
 
 def kv_cache(inputs: PlanInputs, draft: Draft) -> Step:

@@ -25,6 +25,7 @@ SERVED = "demo-tiny-llama"
 MAX_NUM_SEQS = 2
 MAX_QUEUED = 6  # vLLM's --max-num-queued-reqs: running + waiting requests admitted at once
 MAX_MODEL_LEN = 1024  # long enough that a stream cut off early could not have finished anyway
+MAX_NUM_BATCHED_TOKENS = 128  # a step's tokens: longer prompts are prefilled in chunks of this (test_prefill_chunk)
 MAX_REQUEST_BYTES = 65536
 LISTED_ORIGIN = "https://chat.example.com"  # the shared server's cors_origins
 # Environment values that must never show up in answers or logs.
@@ -127,6 +128,7 @@ def server(reliability_logs, api_key):
         max_num_seqs=str(MAX_NUM_SEQS),
         max_queued_requests=str(MAX_QUEUED),
         max_model_len=str(MAX_MODEL_LEN),
+        max_num_batched_tokens=str(MAX_NUM_BATCHED_TOKENS),
         max_request_bytes=str(MAX_REQUEST_BYTES),
         shutdown_grace_seconds="10",
         cors_origins=LISTED_ORIGIN,

@@ -102,31 +102,49 @@ def test_the_table_shows_prefill_and_decode_as_speeds_with_ours_over_llama_cpp()
     assert depth.summary_lines(data, depth.comparisons(results))[0].startswith("depth q4_0-gguf 4096 tokens")
 
 
-def test_a_kv_type_served_beside_the_policys_is_compared_with_ours_not_with_llama_cpp():
+def variant_data() -> dict:
+    """A depth run at 16k with two variants of ours beside it: an fp8 KV cache and a 512-token step."""
     runs = []
     for rep in (0, 1):
         runs += [
             _run("ours", rep, 16384, 8000, 100.0 + rep),
             _run("ours-kv-fp8", rep, 16384, 8000, 80.0 + rep),  # decode x1.25 of ours
+            _run("ours-chunk-512", rep, 16384, 10000, 100.0 + rep),  # prefill x0.80 of ours
             _run("llama.cpp", rep, 16384, 16000, 200.0),
         ]
-    data = {
+    return {
         "runs": runs,
         "formats": {"q4_0-gguf": {"gguf": "/c/m.gguf", "context": 32768, "depths": [16384]}},
         "requests": 2,
         "output_len": 64,
     }
+
+
+def test_a_variant_served_beside_the_policys_choice_is_compared_with_ours_not_with_llama_cpp():
+    data = variant_data()
     compared = depth.comparisons({"depth": data})
     assert {c.name: (c.candidate, c.baseline) for c in compared} == {
         "depth-q4_0-gguf-16384": ("ours", "llama.cpp"),
+        "depth-q4_0-gguf-16384/ours-chunk-512": ("ours-chunk-512", "ours"),
         "depth-q4_0-gguf-16384/ours-kv-fp8": ("ours-kv-fp8", "ours"),
     }
     [row] = depth.rows(data, compared)
-    assert abs(row["decode_ratio"][0] - 200 / 100.5) < 0.01  # the variant's runs are not ours'
-    [kv] = depth.kv_rows(data, compared)
-    assert kv["kv"] == "fp8" and kv["depth"] == 16384 and abs(kv["decode_ratio"][0] - 1.25) < 0.01
+    assert abs(row["decode_ratio"][0] - 200 / 100.5) < 0.01  # the variants' runs are not ours'
+    chunk, kv = depth.variant_rows(data, compared)
+    assert (kv["kind"], kv["value"], kv["depth"]) == ("kv", "fp8", 16384) and abs(kv["decode_ratio"][0] - 1.25) < 0.01
+    assert (chunk["kind"], chunk["value"]) == ("chunk", "512") and abs(chunk["prefill_ratio"][0] - 0.8) < 0.01
     text = "\n".join(depth.section({"depth": data}, compared, []))
-    assert "| q4_0-gguf | 16384 | fp8 | x1.00" in text
+    assert "| q4_0-gguf | 16384 | KV-cache type | fp8 | x1.00" in text
+    assert "| q4_0-gguf | 16384 | tokens a step takes | 512 | x0.80" in text
+
+
+def test_each_variant_sets_its_own_setting_on_ours():
+    options = depth.DepthOptions(kv=("fp8",), chunk=(512, 8192))
+    assert depth.variants(options) == [
+        ("ours-kv-fp8", {"SERVICE_KV_CACHE_DTYPE": "fp8"}),
+        ("ours-chunk-512", {"SERVICE_MAX_NUM_BATCHED_TOKENS": "512"}),
+        ("ours-chunk-8192", {"SERVICE_MAX_NUM_BATCHED_TOKENS": "8192"}),
+    ]
 
 
 def test_each_server_gets_a_kv_cache_that_holds_the_deepest_prompt_in_fp32(tmp_path):

@@ -320,3 +320,24 @@ def test_the_depth_rows_render_with_their_notes_and_give_which_to_pick_its_depth
         "| 4k tokens, SmolLM2-135M's Q4_1 file, both sides: llama.cpp (x0.50, llama.cpp with its repacking off); a "
         "Q4_0 file, both sides, a 1.5B-shaped random model: llama.cpp (x0.50, llama.cpp with its repacking off) |"
     )
+
+
+def test_a_variants_rows_are_filed_against_the_policys_choice_and_rendered_apart():
+    from bench.docs import depth_table, which_to_pick
+    from tests.unit.bench.test_bench_depth import variant_data
+
+    results = peer_results([])
+    results["depth"] = variant_data() | {"size": "1.5b"}
+    rows = {r.key: r for r in depth_rows(results, "bench/results/x", cpu="zen9")}
+    chunk = rows["depth/zen9/1.5b-q4_0-gguf/16384/prefill-chunk-512"]
+    assert chunk.params["variant"] == "chunk" and chunk.params["chunk"] == "512"
+    assert chunk.value == pytest.approx(0.8, rel=0.01) and not chunk.says
+    assert rows["depth/zen9/1.5b-q4_0-gguf/16384/decode-kv-fp8"].params["kv"] == "fp8"
+    table = "\n".join(depth_table(Store(list(rows.values()))))
+    assert (
+        "| zen9 | a Q4_0 file, both sides, a 1.5B-shaped random model | 16k | `--depth-chunk 512` | **x0.80**" in table
+    )
+    # the depth column of which-to-pick is ours against llama.cpp, never a variant against ours
+    peer = peer_rows(peer_results(peer_run("peer-q8_0")), "bench/results/x", cpu="zen9")
+    [zen9] = [line for line in which_to_pick(Store(list(rows.values()) + peer)) if line.startswith("| zen9 |")]
+    assert zen9.endswith("random model: this service (x1.99) |")
