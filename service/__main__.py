@@ -56,6 +56,9 @@ def detect(
     tensor_parallel_size: TpOpt = None,
     reserved_cpus: ReservedOpt = None,
     kv_cache_dtype: KvDtypeOpt = None,
+    models: Annotated[
+        bool, typer.Option("--models", help="Plan every model of the `models` table together (each in its share)")
+    ] = False,
 ) -> None:
     """Print what the service would decide on this machine (or a recorded dump); exit 1 when it cannot run."""
     from service.startup import build_report, calibrated_report, choose_model, fetch_model
@@ -70,6 +73,8 @@ def detect(
         reserved_cpus=reserved_cpus,
         kv_cache_dtype=kv_cache_dtype,
     )
+    if models or settings.models:
+        _detect_table(settings, cpuinfo, sysfs, as_json)
     choice = fetch_model(choose_model(settings, build_demo=False), settings, download=False)
     try:
         report = build_report(settings, model=choice, cpuinfo=cpuinfo, sysfs=sysfs)
@@ -98,6 +103,25 @@ def detect(
     else:
         report.render(Console())
     raise typer.Exit(0 if report.ok else 1)
+
+
+def _detect_table(settings: Any, cpuinfo: Path | None, sysfs: Path | None, as_json: bool) -> None:
+    """detect for a `models` table: each model planned in its share of the memory, then the table's verdict."""
+    from service.startup.table_report import plan_table
+
+    if not settings.models:
+        typer.echo("--models: no models table (models in a config file, or SERVICE_MODELS as JSON)", err=True)
+        raise typer.Exit(2)
+    try:
+        table = plan_table(settings, cpuinfo, sysfs)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"cannot read the hardware facts: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if as_json:
+        typer.echo(table.to_json())
+    else:
+        table.render(Console())
+    raise typer.Exit(0 if table.ok else 1)
 
 
 @app.command()
@@ -142,6 +166,12 @@ def serve(
         lora_adapters=lora_adapter or None,
         lora_dir=lora_dir,
     )
+    if settings.models:
+        typer.echo(
+            "models: serve takes one model (model) for now; `python -m service detect --models` plans the table",
+            err=True,
+        )
+        raise typer.Exit(2)
     raise typer.Exit(run(settings))
 
 

@@ -6,10 +6,19 @@ import json
 import os
 import reprlib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
-from pydantic import DirectoryPath, Field, PrivateAttr, SecretStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    DirectoryPath,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -36,6 +45,34 @@ USER_SOURCES: frozenset[FieldSource] = frozenset({"config file", "env", "flag", 
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "cpu-llm-service"
+
+
+class ListedModel(BaseModel):
+    """One model of the model table (`models`): where it comes from, the names it answers to, and the settings its
+    engine takes instead of the service-wide ones."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str = Field(min_length=1, description="any reference `model` takes")
+    name: str | None = Field(None, min_length=1, description="the name clients use; default: the model's")
+    aliases: list[str] = Field(default_factory=list, description="other names or glob patterns")
+    pinned: bool = Field(False, description="never evicted")
+    idle_unload: float | None = Field(None, gt=0, description="seconds idle after which its engine stops")
+    max_model_len: int | None = Field(None, ge=1)
+    dtype: DtypeName = "auto"
+    kv_cache_gib: float | None = Field(None, gt=0)
+    speculative: str | None = None
+
+    # the service-wide settings an entry overrides for its own engine, under their Settings names
+    OVERRIDES: ClassVar[dict[str, str]] = {
+        "source": "model",
+        "name": "served_model_name",
+        "aliases": "model_aliases",
+        "max_model_len": "max_model_len",
+        "dtype": "dtype",
+        "kv_cache_gib": "kv_cache_gib",
+        "speculative": "speculative",
+    }
 
 
 class Settings(BaseSettings):
@@ -299,6 +336,20 @@ class Settings(BaseSettings):
         json_schema_extra={"shown": "`16`, or the widest adapter set at start if wider"},
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="debug, info, warning, error")
+    models: list[ListedModel] = Field(
+        default_factory=list,
+        description="Several models in one service, instead of `model`: a list (YAML; JSON in the variable) of "
+        "{source, name, aliases, pinned, idle_unload, max_model_len, dtype, kv_cache_gib, speculative}; "
+        "`detect --models` plans them together on this machine (serve does not take a list yet); unset: `model` alone",
+        json_schema_extra={"shown": "unset"},
+    )
+    max_loaded_models: int | None = Field(
+        None,
+        ge=1,
+        description="Engines of `models` loaded at once: the memory limit is split evenly between them; default: "
+        "every listed model",
+        json_schema_extra={"shown": "every listed model"},
+    )
 
     _field_sources: dict[str, FieldSource] = PrivateAttr(default_factory=dict)
 
@@ -346,6 +397,27 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_key_is_unset(cls, value: Any) -> Any:
         return None if value == "" else value
+
+    @model_validator(mode="after")
+    def _one_model_or_a_table(self) -> Settings:
+        if self.models and self.model:
+            raise ValueError("set model (one model) or models (a table of several), not both")
+        names = [n for entry in self.models for n in (entry.name, *entry.aliases) if n]
+        if repeated := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"models: the name(s) {', '.join(repeated)} are given to more than one model")
+        return self
+
+    def for_listed(self, entry: ListedModel) -> Settings:
+        """These settings as the engine of `entry` takes them: its own values instead of the service-wide ones, and
+        the table emptied (the engine serves that one model)."""
+        own = {
+            field: getattr(entry, name)
+            for name, field in ListedModel.OVERRIDES.items()
+            if name in entry.model_fields_set
+        }
+        copy = self.model_copy(update={**own, "models": [], "max_loaded_models": None})
+        copy._field_sources = {**self._field_sources, **{field: self.source_of("models") for field in own}}
+        return copy
 
     def __init__(self, **values: Any) -> None:
         """Direct construction (tests, embedding code): the given values and SERVICE_* variables are the user's.

@@ -34,6 +34,7 @@ from service.policy.calibration import Mode, Verdict
 from service.policy.decision import PolicyResult, record
 from service.policy.gguf_architectures import architecture_problem
 from service.policy.media import plan_media
+from service.policy.model_table import memory_share
 from service.policy.plan import plan_engine
 from service.policy.plan_state import PlanInputs
 from service.policy.speculative import draft_directory
@@ -186,10 +187,14 @@ def build_report(
     sysfs: Path | None = None,
     environ: Mapping[str, str] = os.environ,
     verdicts: Mapping[str, Verdict] | None = None,
+    engines: int | None = None,
 ) -> StartupReport:
     """Reads the machine (or a recorded dump) and the model's config, decides. Its one side effect: a GGUF file's
-    facts are kept under the cache dir for the next start. `model` None: the machine alone."""
+    facts are kept under the cache dir for the next start. `model` None: the machine alone. `engines`: how many
+    engines of a model table share the machine's memory (policy/model_table.py); None: no table."""
     hardware = read_hardware(cpuinfo, sysfs)
+    limits, share = memory_share(hardware.limits, engines or 1)
+    hardware = dataclasses.replace(hardware, limits=limits)
     software = read_software()
     model_facts: ModelFacts | None = None
     model_error = model.error if model else None
@@ -228,6 +233,8 @@ def build_report(
     if model and model.fetched and model.location:
         fetched = record("model", "fetched", model.location, model.fetched, "user")
         plan = dataclasses.replace(plan, decisions=(fetched, *plan.decisions))
+    if engines is not None:
+        plan = dataclasses.replace(plan, decisions=(share, *plan.decisions))
     # Access is shown here and refused by serve alone (startup/sequence.py): detect describes the machine and the model,
     # and an image's detect runs without the key its deployment mounts.
     access = plan_access(settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts)
