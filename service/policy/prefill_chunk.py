@@ -27,23 +27,27 @@ def plan_prefill_chunk(
     backend: str, settings: Settings, user: frozenset[str], chunked_prefill: bool, max_model_len: int, ranks: int
 ) -> PolicyResult:
     default = VLLM_CPU_DEFAULT * ranks
-    value = settings.max_num_batched_tokens
-    if not chunked_prefill:
-        # vLLM takes a prompt whole then; a step must hold the longest one
-        whole = max(max_model_len, default)
-        if NAME in user and value is not None and value < max_model_len:
+    value, seqs = settings.max_num_batched_tokens, settings.max_num_seqs or 0
+    if NAME in user and value is not None:
+        if value < seqs:
+            return PolicyResult(
+                errors=(
+                    f"{NAME}={value} is below max_num_seqs={seqs}: a step takes one token of every running sequence "
+                    "at least (vLLM refuses it)",
+                )
+            )
+        if not chunked_prefill and value < max_model_len:
             return PolicyResult(
                 errors=(
                     f"{NAME}={value} is below max_model_len={max_model_len} with chunked prefill off: a prompt is "
                     "prefilled in one step, so longer ones could never start; raise it or turn chunked prefill on",
                 )
             )
-        if NAME in user and value is not None:
-            return PolicyResult.of(engine(NAME, value, "set by the user", "user"))
-        why = "chunked prefill off: a prompt is taken in one step (vLLM's max of max_model_len and its default)"
-        return PolicyResult.of(record("engine", NAME, whole, why, "default"))
-    if NAME in user and value is not None:
         return PolicyResult.of(engine(NAME, value, "set by the user", "user"))
+    if not chunked_prefill:
+        # vLLM takes a prompt whole then; a step must hold the longest one
+        why = "chunked prefill off: a prompt is taken in one step (vLLM's max of max_model_len and its default)"
+        return PolicyResult.of(record("engine", NAME, max(max_model_len, default), why, "default"))
     rows = [row(key) for key in MEASURED.get(backend, ())]
     if not rows:
         why = f"vLLM's CPU default ({VLLM_CPU_DEFAULT} a tensor-parallel rank): no other chunk measured on {backend}"
@@ -55,7 +59,7 @@ def plan_prefill_chunk(
             "prefills as fast, no larger one surely faster: " + "; ".join(cite(r.key) for r in rows)
         )
         return PolicyResult.of(record("engine", NAME, default, why, "default"))
-    size = int(chosen.params["chunk"]) * ranks
+    size = max(int(chosen.params["chunk"]) * ranks, seqs)  # a step holds a token of every running sequence
     if size < default:
         why = (
             f"a chunk of {size} tokens holds the other streams' next tokens for a shorter step than vLLM's default "

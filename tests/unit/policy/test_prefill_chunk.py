@@ -63,7 +63,26 @@ def test_with_chunked_prefill_off_a_step_must_hold_the_longest_prompt():
     assert d.value == 16384 and not d.passed and "one step" in d.reason
 
 
+def test_a_users_chunk_below_max_num_seqs_is_refused_before_vllm_would():
+    both = Settings(max_num_seqs=256, max_num_batched_tokens=128)
+    result = plan_prefill_chunk("amx", both, both.explicitly_set(), True, 8192, 1)
+    assert result.errors and "max_num_seqs=256" in result.errors[0]
+
+
 def test_the_default_scales_with_the_tensor_parallel_ranks_as_vllms_does(monkeypatch):
     monkeypatch.setattr(prefill_chunk, "MEASURED", {})
     [d] = plan_prefill_chunk("avx2", Settings(), frozenset(), True, 8192, 2).decisions
     assert d.value == 2 * VLLM_CPU_DEFAULT and not d.passed
+
+
+def test_a_measured_chunk_is_handed_to_vllm_with_its_measurement_and_holds_every_running_sequence(monkeypatch):
+    measured = _row(512, 0.98, (0.9, 1.1))
+    monkeypatch.setattr(prefill_chunk, "MEASURED", {"amx": (measured.key,)})
+    monkeypatch.setattr(prefill_chunk, "row", lambda key: measured)
+    monkeypatch.setattr(prefill_chunk, "cite", lambda key: f"cited {key}")
+    [d] = plan_prefill_chunk("amx", Settings(), frozenset(), True, 8192, 1).decisions
+    assert (d.value, d.source, d.passed) == (512, "policy", True) and f"cited {measured.key}" in d.reason
+    [d] = plan_prefill_chunk("amx", Settings(max_num_seqs=1024), frozenset(), True, 8192, 1).decisions
+    assert d.value == 1024
+    [d] = plan_prefill_chunk("avx2", Settings(), frozenset(), True, 8192, 1).decisions
+    assert (d.value, d.passed) == (VLLM_CPU_DEFAULT, False)  # measured on another backend only
