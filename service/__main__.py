@@ -98,6 +98,11 @@ def detect(
     except (OSError, RuntimeError) as exc:
         typer.echo(f"calibration failed: {exc}", err=True)
         raise typer.Exit(2) from exc
+    _shown(report, as_json)
+
+
+def _shown(report: Any, as_json: bool) -> None:
+    """A report (one model's, or a table's) as JSON or rendered; exit 1 when it cannot run."""
     if as_json:
         typer.echo(report.to_json())
     else:
@@ -117,11 +122,7 @@ def _detect_table(settings: Any, cpuinfo: Path | None, sysfs: Path | None, as_js
     except (OSError, ValueError) as exc:
         typer.echo(f"cannot read the hardware facts: {exc}", err=True)
         raise typer.Exit(2) from exc
-    if as_json:
-        typer.echo(table.to_json())
-    else:
-        table.render(Console())
-    raise typer.Exit(0 if table.ok else 1)
+    _shown(table, as_json)
 
 
 @app.command()
