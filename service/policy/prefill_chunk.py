@@ -18,7 +18,9 @@ NAME = "max_num_batched_tokens"
 VLLM_CPU_DEFAULT = 2048
 # Per backend, the chunks the depth sweep served beside the default (make bench-peer's depth part with --depth-chunk,
 # ours alone): prefill at 16k tokens of fresh prompt, as speed against the default's, on the 1.5 B bench model's Q4_0.
-MEASURED: dict[str, tuple[str, ...]] = {}
+MEASURED: dict[str, tuple[str, ...]] = {
+    "amx": tuple(f"depth/xeon-amx/1.5b-q4_0-gguf/16384/prefill-chunk-{n}" for n in (512, 8192)),
+}
 # What a smaller chunk may cost the prefill of a long prompt (its median speed against the default's)
 PREFILL_COST_ALLOWED = 0.95
 
@@ -56,7 +58,8 @@ def plan_prefill_chunk(
     if chosen is None:
         why = (
             f"vLLM's CPU default ({VLLM_CPU_DEFAULT} a tensor-parallel rank): no smaller chunk measured on {backend} "
-            "prefills as fast, no larger one surely faster: " + "; ".join(cite(r.key) for r in rows)
+            "prefills as fast, no larger one surely faster (prefill of a 16k-token prompt, as speed against the "
+            "default's): " + "; ".join(f"{r.params['chunk']} tokens a step {cite(r.key)}" for r in rows)
         )
         return PolicyResult.of(record("engine", NAME, default, why, "default"))
     size = max(int(chosen.params["chunk"]) * ranks, seqs)  # a step holds a token of every running sequence
