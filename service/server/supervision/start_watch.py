@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 IDLE_CPU_SHARE = 0.05  # of one core, over the window
 MOVED_BYTES = 16 << 20  # read or written, or resident memory gained or freed, over the window
+DISK_SLEEP = "disk-sleep"  # psutil's name for state D
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,11 @@ class StartWatch:
 
 
 def _progressed(first: Usage, last: Usage, span: float) -> bool:
+    # A process in uninterruptible disk sleep is waiting for the disk, not hung: a CI box building images beside a
+    # start held a worker there for over 3 s (engine_stall_seconds 3) with nothing counted yet.
     return (
-        first.pids != last.pids
+        any(state.endswith(f" {DISK_SLEEP}") for state in last.states)
+        or first.pids != last.pids
         or last.cpu_s - first.cpu_s >= IDLE_CPU_SHARE * span
         or last.io_bytes - first.io_bytes >= MOVED_BYTES
         or abs(last.rss_bytes - first.rss_bytes) >= MOVED_BYTES

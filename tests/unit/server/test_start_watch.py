@@ -79,6 +79,12 @@ def test_a_slow_start_that_progresses_is_never_hung(per_second):
     assert tree.run(watch, 10 * int(STALL_S), **per_second) == [None] * 10 * int(STALL_S)
 
 
+def test_a_process_waiting_on_the_disk_is_not_hung_however_long_its_tree_idles():
+    tree = Tree()
+    tree.usage = Usage(tree.usage.pids, 10.0, 1 << 30, 2 << 30, ("VLLM::Worker (pid 13) disk-sleep", CORE))
+    assert tree.run(_watch(tree), 2 * int(STALL_S)) == [None] * (2 * int(STALL_S))
+
+
 def test_a_process_that_starts_is_progress_and_the_window_restarts_from_the_idle_after_it():
     tree = Tree()
     watch = _watch(tree)
