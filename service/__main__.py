@@ -167,12 +167,6 @@ def serve(
         lora_adapters=lora_adapter or None,
         lora_dir=lora_dir,
     )
-    if settings.models:
-        typer.echo(
-            "models: serve takes one model (model) for now; `python -m service detect --models` plans the table",
-            err=True,
-        )
-        raise typer.Exit(2)
     raise typer.Exit(run(settings))
 
 

@@ -47,13 +47,18 @@ def default_cache_dir() -> Path:
     return Path(base) / "cpu-llm-service"
 
 
+DEFAULT_SOURCE = "default"  # a listed model's source for the service's default model (SmolLM2-135M-Instruct)
+
+
 class ListedModel(BaseModel):
     """One model of the model table (`models`): where it comes from, the names it answers to, and the settings its
     engine takes instead of the service-wide ones."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    source: str = Field(min_length=1, description="any reference `model` takes")
+    source: str = Field(
+        min_length=1, description="any reference `model` takes, or `default` for the service's default model"
+    )
     name: str | None = Field(None, min_length=1, description="the name clients use; default: the model's")
     aliases: list[str] = Field(default_factory=list, description="other names or glob patterns")
     pinned: bool = Field(False, description="never evicted")
@@ -62,6 +67,12 @@ class ListedModel(BaseModel):
     dtype: DtypeName = "auto"
     kv_cache_gib: float | None = Field(None, gt=0)
     speculative: str | None = None
+
+    @model_validator(mode="after")
+    def _pinned_is_never_stopped(self) -> ListedModel:
+        if self.pinned and self.idle_unload is not None:
+            raise ValueError("a pinned model is never stopped: idle_unload contradicts pinned; set one of them")
+        return self
 
     # the service-wide settings an entry overrides for its own engine, under their Settings names
     OVERRIDES: ClassVar[dict[str, str]] = {
@@ -340,7 +351,8 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Several models in one service, instead of `model`: a list (YAML; JSON in the variable) of "
         "{source, name, aliases, pinned, idle_unload, max_model_len, dtype, kv_cache_gib, speculative}; "
-        "`detect --models` plans them together on this machine (serve does not take a list yet); unset: `model` alone",
+        "`detect --models` plans them together on this machine, serve routes each request by its `model` to that model's "
+        "engine, loaded on demand (docs/models.md); unset: `model` alone",
         json_schema_extra={"shown": "unset"},
     )
     max_loaded_models: int | None = Field(
@@ -349,6 +361,12 @@ class Settings(BaseSettings):
         description="Engines of `models` loaded at once: the memory limit is split evenly between them; default: "
         "every listed model",
         json_schema_extra={"shown": "every listed model"},
+    )
+    model_load_wait_seconds: float = Field(
+        300,
+        gt=0,
+        description="With `models`: how long a request for a model that is not loaded waits for its load (and for "
+        "the room it needs) before a 503 with Retry-After",
     )
 
     _field_sources: dict[str, FieldSource] = PrivateAttr(default_factory=dict)
@@ -415,6 +433,8 @@ class Settings(BaseSettings):
             for name, field in ListedModel.OVERRIDES.items()
             if name in entry.model_fields_set
         }
+        if own.get("model") == DEFAULT_SOURCE:
+            own["model"] = None  # the default model, as an unset `model` is
         copy = self.model_copy(update={**own, "models": [], "max_loaded_models": None})
         copy._field_sources = {**self._field_sources, **{field: self.source_of("models") for field in own}}
         return copy

@@ -28,7 +28,7 @@ from service.settings import Settings
 from service.startup import ModelChoice, fetch_model
 from service.startup.report import StartupReport
 from service.startup.self_preload import restore_user_preload
-from service.startup.sequence import StartRefused, decide_start, prepare
+from service.startup.sequence import StartRefused, decide_start, prepare, refuse_unsafe
 
 log = logging.getLogger("service")
 
@@ -38,6 +38,16 @@ def run(settings: Settings) -> int:
     # The service's logger carries its own level: the root logger ends up at ERROR once the engine has started
     # (a library raises it), which silenced "ready", "received SIGTERM: draining" and friends.
     logging.getLogger("service").setLevel(settings.log_level.upper())
+    if settings.models:
+        from service.server.router.run import run_table
+
+        try:
+            refuse_unsafe(settings)
+            sock = _listen(settings.host, settings.port)
+        except StartRefused as exc:
+            log.error("refusing to start: %s", exc)
+            return EXIT_STARTUP_REFUSED
+        return run_table(settings, sock)
     reexecuted = restore_user_preload(os.environ)
     user_preload = os.environ.get("LD_PRELOAD")
     started = time.monotonic()

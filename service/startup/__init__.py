@@ -34,7 +34,7 @@ from service.policy.calibration import Mode, Verdict
 from service.policy.decision import PolicyResult, record
 from service.policy.gguf_architectures import architecture_problem
 from service.policy.media import plan_media
-from service.policy.model_table import memory_share
+from service.policy.model_table import cpu_share, memory_share
 from service.policy.plan import plan_engine
 from service.policy.plan_state import PlanInputs
 from service.policy.speculative import draft_directory
@@ -234,7 +234,7 @@ def build_report(
         fetched = record("model", "fetched", model.location, model.fetched, "user")
         plan = dataclasses.replace(plan, decisions=(fetched, *plan.decisions))
     if engines is not None:
-        plan = dataclasses.replace(plan, decisions=(share, *plan.decisions))
+        plan = dataclasses.replace(plan, decisions=(share, cpu_share(engines), *plan.decisions))
     # Access is shown here and refused by serve alone (startup/sequence.py): detect describes the machine and the model,
     # and an image's detect runs without the key its deployment mounts.
     access = plan_access(settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts)

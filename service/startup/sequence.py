@@ -39,6 +39,16 @@ class StartRefused(Exception):
     """A start the service refuses; the message says why."""
 
 
+def refuse_unsafe(settings: Settings) -> None:
+    """The checks before anything is read or built (one model's start and a model table's): a cache dir the service
+    may not write into its code, and a deployment that forgot its key stays closed."""
+    if (problem := cache_dir_problem(settings.cache_dir, code_dirs(GGML_KERNEL_DIR.parent))) is not None:
+        raise StartRefused(problem)
+    access = plan_access(settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts)
+    if access.errors:
+        raise StartRefused("; ".join(access.errors))
+
+
 def decide_start(
     settings: Settings,
     reexecuted: bool,
@@ -46,11 +56,7 @@ def decide_start(
     fetch: Callable[[ModelChoice], ModelChoice],  # downloads the model while the port answers (the server's)
 ) -> tuple[StartupReport, ModelChoice]:
     """Everything the service decides before it binds its port; raises StartRefused."""
-    if (problem := cache_dir_problem(settings.cache_dir, code_dirs(GGML_KERNEL_DIR.parent))) is not None:
-        raise StartRefused(problem)
-    access = plan_access(settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts)
-    if access.errors:  # before anything is read or built: a deployment that forgot its key stays closed
-        raise StartRefused("; ".join(access.errors))
+    refuse_unsafe(settings)
     # Before the facts are read: they find the build this makes (an image's first start on a CPU).
     build_at_start(settings.build_kernels, KERNEL_SOURCE)  # logs what it did
     choice = choose_model(settings, build_demo=True)

@@ -44,7 +44,7 @@ class TableReport:
             "loaded_at_once": self.engines,
             "models": [
                 {
-                    "name": _name(m),
+                    "name": listed_name_of(m),
                     "source": m.entry.source,
                     "pinned": m.entry.pinned,
                     "idle_unload": m.entry.idle_unload,
@@ -61,14 +61,14 @@ class TableReport:
 
     def render(self, console: Console) -> None:
         for m in self.models:
-            console.rule(f"{_name(m)} ({m.entry.source})")
+            console.rule(f"{listed_name_of(m)} ({m.entry.source})")
             m.report.render(console)
         table = Table(title=f"the model table: {self.engines} engine(s) loaded at once, the memory split evenly")
         for column in ("model", "memory share", "KV cache in it", "fits", "pinned", "idle unload"):
             table.add_column(column)
         for m in self.models:
             table.add_row(
-                _name(m),
+                listed_name_of(m),
                 _bytes(_decided(m.report, "model.memory_share")),
                 _bytes(m.report.plan.engine_args.get("kv_cache_memory_bytes")),
                 "yes" if m.report.ok else "alone only" if m.alone_ok else "no",
@@ -94,7 +94,8 @@ def plan_table(settings: Settings, cpuinfo: Path | None = None, sysfs: Path | No
     return TableReport(engines, tuple(listed), errors)
 
 
-def _name(m: Listed) -> str:
+def listed_name_of(m: Listed) -> str:
+    """The name clients use for a listed model: its entry's, else its served name."""
     return m.entry.name or str(_decided(m.report, "model.served_name") or m.entry.source)
 
 

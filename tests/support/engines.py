@@ -38,6 +38,12 @@ ENGINES: dict[str, Engine] = {
         "Claude Code and Codex CLI need a template that renders their tools and 30k tokens of context for their "
         "prompts (in the tiny models' vocabulary); the Qwen3-style chat model has 2k, SmolLM2 renders no tools",
     ),
+    "model-table": Engine(
+        8,
+        "several models in one service, each load an engine of its own: the table with chat pinned, then embed, demo, "
+        "demo after its engine is killed, embed after waiting for room, and a table refused before any engine; "
+        "Claude Code's two models (the main one pinned, then the small fast one)",
+    ),
     "chat-template": Engine(1, "a model served with a chat template file the user gives"),
     "gguf-file": Engine(1, "a GGUF file dequantized (gguf_blocks=off)"),
     "gguf-blocks": Engine(1, "a GGUF file's own blocks on ggml's kernel"),

@@ -104,10 +104,3 @@ def test_a_table_that_fits_exits_zero_and_each_engine_gets_its_own_names(tmp_pat
     assert code == 0 and table["errors"] == []
     plans = {m["name"]: {d["setting"]: d["value"] for d in m["plan"]["decisions"]} for m in table["models"]}
     assert plans["coder"]["engine.max_model_len"] == 4096 and plans["coder"]["model.memory_share"] == 16 * GiB
-
-
-def test_serve_refuses_a_table_instead_of_serving_one_of_it(tmp_path):
-    config = tmp_path / "models.yaml"
-    config.write_text(yaml.safe_dump({"models": [{"source": "demo-tiny-llama"}]}))
-    result = CliRunner().invoke(app, ["serve", "--config", str(config)])
-    assert result.exit_code == 2 and "detect --models" in result.stderr
