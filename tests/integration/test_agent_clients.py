@@ -16,6 +16,7 @@ answered 2xx, and the prompt tokens they add up to."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -32,9 +33,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.conftest import RunningServer, _start
 from tests.support import agent_clients
 from tests.support.agent_clients import ClaudeRun, CodexRun, Scratch, claude_argv, claude_env, codex_config
+from tests.support.engines import started
 from tests.support.recording_proxy import Exchange, RecordingProxy
-from tests.support.release import release
-from tests.support.server import MODELS
+from tests.support.release import reap, release
+from tests.support.server import MODELS, ServerProcess, service_env
 from tests.support.tiny_models import AGENT_ANSWER, tiny_qwen3_agent
 
 AGENT = "tiny-qwen3-agent"
@@ -72,6 +74,28 @@ def agent_server(server_logs):
     )
     yield server
     release(server.process)
+
+
+@pytest.fixture(scope="module")
+def agent_table(server_logs):
+    """A model table of two engines of the agent model: Claude Code's small fast model (its claude-*haiku* names)
+    and its main one (any other claude-* name), listed in that order since aliases are matched in the table's."""
+    model = str(tiny_qwen3_agent(MODELS))
+    models = [
+        {"source": model, "name": "agent-small", "aliases": ["claude-*haiku*"]},
+        {"source": model, "name": "agent-main", "aliases": ["claude-*"], "pinned": True},
+    ]
+    env = service_env(MODELS, models=json.dumps(models), api_key=AGENT_KEY, kv_cache_gib="0.25")
+    del env["SERVICE_MODEL"]  # a table instead of one model
+    reap()
+    process = ServerProcess(env, server_logs / "agent-table.log", name="model-table/agents").start()
+    try:
+        process.wait_ready(timeout=480)
+    except BaseException:
+        process.kill_group()
+        raise
+    yield RunningServer(process, "agent-main", AGENT_KEY)
+    release(process)
 
 
 SUMMARY: list[str] = []
@@ -246,3 +270,37 @@ def test_codex_runs_on_the_default_model(clients, default_server):
     SUMMARY.append(seen.line(f"{clients.versions['codex']} on the default model"))
     codex_succeeded(run, clients.versions)
     assert_served(seen, run.summary())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Several models in one service: Claude Code's main and small fast names on two engines
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.engine
+def test_claude_codes_main_and_small_fast_models_are_two_engines_of_one_table(clients, agent_table):
+    def loads() -> dict[str, float]:
+        text = httpx.get(f"{agent_table.url}/metrics", timeout=10).text
+        return {
+            s.labels["model"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "service_model_loads_total"
+        }
+
+    asked = {}
+    with RecordingProxy(agent_table.url) as proxy, agent_clients.scratch() as where:
+        for model in (None, "haiku"):  # its own main model's name, then its small fast one's (`--model haiku`)
+            if model == "haiku":
+                started("model-table/agent-small")
+            first = len(proxy.exchanges)
+            argv = claude_argv(clients.claude, PROMPT)
+            argv = argv if model is None else [argv[0], "--model", model, *argv[1:]]
+            run = ClaudeRun(agent_clients.run(argv, where, claude_env(proxy.url, AGENT_KEY, None)))
+            assert claude_succeeded(run, clients.versions) == AGENT_ANSWER
+            asked[model] = {e.model for e in proxy.exchanges[first:] if e.method == "POST"}
+            assert all(e.status == 200 for e in proxy.exchanges[first:]), run.summary()
+    SUMMARY.append(f"{clients.versions['claude']} on a two-model table: asked {asked}")
+    assert all(m.startswith("claude-") and "haiku" not in m for m in asked[None]), asked
+    assert asked["haiku"] and all("haiku" in m for m in asked["haiku"]), asked
+    assert loads() == {"agent-main": 1.0, "agent-small": 1.0}  # each name went to its own engine
