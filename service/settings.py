@@ -359,8 +359,8 @@ class Settings(BaseSettings):
         None,
         ge=1,
         description="Engines of `models` loaded at once: the memory limit is split evenly between them; default: "
-        "every listed model",
-        json_schema_extra={"shown": "every listed model"},
+        "the most (up to every listed model) whose shares each hold their model",
+        json_schema_extra={"shown": "as many as fit"},
     )
     model_load_wait_seconds: float = Field(
         300,

@@ -20,9 +20,34 @@ from service.settings import ListedModel, Settings
 
 
 def loaded_at_once(settings: Settings) -> int:
-    """How many engines of the table are planned to run together."""
+    """How many engines of the table are planned to run together, at most."""
     listed = len(settings.models)
     return min(settings.max_loaded_models or listed, listed) if listed else 1
+
+
+def engine_counts(settings: Settings) -> tuple[int, ...]:
+    """The numbers of engines at once to plan the table for, the first that fits wins: the user's max_loaded_models
+    alone, else every listed model down to the fewest that leaves an engine for the unpinned models."""
+    most = loaded_at_once(settings)
+    if settings.max_loaded_models is not None:
+        return (most,)
+    pinned = sum(entry.pinned for entry in settings.models)
+    fewest = max(1, pinned + (pinned < len(settings.models)))
+    return tuple(range(most, min(fewest, most) - 1, -1))
+
+
+def engines_reason(settings: Settings, engines: int, fits: bool) -> str:
+    listed = len(settings.models)
+    if settings.max_loaded_models is not None:
+        return f"max_loaded_models={settings.max_loaded_models} (set by the user)"
+    if not fits:
+        return f"no number of engines down to {engines} holds each listed model in its share of the memory"
+    if engines == listed:
+        return f"all {listed} listed models fit their shares at once"
+    return (
+        f"the {listed} listed models do not fit their shares together: {engines} at once, the most whose shares each "
+        "hold any listed model; a load beyond stops the least recently used idle one"
+    )
 
 
 def memory_share(limits: Limits, engines: int) -> tuple[Limits, Decision]:
@@ -74,6 +99,12 @@ def table_errors(
             f"{len(pinned)} pinned models ({', '.join(e.name or e.source for e in pinned)}) but {engines} engine(s) "
             "loaded at once: pinned engines are never stopped, so they must all fit together (raise "
             "max_loaded_models or pin fewer)"
+        )
+    unpinned = [e for e in entries if not e.pinned]
+    if pinned and unpinned and len(pinned) >= engines:
+        errors.append(
+            f"{len(pinned)} pinned model(s) take all {engines} engine(s) loaded at once: "
+            f"{', '.join(e.name or e.source for e in unpinned)} could never load (raise max_loaded_models or pin fewer)"
         )
     for entry, (in_share, alone) in zip(entries, verdicts, strict=True):
         name = entry.name or entry.source

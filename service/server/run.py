@@ -43,11 +43,10 @@ def run(settings: Settings) -> int:
 
         try:
             refuse_unsafe(settings)
-            sock = _listen(settings.host, settings.port)
+            return run_table(settings, lambda: _listen(settings.host, settings.port))
         except StartRefused as exc:
             log.error("refusing to start: %s", exc)
             return EXIT_STARTUP_REFUSED
-        return run_table(settings, sock)
     reexecuted = restore_user_preload(os.environ)
     user_preload = os.environ.get("LD_PRELOAD")
     started = time.monotonic()

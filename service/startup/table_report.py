@@ -4,6 +4,7 @@ share of the memory (service/policy/model_table.py), and what of the table fits.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from service.policy.memory import gib
-from service.policy.model_table import loaded_at_once, table_errors
+from service.policy.model_table import engine_counts, engines_reason, table_errors
 from service.settings import ListedModel, Settings
 from service.startup import build_report, choose_model, fetch_model
 from service.startup.report import StartupReport
@@ -32,6 +33,7 @@ class Listed:
 @dataclass(frozen=True)
 class TableReport:
     engines: int  # loaded at once
+    engines_reason: str
     models: tuple[Listed, ...]
     errors: tuple[str, ...]
 
@@ -42,6 +44,7 @@ class TableReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "loaded_at_once": self.engines,
+            "loaded_at_once_reason": self.engines_reason,
             "models": [
                 {
                     "name": listed_name_of(m),
@@ -63,7 +66,10 @@ class TableReport:
         for m in self.models:
             console.rule(f"{listed_name_of(m)} ({m.entry.source})")
             m.report.render(console)
-        table = Table(title=f"the model table: {self.engines} engine(s) loaded at once, the memory split evenly")
+        table = Table(
+            title=f"the model table: {self.engines} engine(s) loaded at once ({self.engines_reason}), the memory split "
+            "evenly"
+        )
         for column in ("model", "memory share", "KV cache in it", "fits", "pinned", "idle unload"):
             table.add_column(column)
         for m in self.models:
@@ -80,18 +86,33 @@ class TableReport:
             console.print(f"[red]error:[/red] {error}")
 
 
-def plan_table(settings: Settings, cpuinfo: Path | None = None, sysfs: Path | None = None) -> TableReport:
-    """Each listed model's plan in its share, and alone where the share does not hold it; nothing is downloaded."""
-    engines = loaded_at_once(settings)
+def plan_table(
+    settings: Settings,
+    cpuinfo: Path | None = None,
+    sysfs: Path | None = None,
+    *,
+    download: bool = False,
+    progress: Callable[[str], None] = lambda line: None,
+) -> TableReport:
+    """Each listed model's plan in its share, and alone where the share does not hold it; a hub model not in the
+    cache is downloaded first only with `download` (serve; detect plans from what is here). The number of engines at
+    once: the user's, else the most whose shares each hold their model."""
+    own = [settings.for_listed(entry) for entry in settings.models]
+    choices = [fetch_model(choose_model(o, build_demo=False), o, download=download, progress=progress) for o in own]
+    for engines in engine_counts(settings):
+        reports = [
+            build_report(o, model=c, cpuinfo=cpuinfo, sysfs=sysfs, engines=engines)
+            for o, c in zip(own, choices, strict=True)
+        ]
+        if all(r.ok for r in reports):
+            break
     listed = []
-    for entry in settings.models:
-        own = settings.for_listed(entry)
-        choice = fetch_model(choose_model(own, build_demo=False), own, download=False)
-        report = build_report(own, model=choice, cpuinfo=cpuinfo, sysfs=sysfs, engines=engines)
-        alone = report if report.ok or engines == 1 else build_report(own, model=choice, cpuinfo=cpuinfo, sysfs=sysfs)
+    for entry, o, choice, report in zip(settings.models, own, choices, reports, strict=True):
+        alone = report if report.ok or engines == 1 else build_report(o, model=choice, cpuinfo=cpuinfo, sysfs=sysfs)
         listed.append(Listed(entry, report, alone.errors))
     errors = table_errors(settings.models, engines, [(m.report.errors, m.alone_errors) for m in listed])
-    return TableReport(engines, tuple(listed), errors)
+    why = engines_reason(settings, engines, all(r.ok for r in reports))
+    return TableReport(engines, why, tuple(listed), errors)
 
 
 def listed_name_of(m: Listed) -> str:

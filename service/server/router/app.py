@@ -47,7 +47,8 @@ def create_router_app(
     install_error_handlers(app, on_engine_dead=lambda: "an engine ended")
     needs_key = [Depends(require_api_key(api_key_of(settings).value))]
     metrics_deps = needs_key if settings.metrics_require_auth else []
-    client = httpx.AsyncClient(timeout=httpx.Timeout(5, read=None))  # an answer streams as long as it generates
+    # An answer streams as long as it generates; connections unbounded here, since the request cap bounds requests.
+    client = httpx.AsyncClient(timeout=httpx.Timeout(5, read=None), limits=httpx.Limits(max_connections=None))
     aliases = {name: engine.aliases for name, engine in engines.engines.items()}
     wait_s = settings.model_load_wait_seconds
     planned = table.to_dict()
@@ -98,7 +99,8 @@ def create_router_app(
             models.append(
                 listed | {"state": engine.state.value} | ({"plan": live[engine.name]} if engine.name in live else {})
             )
-        return {"loaded_at_once": planned["loaded_at_once"], "models": models, "errors": planned["errors"]}
+        keys = ("loaded_at_once", "loaded_at_once_reason", "errors")
+        return {key: planned[key] for key in keys} | {"models": models}
 
     def card(engine: Engine) -> dict[str, Any]:
         return {

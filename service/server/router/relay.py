@@ -59,7 +59,7 @@ async def relay(
     release: Callable[[], Awaitable[None]],
 ) -> StreamingResponse:
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _NOT_RELAYED]
-    url = httpx.URL(base_url + request.url.path, query=request.url.query.encode())
+    url = httpx.URL(base_url + request.url.path + (f"?{request.url.query}" if request.url.query else ""))
     upstream_request = client.build_request(
         request.method, url, headers=[*headers, ("authorization", f"Bearer {key}")], content=body
     )

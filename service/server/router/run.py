@@ -9,24 +9,34 @@ import contextlib
 import logging
 import secrets
 import socket
+from collections.abc import Callable
 
 import uvicorn
 import uvloop
 
+from service.server.http.download_status import download_status
 from service.server.router.app import create_router_app
 from service.server.router.child_config import child_settings
 from service.server.router.engines import Engine, Engines, NotServed
 from service.server.router.router_metrics import RouterMetrics
 from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from service.settings import Settings
+from service.startup import choose_model, downloads
 from service.startup.table_report import TableReport, listed_name_of, plan_table
 
 log = logging.getLogger("service")
 
 
-def run_table(settings: Settings, sock: socket.socket) -> int:
-    """`sock`: the service's address, bound before the plan (a port in use refuses the start at once)."""
-    table = plan_table(settings)
+def run_table(settings: Settings, listen: Callable[[], socket.socket]) -> int:
+    """`listen`: binds the service's address (StartRefused when it cannot). A hub model not in the cache is downloaded
+    before the plan, while the port answers the probes with the download's progress, as for one model."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per relayed request: the engines log each already
+    if any(downloads(choose_model(settings.for_listed(e), build_demo=False)) for e in settings.models):
+        with download_status(listen()) as progress:
+            table = plan_table(settings, download=True, progress=progress)
+    else:
+        table = plan_table(settings)
+    sock = listen()
     for error in table.errors:
         log.error("refusing to start: %s", error)
     if not table.ok:

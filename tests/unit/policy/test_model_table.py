@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from service.__main__ import app
 from service.facts.hardware import read_hardware
-from service.policy.model_table import loaded_at_once, memory_share, table_errors
+from service.policy.model_table import engine_counts, loaded_at_once, memory_share, table_errors
 from service.settings import ListedModel, Settings, load_settings
 from tests.unit.conftest import MODELS, SYSFS
 
@@ -104,3 +104,30 @@ def test_a_table_that_fits_exits_zero_and_each_engine_gets_its_own_names(tmp_pat
     assert code == 0 and table["errors"] == []
     plans = {m["name"]: {d["setting"]: d["value"] for d in m["plan"]["decisions"]} for m in table["models"]}
     assert plans["coder"]["engine.max_model_len"] == 4096 and plans["coder"]["model.memory_share"] == 16 * GiB
+
+
+def test_without_max_loaded_models_the_table_tries_every_count_down_to_one_beside_the_pinned():
+    listed = [{"source": "a", "pinned": True}, {"source": "b"}, {"source": "c"}]
+    assert engine_counts(Settings(models=listed)) == (3, 2)
+    assert engine_counts(Settings(models=listed, max_loaded_models=1)) == (1,)
+    assert engine_counts(Settings(models=[{"source": "a"}, {"source": "b"}])) == (2, 1)
+    assert engine_counts(Settings(models=[{"source": "a", "pinned": True}])) == (1,)
+
+
+def test_pinned_models_that_take_every_engine_leave_the_others_unloadable():
+    entries = [ListedModel(source="a", pinned=True), ListedModel(source="b")]
+    [error] = table_errors(entries, 1, [((), ()), ((), ())])
+    assert "1 pinned model(s) take all 1 engine(s) loaded at once: b could never load" in error
+
+
+def test_the_table_loads_fewer_at_once_where_the_memory_holds_fewer(tmp_path):
+    code, table = _table(
+        tmp_path,
+        [
+            {"source": str(MODELS / "bge-small-en-v1.5"), "name": "embed"},
+            {"source": str(MODELS / "qwen2.5-7b-instruct-gptq-int4"), "name": "coder", "max_model_len": 4096},
+        ],
+    )
+    # the GPTQ model does not fit half of the 16 GiB container: one engine at once, the whole limit each
+    assert code == 0 and table["errors"] == [] and table["loaded_at_once"] == 1
+    assert "do not fit their shares together: 1 at once" in table["loaded_at_once_reason"]
