@@ -39,10 +39,10 @@ ENGINES: dict[str, Engine] = {
         "prompts (in the tiny models' vocabulary); the Qwen3-style chat model has 2k, SmolLM2 renders no tools",
     ),
     "model-table": Engine(
-        8,
+        7,
         "several models in one service, each load an engine of its own: the table with chat pinned, then embed, demo, "
-        "demo after its engine is killed, embed after waiting for room, and a table refused before any engine; "
-        "Claude Code's two models (the main one pinned, then the small fast one)",
+        "demo after its engine is killed, and a table refused before any engine; Claude Code's two models (the main "
+        "one pinned, then the small fast one)",
     ),
     "chat-template": Engine(1, "a model served with a chat template file the user gives"),
     "gguf-file": Engine(1, "a GGUF file dequantized (gguf_blocks=off)"),
