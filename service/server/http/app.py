@@ -148,17 +148,22 @@ def create_app(
         app.openapi_schema = None  # rebuilt with vLLM's routes (run.py does it before /ready: seconds of CPU)
 
     Instrumentator(excluded_handlers=list(UNCOUNTED), registry=metrics.registry).instrument(app)
+    add_gates(app, settings, frozenset(UNCOUNTED))
+    return HttpShell(app, attach_engine)
+
+
+def add_gates(app: FastAPI, settings: Settings, reserved_paths: frozenset[str]) -> None:
+    """The middlewares every request of the port passes, innermost first (one model's app and the model table's front
+    end). `reserved_paths`: the probes and the scrape, which keep requests of their own under the cap."""
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     if (names := checked_host_names(settings.host, api_key_of(settings), settings.allowed_hosts)) is not None:
         app.add_middleware(HostCheckMiddleware, names=names)
-    app.add_middleware(RequestIdMiddleware)
-    app.add_middleware(
-        AnthropicErrorsMiddleware
-    )  # outside every refusal: Anthropic's routes answer in its shape  # outside the body limit: its 413 names the request too
+    app.add_middleware(RequestIdMiddleware)  # outside the body limit: its 413 names the request too
+    app.add_middleware(AnthropicErrorsMiddleware)  # outside every refusal: Anthropic's routes answer in its shape
     app.add_middleware(
         RequestCapMiddleware,
         limit=request_limit(settings.max_queued_requests),
-        reserved_paths=frozenset(UNCOUNTED),
+        reserved_paths=reserved_paths,
         reserved_limit=RESERVED_REQUESTS,
     )
     # Outermost: preflights need no API key, and refusals (401, 413, 503) carry the headers a page needs to read them.
@@ -170,7 +175,6 @@ def create_app(
         allow_headers=["*"],
         expose_headers=["Retry-After", "X-Request-Id"],
     )
-    return HttpShell(app, attach_engine)
 
 
 def _bounds(settings: Settings, report: StartupReport, served: str) -> Bounds:

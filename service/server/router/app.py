@@ -1,7 +1,6 @@
 """The model table's HTTP front: the service's own routes answered here (probes, metrics, hardware, the model list and
 its admin routes), every other request relayed to the engine its body's `model` names, loading it first if need be.
-The same gates as one model's service, outermost first: CORS, the request cap, Anthropic's error shape, the request
-id, the host check, the body limit, then the key."""
+The same gates as one model's service (http/app.py add_gates), then the key."""
 
 from __future__ import annotations
 
@@ -17,16 +16,10 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.middleware.cors import CORSMiddleware
 
 from service.facts.api_key import api_key_of
-from service.policy.access import checked_host_names
+from service.server.http.app import add_gates
 from service.server.http.auth import require_api_key
-from service.server.http.body_limit import BodyLimitMiddleware
-from service.server.http.host_check import HostCheckMiddleware
-from service.server.http.request_cap import RESERVED_REQUESTS, RequestCapMiddleware, request_limit
-from service.server.http.request_id import RequestIdMiddleware
-from service.server.openai_compat.anthropic_errors import AnthropicErrorsMiddleware
 from service.server.openai_compat.errors import RETRY_AFTER_SECONDS, ServiceError, error_type, install_error_handlers
 from service.server.router.engines import Engine, Engines, NotServed, State
 from service.server.router.names import listed_name
@@ -37,7 +30,6 @@ from service.startup.table_report import TableReport
 
 _ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 _PROBES = ("/health", "/ready", "/version", "/metrics")
-LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 
 
 def create_router_app(
@@ -160,31 +152,9 @@ def create_router_app(
     app.add_api_route("/v1/models/{model:path}/unload", unload_model, methods=["POST"], dependencies=needs_key)
     app.add_api_route("/v1/models/{model:path}", get_model, methods=["GET"], dependencies=needs_key)
     app.router.routes.append(APIRoute("/{path:path}", relayed, methods=_ANY_METHOD, dependencies=needs_key))
-    _gates(app, settings)
+    add_gates(app, settings, frozenset(_PROBES))
     app.state.client = client
     return app
-
-
-def _gates(app: FastAPI, settings: Settings) -> None:
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
-    if (names := checked_host_names(settings.host, api_key_of(settings), settings.allowed_hosts)) is not None:
-        app.add_middleware(HostCheckMiddleware, names=names)
-    app.add_middleware(RequestIdMiddleware)
-    app.add_middleware(AnthropicErrorsMiddleware)
-    app.add_middleware(
-        RequestCapMiddleware,
-        limit=request_limit(settings.max_queued_requests),
-        reserved_paths=frozenset(_PROBES),
-        reserved_limit=RESERVED_REQUESTS,
-    )
-    app.add_middleware(
-        CORSMiddleware,
-        allow_origins=settings.cors_origins,
-        allow_origin_regex=LOCAL_ORIGINS,
-        allow_methods=["*"],
-        allow_headers=["*"],
-        expose_headers=["Retry-After", "X-Request-Id"],
-    )
 
 
 def _model_of(body: bytes) -> str | None:
