@@ -16,7 +16,6 @@ answered 2xx, and the prompt tokens they add up to."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
@@ -35,8 +34,8 @@ from tests.support import agent_clients
 from tests.support.agent_clients import ClaudeRun, CodexRun, Scratch, claude_argv, claude_env, codex_config
 from tests.support.engines import started
 from tests.support.recording_proxy import Exchange, RecordingProxy
-from tests.support.release import reap, release
-from tests.support.server import MODELS, ServerProcess, service_env
+from tests.support.release import release
+from tests.support.server import MODELS, start_table
 from tests.support.tiny_models import AGENT_ANSWER, tiny_qwen3_agent
 
 AGENT = "tiny-qwen3-agent"
@@ -85,15 +84,13 @@ def agent_table(server_logs):
         {"source": model, "name": "agent-small", "aliases": ["claude-*haiku*"]},
         {"source": model, "name": "agent-main", "aliases": ["claude-*"], "pinned": True},
     ]
-    env = service_env(MODELS, models=json.dumps(models), api_key=AGENT_KEY, kv_cache_gib="0.25")
-    del env["SERVICE_MODEL"]  # a table instead of one model
-    reap()
-    process = ServerProcess(env, server_logs / "agent-table.log", name="model-table/agents").start()
-    try:
-        process.wait_ready(timeout=480)
-    except BaseException:
-        process.kill_group()
-        raise
+    process = start_table(
+        server_logs / "agent-table.log",
+        name="model-table/agents",
+        models=models,
+        api_key=AGENT_KEY,
+        kv_cache_gib="0.25",
+    )
     yield RunningServer(process, "agent-main", AGENT_KEY)
     release(process)
 

@@ -23,8 +23,8 @@ from service.facts.model import packaged_default_model_path, packaged_embedding_
 from service.models.demo_model import DEMO_NAME
 from tests.integration.conftest import API_KEY
 from tests.support.engines import started
-from tests.support.release import reap, release
-from tests.support.server import MODELS, ServerProcess, service_env
+from tests.support.release import release
+from tests.support.server import MODELS, ServerProcess, service_env, start_table
 
 pytestmark = pytest.mark.engine
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -39,15 +39,14 @@ def table(server_logs):
         {"source": str(embed), "name": "embed"},
         {"source": DEMO_NAME, "name": "demo"},
     ]
-    env = service_env(MODELS, models=json.dumps(models), max_loaded_models="2", api_key=API_KEY, kv_cache_gib="0.25")
-    del env["SERVICE_MODEL"]  # a table instead of one model
-    reap()
-    process = ServerProcess(env, server_logs / "model-table.log", name="model-table").start()
-    try:
-        process.wait_ready(timeout=480)
-    except BaseException:
-        process.kill_group()
-        raise
+    process = start_table(
+        server_logs / "model-table.log",
+        name="model-table",
+        models=models,
+        max_loaded_models="2",
+        api_key=API_KEY,
+        kv_cache_gib="0.25",
+    )
     yield process
     release(process)
 
@@ -180,3 +179,14 @@ def _engine_core_of(process: ServerProcess, model: str) -> psutil.Process:
         if any("EngineCore" in part for part in child.cmdline()[:1]):
             return child
     raise AssertionError(f"no engine core of {model!r} under {card['pid']}")
+
+
+def test_a_model_that_cannot_fit_is_refused_at_start_with_the_numbers(server_logs):
+    models = [{"source": DEMO_NAME, "name": "demo"}, {"source": DEMO_NAME, "name": "huge", "kv_cache_gib": 100000}]
+    env = service_env(MODELS, models=json.dumps(models))
+    del env["SERVICE_MODEL"]
+    process = ServerProcess(env, server_logs / "model-table-refused.log", name="model-table/refused").start()
+    assert process.proc.wait(timeout=300) == 2
+    log = process.log_tail(20000)
+    assert "huge: refused even with the machine to itself: kv_cache_gib=100000" in log, log[-3000:]
+    assert "GiB, limit is" in log  # the numbers: what it needs and what the machine has

@@ -23,6 +23,7 @@ __all__ = [
     "free_port",
     "service_env",
     "start_service",
+    "start_table",
     "watch_until_exit",
 ]
 
@@ -53,6 +54,21 @@ def start_service(
     it left running when it does not get there. `name`: the engine's, as tests/support/engines.py registers it."""
     env = service_env(MODELS, **settings) | (extra_env or {})
     reap()  # its KV cache is sized from the memory free now
+    process = ServerProcess(env, log_path, name=name).start()
+    try:
+        process.wait_ready(timeout=480)
+    except BaseException:
+        process.kill_group()
+        raise
+    return process
+
+
+def start_table(log_path: Path, *, name: str, models: list[dict], **settings: str) -> ServerProcess:
+    """`python -m service serve` with a model table (`models`) instead of one model, ready (its pinned models loaded);
+    nothing of it left running when it does not get there."""
+    env = service_env(MODELS, models=json.dumps(models), **settings)
+    del env["SERVICE_MODEL"]
+    reap()
     process = ServerProcess(env, log_path, name=name).start()
     try:
         process.wait_ready(timeout=480)

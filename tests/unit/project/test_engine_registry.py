@@ -19,13 +19,14 @@ STARTERS = {
     "_start": 0,  # tests/integration/conftest.py
     "start_server": 0,  # tests/reliability/conftest.py
     "start_service": "name",  # tests/support/server.py
+    "start_table": "name",  # tests/support/server.py (a model table's front end, its pinned engines loaded)
     "ServerProcess": "name",  # harness/server.py (a service process, where the tests start one themselves)
     "_start_calibrated": 1,  # tests/integration/test_calibration.py
     "engines.started": 0,  # containers and the offline engine
     "running": "engine",  # tests/container/test_images.py (default "image")
 }
 # Helpers that pass a caller's name on: their own calls are checked where they are called.
-FORWARDERS = {"_start", "start_server", "start_service", "_start_calibrated", "running", "counted_start"}
+FORWARDERS = {"_start", "start_server", "start_service", "start_table", "_start_calibrated", "running", "counted_start"}
 
 
 def _name_prefix(node: ast.expr) -> str | None:
