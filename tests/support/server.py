@@ -52,15 +52,7 @@ def start_service(
 ) -> ServerProcess:
     """`python -m service serve` with `service_env(MODELS, **settings)` (and `extra_env` over it), ready; nothing of
     it left running when it does not get there. `name`: the engine's, as tests/support/engines.py registers it."""
-    env = service_env(MODELS, **settings) | (extra_env or {})
-    reap()  # its KV cache is sized from the memory free now
-    process = ServerProcess(env, log_path, name=name).start()
-    try:
-        process.wait_ready(timeout=480)
-    except BaseException:
-        process.kill_group()
-        raise
-    return process
+    return _ready(ServerProcess(service_env(MODELS, **settings) | (extra_env or {}), log_path, name=name))
 
 
 def start_table(log_path: Path, *, name: str, models: list[dict], **settings: str) -> ServerProcess:
@@ -68,8 +60,12 @@ def start_table(log_path: Path, *, name: str, models: list[dict], **settings: st
     nothing of it left running when it does not get there."""
     env = service_env(MODELS, models=json.dumps(models), **settings)
     del env["SERVICE_MODEL"]
-    reap()
-    process = ServerProcess(env, log_path, name=name).start()
+    return _ready(ServerProcess(env, log_path, name=name))
+
+
+def _ready(process: ServerProcess) -> ServerProcess:
+    reap()  # its KV cache is sized from the memory free now
+    process.start()
     try:
         process.wait_ready(timeout=480)
     except BaseException:
