@@ -183,30 +183,39 @@ def pull(
     config: ConfigOpt = None,
 ) -> None:
     """Fetch a model and convert it ahead of time (an image build step, an init container), with the start's checks;
-    exit 1 with the reason when the service would refuse it."""
+    exit 1 with the reason when the service would refuse it. With a `models` table and no model named: every listed
+    model, each as its engine will take it."""
     import logging
-
-    from service.startup import build_report, choose_model, fetch_model, prepare_model
 
     # What it fetches is checked as a model of its own: a draft directory the speculative setting names may be the
     # very model being pulled, not there yet.
     settings = _settings(config, model=model, speculative="off")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("service").setLevel(settings.log_level.upper())
+    own = [settings.for_listed(entry) for entry in settings.models] if settings.models else [settings]
+    refused = [problem for one in own if (problem := _pull_one(one))]
+    if refused:
+        raise typer.Exit(1)
+
+
+def _pull_one(settings: Any) -> str | None:
+    """Fetches, checks and prepares one model; why it was refused (said on stderr), else None."""
+    from service.startup import build_report, choose_model, fetch_model, prepare_model
+
     choice = fetch_model(choose_model(settings, build_demo=True), settings, download=True)
     report = build_report(settings, model=choice)
+    name = settings.served_model_name or choice.name or choice.location
     if not report.ok:
-        typer.echo("refused: " + "; ".join(report.errors), err=True)
-        raise typer.Exit(1)
+        problem = "; ".join(report.errors)
+        typer.echo(f"refused: {name}: {problem}", err=True)
+        return problem
     try:
         engine_model = prepare_model(report, gguf_check=settings.gguf_check != "off")
     except Exception as exc:  # a conversion that failed leaves nothing in the cache (service/models/gguf_convert.py)
-        typer.echo(f"refused: {exc}", err=True)
-        raise typer.Exit(1) from exc
-    typer.echo(
-        f"ready: {choice.name or choice.location} -> {engine_model}"
-        + (f" ({choice.fetched})" if choice.fetched else "")
-    )
+        typer.echo(f"refused: {name}: {exc}", err=True)
+        return str(exc)
+    typer.echo(f"ready: {name} -> {engine_model}" + (f" ({choice.fetched})" if choice.fetched else ""))
+    return None
 
 
 @app.command()

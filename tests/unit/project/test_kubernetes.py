@@ -20,11 +20,11 @@ import pytest
 import yaml
 
 from service.server.http.routes import SERVICE_ROUTES, Access
-from service.settings import Settings
+from service.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "deploy" / "kubernetes"
-OVERLAYS = ("keda", "hpa")
+OVERLAYS = ("keda", "hpa", "model-table")
 CRD_SCHEMAS = REPO / "tests" / "fixtures" / "kubernetes"
 METRIC_NAMES = REPO / "tests" / "container" / "fixtures" / "metric-names.txt"
 # The oldest release the manifests need (the preStop `sleep` action is on by default from 1.30) and the newest
@@ -92,7 +92,7 @@ def test_every_object_is_valid_for_its_schema(rendered, overlay):
             continue
         for version in KUBERNETES_VERSIONS:
             kubernetes_validate.validate(obj, version, strict=True)
-    expected = {"keda": "ScaledObject", "hpa": "HorizontalPodAutoscaler"}[overlay]
+    expected = {"keda": "ScaledObject", "hpa": "HorizontalPodAutoscaler", "model-table": "ConfigMap"}[overlay]
     assert sorted(kinds) == sorted(
         ["Deployment", "Service", "PersistentVolumeClaim", "PodDisruptionBudget", "PodMonitor", expected]
     )
@@ -292,3 +292,24 @@ def test_the_pull_init_container_fetches_the_model_the_api_serves(rendered, over
     assert env(pull)["SERVICE_MODEL"] == env(api)["SERVICE_MODEL"]
     cache = next(m for m in api["volumeMounts"] if m["name"] == "cache")
     assert cache in pull["volumeMounts"]
+
+
+def test_the_model_table_overlay_gives_both_containers_one_table_that_the_service_takes(rendered, tmp_path):
+    """The table reaches the pull init container and the server at the same path; it loads as valid settings (a
+    table, no single model), and the pull fetches every listed model."""
+    objects = rendered["model-table"]
+    spec = pod_spec(objects)
+    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    volume = next(v for v in spec["volumes"] if v.get("configMap", {}).get("name") == config_map["metadata"]["name"])
+    paths = set()
+    for container in spec["containers"] + spec["initContainers"]:
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        assert env["SERVICE_MODEL"] == "" and Path(env["SERVICE_CONFIG"]).parent == Path(mount["mountPath"])
+        paths.add(env["SERVICE_CONFIG"])
+    (path,) = paths
+    table = tmp_path / Path(path).name
+    table.write_text(config_map["data"][Path(path).name])
+    settings = load_settings(table)
+    assert settings.model is None and len(settings.models) == 3
+    assert [m.name for m in settings.models if m.pinned] == ["smollm2", "chat"]

@@ -153,3 +153,19 @@ def test_pull_checks_the_model_it_fetches_not_the_draft_the_speculative_setting_
     result = runner.invoke(app, ["pull", "demo-tiny-llama"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("ready: demo-tiny-llama -> ")
+
+
+def test_pull_with_a_table_fetches_every_listed_model_and_names_the_one_refused(tmp_path, monkeypatch):
+    """An init container's one `pull` for a model table: each entry checked as its engine will take it."""
+    monkeypatch.setenv("SERVICE_CACHE_DIR", str(tmp_path / "cache"))
+    table = [{"source": "demo-tiny-llama", "name": "small"}, {"source": "demo-tiny-llama", "name": "other"}]
+    monkeypatch.setenv("SERVICE_MODELS", json.dumps(table))
+    result = runner.invoke(app, ["pull"])
+    assert result.exit_code == 0, result.output
+    assert [line.split(" -> ")[0] for line in result.stdout.splitlines()] == ["ready: small", "ready: other"]
+    monkeypatch.setenv(
+        "SERVICE_MODELS", json.dumps([*table, {"source": "demo-tiny-llama", "name": "huge", "kv_cache_gib": 100000}])
+    )
+    result = runner.invoke(app, ["pull"])
+    assert result.exit_code == 1 and result.stdout.count("ready: ") == 2
+    assert "refused: huge: " in result.stderr and "kv_cache_gib=100000" in result.stderr
