@@ -211,6 +211,25 @@ def speculation(s: Store) -> list[str]:
     return lines
 
 
+def table_cpus(s: Store) -> list[str]:
+    """A model table's two engines on split CPUs / shared ones (bench/table_cpus.py), per CPU class and file."""
+    rows = s.of_kind("table-cpus")
+    lines = [
+        "| CPU | file | two engines decoding at once, split / shared | one alone, split / shared | run |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for cpu in _ordered(sorted({r.cpu for r in rows}), CPUS):
+        for fmt in sorted({r.params["format"] for r in rows if r.cpu == cpu}):
+            together, alone = (s.rows.get(f"table-cpus/{cpu}/{fmt}/{what}") for what in ("together", "alone"))
+            first = together or alone
+            assert first is not None
+            lines.append(
+                f"| {_label(CPUS, cpu)} | {_label(FORMATS, fmt)} | {_ratio(together) if together else 'n/a'} | "
+                f"{_ratio(alone) if alone else 'n/a'} | `{first.command}`, {first.date} |"
+            )
+    return lines
+
+
 def suffix_speculation(s: Store) -> list[str]:
     """The speculation rows that measured suffix decoding too: against llama.cpp's ngram-mod, over all rounds and over
     each start's first round (before either had seen an answer to the same prompt)."""
@@ -289,6 +308,7 @@ RENDERERS: dict[str, Callable[[Store], list[str]]] = {
     "depth": depth_table,
     "speculation": speculation,
     "suffix-speculation": suffix_speculation,
+    "table-cpus": table_cpus,
 }
 BLOCK = re.compile(r"(<!-- rendered: (?P<name>[\w-]+) \(make docs\) -->\n)(?P<body>.*?)(<!-- end (?P=name) -->)", re.S)
 

@@ -1,5 +1,6 @@
 """Promote a finished run's peer comparisons into the measurement store (service/measurements/peers.yaml,
-speculative.yaml for its speculative-decoding rows, depth.yaml for its depth sweep):
+speculative.yaml for its speculative-decoding rows, depth.yaml for its depth sweep, table_cpus.yaml for
+bench/table_cpus.py's run):
 `python -m bench.promote bench/results/<stamp> [--cpu zen4]`, then `make docs` puts them everywhere they show.
 
 One row per (CPU class, format, concurrency, metric), ratio ours / llama.cpp with its 95% interval; one per (CPU
@@ -26,6 +27,7 @@ from service.measurements.store import STORE, Row, read_store
 PEERS = STORE / "peers.yaml"
 SPECULATIVE = STORE / "speculative.yaml"
 DEPTH = STORE / "depth.yaml"
+TABLE_CPUS = STORE / "table_cpus.yaml"
 METRICS = {"output_throughput": "output", "ttft_p50_ms": "ttft", "tpot_p50_ms": "tpot"}
 
 
@@ -158,6 +160,26 @@ def speculative_rows(results: dict[str, Any], run: str, cpu: str | None = None) 
     return rows
 
 
+def table_cpus_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list[Row]:
+    """bench/table_cpus.py: a model table's two engines on split CPUs / shared ones, decoding alone and together."""
+    if "table_cpus" not in results:
+        return []
+    cls, of = _machine(results, cpu)[0], results["table_cpus"]
+    fmt = f"{of['size']}-{of['format']}"
+    says = {
+        "together": "two engines of the table decoding a stream each at once, summed tok/s, split / shared",
+        "alone": "one engine decoding while the other is idle, split / shared",
+    }
+    rows = []
+    for what, e in results["estimates"].items():
+        estimated = Estimate(what, "ratio", e["value"], e["low"], e["high"], tuple(results["samples"][what]))
+        params = {"format": fmt, "max_tokens": of["max_tokens"], "rounds": of["rounds"], "repetitions": e["n"]}
+        params |= {f"slots_{mode}": plan["slots"] for mode, plan in results["plans"].items()}
+        key = f"table-cpus/{cls}/{fmt}/{what}"
+        rows.append(_ratio_row(results, run, cpu, key, estimated, says=says[what], params=params))
+    return rows
+
+
 def _suffix_params(r: dict[str, Any], key: str, workload: str) -> dict[str, Any]:
     """Where suffix decoding was measured (--peer-speculative-suffix): its acceptance, and its ratios over each start's
     first round alone, before it had seen an answer to the same prompt."""
@@ -197,6 +219,7 @@ def promote(
     path: Path = PEERS,
     speculative: Path = SPECULATIVE,
     depth_store: Path = DEPTH,
+    table_cpus: Path = TABLE_CPUS,
 ) -> list[Row]:
     results = json.loads((run_dir / "results.json").read_text())
     promoted = []
@@ -204,6 +227,7 @@ def promote(
         ("peer", peer_rows(results, str(run_dir), cpu), path),
         ("speculative", speculative_rows(results, str(run_dir), cpu), speculative),
         ("depth", depth_rows(results, str(run_dir), cpu), depth_store),
+        ("table-cpus", table_cpus_rows(results, str(run_dir), cpu), table_cpus),
     ):
         if new:
             existing = read_store(into.parent).of_kind(kind) if into.exists() else []

@@ -362,6 +362,12 @@ class Settings(BaseSettings):
         "the most (up to every listed model) whose shares each hold their model",
         json_schema_extra={"shown": "as many as fit"},
     )
+    model_cpus: Literal["auto", "shared", "split"] = Field(
+        "auto",
+        description="With `models`: the CPUs of the engines loaded at once: split (each its own cores), shared (each "
+        "binds every allowed CPU, as it would alone), auto: the policy, from the measurement of two engines decoding "
+        "at once",
+    )
     model_load_wait_seconds: float = Field(
         300,
         gt=0,

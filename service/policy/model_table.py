@@ -74,19 +74,6 @@ def memory_share(limits: Limits, engines: int) -> tuple[Limits, Decision]:
     return shared, record("model", "memory_share", share, why, "policy")
 
 
-def cpu_share(engines: int) -> Decision:
-    """The rule for CPUs between the engines of a table: shared, each engine planned on every allowed CPU."""
-    why = (
-        "one engine: every allowed CPU"
-        if engines <= 1
-        else f"shared: each of the {engines} engines binds its threads to every allowed CPU, as it would alone; an "
-        "engine waiting for requests computes nothing, so the one answering has the whole machine (one model "
-        "answers at a time in the usual case: an agent's main and small models alternate). Two engines computing "
-        "at once share the cores; splitting them would halve each engine's speed when the other is idle"
-    )
-    return record("model", "cpus", "shared" if engines > 1 else "all", why, "policy")
-
-
 def table_errors(
     entries: Sequence[ListedModel], engines: int, verdicts: Sequence[tuple[Sequence[str], Sequence[str]]]
 ) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from typing import Literal
 
 from service.facts.api_key import api_key_of
 from service.facts.draft_model import read_draft
-from service.facts.hardware import read_hardware
+from service.facts.hardware import HardwareFacts, read_hardware
 from service.facts.libraries import read_libraries
 from service.facts.model import (
     DEFAULT_MODEL_DISTRIBUTION,
@@ -34,12 +34,13 @@ from service.policy.calibration import Mode, Verdict
 from service.policy.decision import PolicyResult, record
 from service.policy.gguf_architectures import architecture_problem
 from service.policy.media import plan_media
-from service.policy.model_table import cpu_share, memory_share
+from service.policy.model_table import memory_share
 from service.policy.plan import plan_engine
 from service.policy.plan_state import PlanInputs
 from service.policy.speculative import draft_directory
+from service.policy.table_cpus import CpuPlan, plan_table_cpus
 from service.policy.telemetry import plan_telemetry
-from service.settings import Settings
+from service.settings import USER_SOURCES, Settings
 from service.startup.report import StartupReport
 
 log = logging.getLogger("service.startup")
@@ -234,7 +235,12 @@ def build_report(
         fetched = record("model", "fetched", model.location, model.fetched, "user")
         plan = dataclasses.replace(plan, decisions=(fetched, *plan.decisions))
     if engines is not None:
-        plan = dataclasses.replace(plan, decisions=(share, cpu_share(engines), *plan.decisions))
+        cpus = table_cpus(settings, hardware, engines)
+        plan = dataclasses.replace(
+            plan,
+            decisions=(share, cpus.decision, *plan.decisions),
+            errors=plan.errors + ((cpus.error,) if cpus.error else ()),
+        )
     # Access is shown here and refused by serve alone (startup/sequence.py): detect describes the machine and the model,
     # and an image's detect runs without the key its deployment mounts.
     access = plan_access(settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts)
@@ -248,6 +254,12 @@ def build_report(
         errors=plan.errors + around.errors,
     )
     return StartupReport(hardware=hardware, software=software, model=model_facts, plan=plan)
+
+
+def table_cpus(settings: Settings, hardware: HardwareFacts, engines: int) -> CpuPlan:
+    """The CPUs of a model table's engines loaded at once (policy/table_cpus.py)."""
+    source = "user" if settings.source_of("model_cpus") in USER_SOURCES else "policy"
+    return plan_table_cpus(settings.model_cpus, source, hardware.topology, hardware.limits, engines)
 
 
 def _digest_problem(choice: ModelChoice, facts: ModelFacts) -> str | None:

@@ -14,8 +14,9 @@ from rich.table import Table
 
 from service.policy.memory import gib
 from service.policy.model_table import engine_counts, engines_reason, table_errors
+from service.policy.table_cpus import CpuPlan
 from service.settings import ListedModel, Settings
-from service.startup import build_report, choose_model, fetch_model
+from service.startup import build_report, choose_model, fetch_model, table_cpus
 from service.startup.report import StartupReport
 
 
@@ -34,6 +35,7 @@ class Listed:
 class TableReport:
     engines: int  # loaded at once
     engines_reason: str
+    cpus: CpuPlan
     models: tuple[Listed, ...]
     errors: tuple[str, ...]
 
@@ -45,6 +47,11 @@ class TableReport:
         return {
             "loaded_at_once": self.engines,
             "loaded_at_once_reason": self.engines_reason,
+            "cpus": {
+                "mode": self.cpus.mode,
+                "slots": [list(s) for s in self.cpus.slots],
+                "reason": self.cpus.decision.reason,
+            },
             "models": [
                 {
                     "name": listed_name_of(m),
@@ -82,6 +89,7 @@ class TableReport:
                 f"{m.entry.idle_unload:g} s" if m.entry.idle_unload else "",
             )
         console.print(table)
+        console.print(f"CPUs: {self.cpus.decision.reason}")
         for error in self.errors:
             console.print(f"[red]error:[/red] {error}")
 
@@ -112,7 +120,8 @@ def plan_table(
         listed.append(Listed(entry, report, alone.errors))
     errors = table_errors(settings.models, engines, [(m.report.errors, m.alone_errors) for m in listed])
     why = engines_reason(settings, engines, all(r.ok for r in reports))
-    return TableReport(engines, why, tuple(listed), errors)
+    cpus = table_cpus(settings, reports[0].hardware, engines)
+    return TableReport(engines, why, cpus, tuple(listed), errors)
 
 
 def listed_name_of(m: Listed) -> str:

@@ -1,5 +1,6 @@
 """Several models in one service: the default chat model (pinned), the MiniLM embedding model and the demo model,
-listed in one table under a plan that holds two engines at once, each loaded by the first request that names it.
+listed in one table under a plan that holds two engines at once, each loaded by the first request that names it, on
+CPUs split between the two (each engine its own slot).
 
 One service for the module, its steps in order (each test builds on the state the one before left). The service's
 start counts as one engine start of the `model-table` family (the pinned chat model loads in it); every later load a
@@ -19,8 +20,11 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.facts.cpulist import parse_cpulist
+from service.facts.hardware import read_hardware
 from service.facts.model import packaged_default_model_path, packaged_embedding_model_path
 from service.models.demo_model import DEMO_NAME
+from service.policy.table_cpus import split_slots
 from tests.integration.conftest import API_KEY
 from tests.support.engines import started
 from tests.support.release import release
@@ -44,11 +48,22 @@ def table(server_logs):
         name="model-table",
         models=models,
         max_loaded_models="2",
+        model_cpus="split",
         api_key=API_KEY,
         kv_cache_gib="0.25",
     )
     yield process
     release(process)
+
+
+def slots() -> set[tuple[int, ...]]:
+    """The two CPU slots the split table's engines run on, derived from this machine."""
+    hardware = read_hardware()
+    return set(split_slots(hardware.topology, hardware.limits, 2) or ())
+
+
+def cards(process: ServerProcess) -> dict[str, dict]:
+    return {c["id"]: c for c in httpx.get(f"{process.url}/v1/models", headers=AUTH, timeout=10).json()["data"]}
 
 
 def states(process: ServerProcess) -> dict[str, tuple[str, str]]:
@@ -125,6 +140,10 @@ def test_the_third_load_evicts_the_lru_idle_engine_while_a_request_in_flight_sur
     now = states(table)
     assert now["chat"][0] == now["demo"][0] == "loaded"
     assert now["embed"][0] == "unloaded" and "least recently used" in now["embed"][1], now
+    # demo took the CPU slot embed's stop freed: the two engines running have one slot each
+    running = cards(table)
+    assert {tuple(running["chat"]["cpus"]), tuple(running["demo"]["cpus"])} == slots(), running
+    assert running["embed"]["cpus"] is None
 
 
 def test_a_killed_engine_fails_only_its_models_requests_and_loads_again(table):
@@ -150,6 +169,22 @@ def test_a_killed_engine_fails_only_its_models_requests_and_loads_again(table):
     assert 'service_model_unloads_total{model="demo",reason="died"} 1.0' in metrics
 
 
+def test_a_multipart_request_is_routed_by_its_model_form_field(table):
+    """Audio transcriptions name their model in a form field, not in a JSON body."""
+
+    def transcribe(model: str) -> httpx.Response:
+        audio = {"file": ("a.wav", b"RIFF\x24\x00\x00\x00WAVE", "audio/wav")}
+        return httpx.post(
+            f"{table.url}/v1/audio/transcriptions", headers=AUTH, data={"model": model}, files=audio, timeout=120
+        )
+
+    unknown = transcribe("nope")
+    assert unknown.status_code == 404 and "does not exist" in unknown.json()["error"]["message"], unknown.text
+    relayed = transcribe("demo")  # the demo engine's own answer: it is no speech model
+    assert relayed.status_code != 200 and "several models" not in relayed.text, relayed.text
+    assert relayed.headers.get("content-type", "").startswith("application/json")
+
+
 def test_admin_unload_is_behind_the_key_the_pinned_model_stays_and_metrics_name_each_engine(table):
     metrics = httpx.get(f"{table.url}/metrics", timeout=10).text
     assert 'service_model_loads_total{model="chat"} 1.0' in metrics  # pinned: never stopped, never loaded again
@@ -165,8 +200,15 @@ def test_admin_unload_is_behind_the_key_the_pinned_model_stays_and_metrics_name_
     assert unloaded.status_code == 200 and unloaded.json()["state"] == "unloaded"
     hardware = httpx.get(f"{table.url}/v1/hardware", headers=AUTH, timeout=30).json()
     assert hardware["loaded_at_once"] == 2 and "set by the user" in hardware["loaded_at_once_reason"]
+    assert hardware["cpus"]["mode"] == "split" and {tuple(s) for s in hardware["cpus"]["slots"]} == slots()
     plans = {m["name"]: m for m in hardware["models"]}
     assert plans["chat"]["state"] == "loaded" and plans["chat"]["plan"]["backend"]["name"]
+    # the chat engine's own facts read its slot as its allowed CPUs, and its threads bind inside it
+    chat = plans["chat"]["plan"]
+    assert chat["hardware"]["allowed_cpus"] == cards(table)["chat"]["cpus"], chat["hardware"]
+    assert {c for rank in chat["threads"]["ranks"] for c in parse_cpulist(rank)} <= set(
+        chat["hardware"]["allowed_cpus"]
+    )
     assert plans["demo"]["state"] == plans["embed"]["state"] == "unloaded"
 
 

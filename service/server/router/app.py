@@ -91,7 +91,7 @@ def create_router_app(
             models.append(
                 listed | {"state": engine.state.value} | ({"plan": live[engine.name]} if engine.name in live else {})
             )
-        keys = ("loaded_at_once", "loaded_at_once_reason", "errors")
+        keys = ("loaded_at_once", "loaded_at_once_reason", "cpus", "errors")
         return {key: planned[key] for key in keys} | {"models": models}
 
     def card(engine: Engine) -> dict[str, Any]:
@@ -106,6 +106,7 @@ def create_router_app(
             "pinned": engine.pinned,
             "load_seconds": engine.load_seconds,
             "pid": engine.process.pid if engine.process is not None else None,  # its engine's process group
+            "cpus": list(engine.cpus) if engine.cpus else None,  # its slot, where the table's CPUs are split
         }
 
     async def list_models() -> dict[str, Any]:
@@ -128,6 +129,10 @@ def create_router_app(
     async def relayed(request: Request) -> Response:
         body = await request.body()
         model = _model_of(body)
+        if model is None and request.headers.get("content-type", "").startswith("multipart/form-data"):
+            # audio transcriptions and translations name their model as a form field
+            field = (await request.form()).get("model")
+            model = field if isinstance(field, str) and field else None
         if model is None:
             raise ServiceError(
                 HTTPStatus.BAD_REQUEST,

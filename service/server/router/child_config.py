@@ -16,7 +16,7 @@ from service.settings import Settings
 
 # The router's own settings: the child listens where the router says, with the router's key.
 _ROUTER_ONLY = frozenset(
-    {"host", "port", "api_key", "api_key_file", "models", "max_loaded_models", "model_load_wait_seconds"}
+    {"host", "port", "api_key", "api_key_file", "models", "max_loaded_models", "model_cpus", "model_load_wait_seconds"}
 )
 
 

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import ctypes
 import enum
+import functools
 import logging
 import os
 import signal
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from service.facts.cpulist import format_cpulist
 from service.server.router.child_config import child_env, write_config
 from service.server.router.eviction import Running, room_for_load
 from service.server.router.router_metrics import RouterMetrics
@@ -55,6 +57,7 @@ class Engine:
     failed: bool = False  # the last attempt ended before the engine was ready
     load_seconds: float | None = None
     stop_reason: str | None = None
+    cpus: tuple[int, ...] | None = None  # its slot of a split table while it runs; None: every allowed CPU
     _tasks: set[asyncio.Task] = field(default_factory=set)
 
 
@@ -75,9 +78,12 @@ class Engines:
         key: str,
         grace_s: float,
         metrics: RouterMetrics,
+        slots: tuple[tuple[int, ...], ...] = (),
     ) -> None:
+        """`slots`: with the table's CPUs split, the CPUs of each of the `capacity` engines at once."""
         self.engines = dict(engines)
         self.capacity = capacity
+        self._slots = slots
         self._directory, self._key, self._grace_s, self._metrics = directory, key, grace_s, metrics
         self._changed = asyncio.Condition()
         self._client = httpx.AsyncClient(timeout=5, headers={"Authorization": f"Bearer {key}"})
@@ -182,6 +188,9 @@ class Engines:
     def _start(self, engine: Engine) -> None:
         engine.state, engine.reason, engine.failed, engine.stop_reason = State.LOADING, "loading", False, None
         engine.loads += 1
+        if self._slots:
+            held = {e.cpus for e in self.engines.values() if e.state is not State.UNLOADED and e is not engine}
+            engine.cpus = next(slot for slot in self._slots if slot not in held)  # room_for_load left one free
         self._metrics.state(engine.name, engine.state.value)
         self._spawn(engine, self._run(engine))
 
@@ -202,7 +211,8 @@ class Engines:
         started = time.monotonic()
         port = _free_port()
         config = write_config(self._directory, engine.name, engine.config | {"port": port})
-        log.info("loading %r on 127.0.0.1:%d (load %d)", engine.name, port, engine.loads)
+        where = f"CPUs {format_cpulist(engine.cpus)}" if engine.cpus else "every allowed CPU"
+        log.info("loading %r on 127.0.0.1:%d, %s (load %d)", engine.name, port, where, engine.loads)
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -210,7 +220,7 @@ class Engines:
             "serve",
             env=child_env(os.environ, config, self._key),
             start_new_session=True,  # its own group: a stop that outlasts the grace kills its engine with it
-            preexec_fn=_stop_with_parent,
+            preexec_fn=functools.partial(_prepare_child, engine.cpus),
         )
         engine.process, engine.url = process, f"http://127.0.0.1:{port}"
         ready = asyncio.create_task(self._until_ready(engine.url))
@@ -240,7 +250,7 @@ class Engines:
                     code,
                 )
                 self._metrics.unloaded(engine.name, "failed" if engine.failed else "died")
-            engine.state, engine.process, engine.url = State.UNLOADED, None, None
+            engine.state, engine.process, engine.url, engine.cpus = State.UNLOADED, None, None, None
             self._metrics.state(engine.name, engine.state.value)
             self._changed.notify_all()
 
@@ -265,10 +275,13 @@ class Engines:
                 os.killpg(process.pid, signal.SIGKILL)
 
 
-def _stop_with_parent() -> None:
+def _prepare_child(cpus: tuple[int, ...] | None) -> None:
     """In the child before exec: SIGTERM when the front end dies, so that a killed front end (SIGKILL, the OOM
-    killer) leaves no engine running without a port anyone reaches."""
+    killer) leaves no engine running without a port anyone reaches; and its slot's CPUs, which its own facts then
+    read as its allowed CPUs (sched_getaffinity), so its plan binds inside them."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
 
 
 def _free_port() -> int:

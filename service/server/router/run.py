@@ -64,6 +64,7 @@ async def _serve(settings: Settings, table: TableReport, sock: socket.socket) ->
         secrets.token_urlsafe(32),
         settings.shutdown_grace_seconds,
         metrics,
+        table.cpus.slots,
     )
     started = asyncio.Event()
     app = create_router_app(settings, table, engines, metrics, started)
