@@ -12,6 +12,7 @@ from service.facts.limits import Limits
 from service.facts.topology import Topology
 from service.measurements.store import Row, cite, row
 from service.policy.decision import Decision, Source, record
+from service.policy.threads import BIND_ENV
 
 CpuMode = Literal["auto", "shared", "split"]
 # Two engines of one file decoding one stream each at once, then one alone beside the other idle: split against shared
@@ -48,11 +49,23 @@ def split_slots(topology: Topology, limits: Limits, engines: int) -> tuple[tuple
     return tuple(slots)
 
 
-def plan_table_cpus(setting: CpuMode, source: Source, topology: Topology, limits: Limits, engines: int) -> CpuPlan:
+def plan_table_cpus(
+    setting: CpuMode, source: Source, topology: Topology, limits: Limits, engines: int, user_bind: str | None = None
+) -> CpuPlan:
+    """`user_bind`: VLLM_CPU_OMP_THREADS_BIND as the user set it, which every engine of the table inherits."""
     if engines <= 1:
         return CpuPlan(
             "all", (), record("model", "cpus", "all", "one engine loaded at once: every allowed CPU", "policy")
         )
+    if user_bind:
+        if setting == "split":
+            error = (
+                f"model_cpus=split and {BIND_ENV}={user_bind} are both set: every engine would bind the user's CPU "
+                f"lists, not a slot of its own (unset one)"
+            )
+            return CpuPlan("split", (), record("model", "cpus", "split", error, source), error)
+        why = f"shared: {BIND_ENV}={user_bind}, set by the user, binds every engine's threads to those CPUs"
+        return CpuPlan("shared", (), record("model", "cpus", "shared", why, "user"))
     slots = split_slots(topology, limits, engines)
     if setting == "shared":
         why = f"shared: each of the {engines} engines binds every allowed CPU, as it would alone; set by the user"

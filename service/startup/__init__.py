@@ -40,6 +40,7 @@ from service.policy.plan_state import PlanInputs
 from service.policy.speculative import draft_directory
 from service.policy.table_cpus import CpuPlan, plan_table_cpus
 from service.policy.telemetry import plan_telemetry
+from service.policy.threads import BIND_ENV
 from service.settings import USER_SOURCES, Settings
 from service.startup.report import StartupReport
 
@@ -235,7 +236,7 @@ def build_report(
         fetched = record("model", "fetched", model.location, model.fetched, "user")
         plan = dataclasses.replace(plan, decisions=(fetched, *plan.decisions))
     if engines is not None:
-        cpus = table_cpus(settings, hardware, engines)
+        cpus = table_cpus(settings, hardware, engines, environ)
         plan = dataclasses.replace(
             plan,
             decisions=(share, cpus.decision, *plan.decisions),
@@ -256,10 +257,13 @@ def build_report(
     return StartupReport(hardware=hardware, software=software, model=model_facts, plan=plan)
 
 
-def table_cpus(settings: Settings, hardware: HardwareFacts, engines: int) -> CpuPlan:
+def table_cpus(
+    settings: Settings, hardware: HardwareFacts, engines: int, environ: Mapping[str, str] = os.environ
+) -> CpuPlan:
     """The CPUs of a model table's engines loaded at once (policy/table_cpus.py)."""
     source = "user" if settings.source_of("model_cpus") in USER_SOURCES else "policy"
-    return plan_table_cpus(settings.model_cpus, source, hardware.topology, hardware.limits, engines)
+    bind = environ.get(BIND_ENV)
+    return plan_table_cpus(settings.model_cpus, source, hardware.topology, hardware.limits, engines, bind)
 
 
 def _digest_problem(choice: ModelChoice, facts: ModelFacts) -> str | None:

@@ -49,6 +49,8 @@ def table(server_logs):
         models=models,
         max_loaded_models="2",
         model_cpus="split",
+        # the beside stream's bind to its last CPU (scripts/test.sh) would bind both engines there: a split needs both
+        unset=("VLLM_CPU_OMP_THREADS_BIND",),
         api_key=API_KEY,
         kv_cache_gib="0.25",
     )

@@ -55,11 +55,14 @@ def start_service(
     return _ready(ServerProcess(service_env(MODELS, **settings) | (extra_env or {}), log_path, name=name))
 
 
-def start_table(log_path: Path, *, name: str, models: list[dict], **settings: str) -> ServerProcess:
+def start_table(
+    log_path: Path, *, name: str, models: list[dict], unset: tuple[str, ...] = (), **settings: str
+) -> ServerProcess:
     """`python -m service serve` with a model table (`models`) instead of one model, ready (its pinned models loaded);
-    nothing of it left running when it does not get there."""
+    nothing of it left running when it does not get there. `unset`: variables of this process its table goes without."""
     env = service_env(MODELS, models=json.dumps(models), **settings)
-    del env["SERVICE_MODEL"]
+    for variable in ("SERVICE_MODEL", *unset):
+        env.pop(variable, None)
     return _ready(ServerProcess(env, log_path, name=name))
 
 

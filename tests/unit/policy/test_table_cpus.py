@@ -51,6 +51,15 @@ def test_the_users_choice_is_kept_and_a_split_without_a_core_per_engine_is_refus
     assert plan_table_cpus("split", "user", topology, limits, 1).mode == "all"
 
 
+def test_a_users_bind_lists_bind_every_engine_so_auto_shares_and_split_is_refused():
+    topology, limits = _recorded("two_socket_smt")
+    shared = plan_table_cpus("auto", "policy", topology, limits, 2, user_bind="3-5")
+    assert (shared.mode, shared.slots, shared.decision.source) == ("shared", (), "user")
+    assert "VLLM_CPU_OMP_THREADS_BIND=3-5" in shared.decision.reason
+    refused = plan_table_cpus("split", "user", topology, limits, 2, user_bind="3-5")
+    assert refused.error and "VLLM_CPU_OMP_THREADS_BIND=3-5" in refused.error
+
+
 def _measured(monkeypatch, low: float, high: float) -> None:
     fake = Row(key=table_cpus.TOGETHER, cpu="x", machine="m", command="c", date="d", value=(low + high) / 2)
     monkeypatch.setattr(table_cpus, "row", lambda key: fake.model_copy(update={"interval": (low, high)}))
