@@ -144,9 +144,9 @@ def _dense_plan(settings: Any, dtype: str) -> tuple[str, dict[str, str]]:
     with bf16 weights the service's kernel."""
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software
+    from service.in_vllm.contract import PLATFORM_ENV
     from service.policy.backend import choose_backend
     from service.policy.dense_kernel import OURS_BF16, plan_dense_kernel
-    from service.policy.platform import PLATFORM_ENV
 
     cpu = read_hardware().cpu
     choice = choose_backend(cpu, read_software(), settings.backend)
@@ -270,9 +270,9 @@ def measure(
     from harness.quantized_models import dequantized_state
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software
+    from service.in_vllm.contract import PLATFORM_ENV
     from service.kernels.registry import KERNELS
     from service.policy.backend import choose_backend
-    from service.policy.platform import PLATFORM_ENV
 
     hardware = read_hardware()
     backend = choose_backend(hardware.cpu, read_software()).name or "none"

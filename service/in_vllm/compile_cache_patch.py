@@ -12,16 +12,17 @@ graph, there is nothing left to finalize.
 
 Fix. Give `BundledAOTAutogradSerializableCallable` the no-op `finalize_loading` vLLM expects. Applied in every
 vLLM process through our own `vllm.general_plugins` entry point (`register`, pyproject.toml); idempotent;
-only on vLLM 0.32.x (the release whose loader has this call) and only while torch's class lacks the method.
+where the startup decided it (vLLM 0.32.x, the release whose loader has this call: service/policy/compile_cache.py,
+carried in AOT_CACHE_PATCH_ENV) and only while torch's class lacks the method.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-from service.facts.software import VLLM_DISTRIBUTIONS, installed_version
-from service.policy.compile_cache import needs_patch, reason
+from service.in_vllm.contract import AOT_CACHE_PATCH_ENV
 
 NAME = "vLLM 0.32 AOT compile cache fix"
 _MARK = "_cpu_llm_service_finalize_loading"
@@ -34,11 +35,10 @@ def _finalize_loading(self: Any, vllm_config: Any) -> None:
     """torch already deserialized the whole compiled graph: nothing to finalize."""
 
 
-def apply_patch(vllm_version: str | None = None) -> str:
-    """Patch torch's inductor AOT artifact class; returns what happened (for the log)."""
-    version = vllm_version or installed_version(*VLLM_DISTRIBUTIONS)
-    if not needs_patch(version):
-        return f"not needed ({reason(version)})"
+def apply_patch(decided: bool) -> str:
+    """Patch torch's inductor AOT artifact class where the startup decided so; returns what happened (for the log)."""
+    if not decided:
+        return "not decided by the service's startup"
     from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Artifact
 
     if getattr(Artifact, _MARK, False):
@@ -52,4 +52,4 @@ def apply_patch(vllm_version: str | None = None) -> str:
 
 def register() -> None:
     """vllm.general_plugins entry point: vLLM calls it in the API server, the engine core and every worker."""
-    log.info("%s: %s", NAME, apply_patch())
+    log.info("%s: %s", NAME, apply_patch(os.environ.get(AOT_CACHE_PATCH_ENV) == "1"))

@@ -5,7 +5,7 @@ prepacked layouts), which fails the whole torch.compile instead of skipping the 
 turn it into `BypassFxGraphCache` themselves (pytorch/pytorch#176557). vLLM ships the same backport in
 `vllm/env_override.py`; ours runs in every vLLM process (service/in_vllm/plugin.py), before or after vLLM's, so
 the two must agree on one wrapper. Whether it is needed is decided once at startup (service/policy/patches.py) and
-carried to vLLM's processes in PATCH_ENV: a process applies the decision, it does not decide again.
+carried to vLLM's processes in FXGRAPH_PATCH_ENV (service/in_vllm/contract.py): a process applies the decision, it does not decide again.
 """
 
 from __future__ import annotations
@@ -15,15 +15,11 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from service.policy.patches import PATCH_ENV, needs_fxgraph_pickle_patch
-
 # Our own marks, on the class and on the wrapper.
 _OUR_CLASS_MARK = "_cpu_llm_service_fxgraph_dumps_patched"
 # vLLM's marks (vllm/env_override.py, v0.32): it skips a class or function carrying them, and so do we.
 _VLLM_CLASS_MARK = "_vllm_fxgraph_dumps_patched"
 _VLLM_FUNC_MARK = "_vllm_patched"
-
-__all__ = ["PATCH_ENV", "PatchResult", "PatchStatus", "apply_fxgraph_pickle_patch", "needs_fxgraph_pickle_patch"]
 
 
 class PatchStatus(str, enum.Enum):

@@ -24,19 +24,24 @@ import multiprocessing
 import os
 
 from service.in_vllm.amx_request import request_amx_state
+from service.in_vllm.contract import (
+    AMX_STATE_ENV,
+    FXGRAPH_PATCH_ENV,
+    KERNELS_ENV,
+    LORA_ROWS_ENV,
+    PLATFORM_ENV,
+    PLATFORM_IMPORTS_ENV,
+    SAMPLER_ENV,
+    TOP_P_ENV,
+)
 from service.in_vllm.exit_gc import skip_exit_collection
-from service.in_vllm.fx_graph_cache_patch import PATCH_ENV, apply_fxgraph_pickle_patch
+from service.in_vllm.fx_graph_cache_patch import apply_fxgraph_pickle_patch
 from service.in_vllm.lora_rows import apply_lora_rows_fix
 from service.in_vllm.parent_watch import watch_parent
-from service.in_vllm.rejection_sampler import SAMPLER_ENV, use_torch_expand
-from service.in_vllm.top_p import TOP_P_ENV, use_partial_top_p
+from service.in_vllm.rejection_sampler import use_torch_expand
+from service.in_vllm.top_p import use_partial_top_p
 from service.kernels import register_kernels
 from service.kernels.ggml_linear import planned_handover
-from service.kernels.registry import KERNELS_ENV
-from service.policy.amx_state import AMX_STATE_ENV
-from service.policy.backends import by_platform
-from service.policy.lora import LORA_ROWS_ENV
-from service.policy.platform import PLATFORM_ENV
 
 # A handler of its own: the plugins run before vLLM configures its logging in the API server (from its
 # arguments), and in the engine core and workers nothing configures the root logger.
@@ -54,10 +59,10 @@ STATE_PREFIX = "service plugin state: "  # followed by one JSON object per proce
 def platform() -> str | None:
     """The vLLM platform class (qualified name) the startup report chose, or None to let vLLM decide."""
     qualname = os.environ.get(PLATFORM_ENV) or None
-    backend = by_platform(qualname) if qualname else None
     # vLLM's own Zen detection imports zentorch, which registers the torch.ops.zentorch kernels that
     # ZenCpuPlatform dispatches to: do the same (for every module the backend names) when the choice is ours.
-    for module in backend.platform_imports if backend else ():
+    imports = os.environ.get(PLATFORM_IMPORTS_ENV, "") if qualname else ""
+    for module in filter(None, imports.split(",")):
         try:
             importlib.import_module(module)
         except (ImportError, OSError) as exc:
@@ -68,12 +73,12 @@ def platform() -> str | None:
 
 def every_process() -> None:
     if (
-        not {PATCH_ENV, PLATFORM_ENV, KERNELS_ENV, AMX_STATE_ENV, LORA_ROWS_ENV, SAMPLER_ENV, TOP_P_ENV}
+        not {FXGRAPH_PATCH_ENV, PLATFORM_ENV, KERNELS_ENV, AMX_STATE_ENV, LORA_ROWS_ENV, SAMPLER_ENV, TOP_P_ENV}
         & os.environ.keys()
     ):
         return
     amx = request_amx_state(os.environ.get(AMX_STATE_ENV) == "1")
-    patch = apply_fxgraph_pickle_patch(os.environ.get(PATCH_ENV) == "1")
+    patch = apply_fxgraph_pickle_patch(os.environ.get(FXGRAPH_PATCH_ENV) == "1")
     lora_rows = apply_lora_rows_fix(os.environ.get(LORA_ROWS_ENV) == "1")
     sampler = use_torch_expand(os.environ.get(SAMPLER_ENV) == "torch")
     top_p = use_partial_top_p(os.environ.get(TOP_P_ENV) == "partial")

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.policy.speculative import SAMPLER_ENV as SAMPLER_ENV  # the plugin reads the decision there
-
 
 def expand(
     output: Any,

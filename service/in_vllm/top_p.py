@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.policy.top_p import TOP_P_ENV as TOP_P_ENV  # the plugin reads the decision there
-
 FIRST = 64  # candidates taken first
 LIMIT = 4096  # beyond, topk stops paying against one sort
 GROWTH = 8  # 64, 512, 4096: a larger nucleus pays the cost of three topk calls at most

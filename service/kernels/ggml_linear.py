@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING
 
 from service.cache.verified import Unverified, open_verified
 from service.facts.software import GGML_KERNEL_BUILT, KERNEL_FILES, ggml_kernel_built, kernel_record
+from service.in_vllm.contract import HANDOVER_ENV
 from service.kernels.int4_layer import groups_first, int4_kernel_base, to_input_packed
-from service.kernels.registry import HANDOVER_ENV, KERNELS, parse_handover
+from service.kernels.registry import KERNELS, parse_handover
 from service.measurements.store import row
 
 if TYPE_CHECKING:

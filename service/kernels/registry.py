@@ -23,12 +23,10 @@ INT4_WEIGHT_ONLY = ("w4a16", "gptq-w4a16", "awq-w4a16")
 FORMATS = (*FAMILIES, "gguf", "dense")
 
 # The service's kernels each vLLM process registers (class names, comma-separated), as decided at startup.
-KERNELS_ENV = "SERVICE_LINEAR_KERNELS"
 # A GGUF file's converted checkpoint names this quantization method (quantization_config.quant_method); the
 # gguf_blocks kernel registers it with vLLM.
 BLOCKS_METHOD = "service_gguf"
 # Where the ggml kernels hand a batch to torch's GEMM, per activation dtype and ggml type (policy/ggml_handover.py).
-HANDOVER_ENV = "SERVICE_GGML_HANDOVER"
 
 
 def handover_env(tables: Mapping[str, Mapping[str, int]]) -> str:

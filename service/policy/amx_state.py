@@ -12,9 +12,8 @@ The decision reaches vLLM's processes in AMX_STATE_ENV; the service's vLLM plugi
 from __future__ import annotations
 
 from service.facts.cpu import Isa
+from service.in_vllm.contract import AMX_STATE_ENV
 from service.policy.decision import PolicyResult, env
-
-AMX_STATE_ENV = "SERVICE_AMX_TILE_STATE"  # "1": ask for the tile state in every vLLM process
 
 
 def amx_state(isa: Isa) -> PolicyResult:

@@ -7,13 +7,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from service.facts.model import ModelFacts
-from service.kernels.registry import HANDOVER_ENV, KERNELS_ENV
+from service.in_vllm.contract import HANDOVER_ENV, KERNELS_ENV, PREPACK_ENV
 from service.policy.backends import Backend
 from service.policy.calibration import Candidate, Question, dense_question
 from service.policy.decision import PolicyResult
 
 CALIBRATED_ENV = ("VLLM_CPU_INT4_W4A8", "VLLM_DISABLED_KERNELS", KERNELS_ENV, HANDOVER_ENV)
-PREPACK_ENV = "VLLM_ZENTORCH_WEIGHT_PREPACK"
 
 
 def int4_options(user: frozenset[str], backend: Backend, method: str) -> list[tuple[str, dict[str, Any]]]:

@@ -11,10 +11,9 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from service.in_vllm.contract import ADDITIONAL_CONFIG_KEY, AOT_CACHE_PATCH_ENV, CACHE_ROOT_ENV
 from service.policy.decision import PolicyResult, engine, env, record
 
-ROOT_VAR = "VLLM_CACHE_ROOT"
-PATCH_NAME = "vllm_aot_compile_cache"
 _AFFECTED_MINOR = (0, 32)  # the release whose loader calls finalize_loading (service/in_vllm/compile_cache_patch.py)
 
 
@@ -34,18 +33,20 @@ def reason(vllm_version: str | None) -> str:
 
 
 def plan_compile_cache(cache_dir: Path, vllm_version: str | None, environ: Mapping[str, str]) -> PolicyResult:
-    if environ.get(ROOT_VAR):
-        root = record("env", ROOT_VAR, environ[ROOT_VAR], "set in the environment by the user", "user")
+    if environ.get(CACHE_ROOT_ENV):
+        root = record("env", CACHE_ROOT_ENV, environ[CACHE_ROOT_ENV], "set in the environment by the user", "user")
     else:
         root = env(
-            ROOT_VAR,
+            CACHE_ROOT_ENV,
             str(cache_dir / "vllm"),
             "torch.compile artifacts under the service's cache_dir (the container's cache volume), reused by "
             "the next start with the same model and settings",
             "policy",
         )
-    # Applied by service/in_vllm/compile_cache_patch.py in every vLLM process, which checks the version itself.
-    patch = record("patch", PATCH_NAME, needs_patch(vllm_version), reason(vllm_version), "policy")
+    carried = "; carried to every vLLM process in this variable, applied there by the service's vLLM plugin"
+    patch = env(
+        AOT_CACHE_PATCH_ENV, "1" if needs_patch(vllm_version) else "0", reason(vllm_version) + carried, "policy"
+    )
     return PolicyResult.of(root, patch)
 
 
@@ -61,4 +62,4 @@ def compile_key(planned_env: Mapping[str, str]) -> PolicyResult:
         "the engine start ('NoneType' object is not subscriptable); the service's variables go into "
         "additional_config, which the key hashes"
     )
-    return PolicyResult.of(engine("additional_config", {"service": service}, why, "policy"))
+    return PolicyResult.of(engine("additional_config", {ADDITIONAL_CONFIG_KEY: service}, why, "policy"))

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from service.in_vllm.contract import BY_NAME
+
 Source = Literal["default", "policy", "calibration", "user"]
 # engine: a vLLM engine argument; env: set in the service's environment before vLLM spawns (every vLLM process
 # inherits it); worker_env: set by vLLM itself in each worker; the rest are records.
@@ -45,7 +47,9 @@ def engine(name: str, value: Any, reason: str, source: Source) -> Decision:
 
 
 def env(name: str, value: str, reason: str, source: Source) -> Decision:
-    """A variable the service sets before vLLM starts."""
+    """A variable the service sets before vLLM starts: one the contract with vLLM's processes lists."""
+    if name not in BY_NAME:
+        raise ValueError(f"{name} is handed to vLLM's processes but not listed in service/in_vllm/contract.py")
     return Decision("env", name, value, reason, source, passed=True)
 
 

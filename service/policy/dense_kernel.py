@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from service.facts.quantization import QuantFacts
 from service.facts.software import KERNELS_NOT_BUILT
-from service.kernels.registry import KERNELS, KERNELS_ENV
+from service.in_vllm.contract import KERNELS_ENV
+from service.kernels.registry import KERNELS
 from service.measurements.store import cite
 from service.policy.backends import Backend
 from service.policy.decision import PolicyResult, Source, env, record

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from service.kernels.registry import HANDOVER_ENV, KERNELS, handover_env
+from service.in_vllm.contract import HANDOVER_ENV
+from service.kernels.registry import KERNELS, handover_env
 from service.measurements.store import cite, row
 from service.policy.decision import PolicyResult, env
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from service.facts.lora import AdapterFacts
 from service.facts.model import ModelFacts
+from service.in_vllm.contract import LORA_ROWS_ENV
 from service.policy.decision import PolicyResult, engine, env
 
 # "1": every vLLM process leaves base-model tokens out of the LoRA ops (service/in_vllm/lora_rows.py), as the plugin reads it.
-LORA_ROWS_ENV = "SERVICE_LORA_ROWS_FIX"
 
 # vLLM 0.32's MaxLoRARanks (vllm/config/lora.py); tests/unit/in_vllm/test_lora.py checks them against it.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

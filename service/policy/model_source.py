@@ -17,7 +17,8 @@ from typing import Any
 from service.facts.gguf import GgufFacts, HeadTensor
 from service.facts.model import ModelFacts
 from service.facts.software import KERNELS_NOT_BUILT, SoftwareFacts
-from service.kernels.registry import KERNELS, KERNELS_ENV
+from service.in_vllm.contract import KERNELS_ENV
+from service.kernels.registry import KERNELS
 from service.measurements.store import cite
 from service.policy.decision import Decision, PolicyResult, Source, env, record
 from service.policy.dtype import BYTES

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 
+from service.in_vllm.contract import FXGRAPH_PATCH_ENV
 from service.policy.decision import PolicyResult, env
 
 # The startup decision as every vLLM process reads it: "1" apply, "0" leave torch alone.
-PATCH_ENV = "SERVICE_TORCH_FXGRAPH_PATCH"
 _AFFECTED_MINOR = (2, 10)
 
 
@@ -30,4 +30,4 @@ def fxgraph_patch(torch_version: str | None) -> PolicyResult:
         else f"not needed on torch {torch_version}: only 2.10.x lacks the fix"
     )
     carried = "; carried to every vLLM process in this variable, applied there by the service's vLLM plugin"
-    return PolicyResult.of(env(PATCH_ENV, "1" if needed else "0", reason + carried, "policy"))
+    return PolicyResult.of(env(FXGRAPH_PATCH_ENV, "1" if needed else "0", reason + carried, "policy"))

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from service.kernels.registry import KERNELS_ENV
+from service.in_vllm.contract import KERNELS_ENV, PREPACK_ENV
 from service.policy import stages
 from service.policy.backend import BackendChoice
 from service.policy.calibration import Candidate, Question, backend_question
-from service.policy.calibration_candidates import PREPACK_ENV, prepack_question
+from service.policy.calibration_candidates import prepack_question
 from service.policy.decision import PolicyResult
 from service.policy.model_source import ModelSourcePlan
 from service.policy.plan_state import Draft, PlanInputs, Stage, Step

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from service.in_vllm.contract import PLATFORM_ENV, PLATFORM_IMPORTS_ENV
 from service.policy.backend import BackendChoice
 from service.policy.decision import PolicyResult, Source, env
 
-PLATFORM_ENV = "SERVICE_VLLM_PLATFORM"
 PLUGIN_NAME = "cpu_llm_service"  # the entry-point name in pyproject.toml, as VLLM_PLUGINS would list it
 
 TARGET_DEVICE_REASON = (
@@ -36,6 +36,10 @@ def choose_platform(backend: BackendChoice, environ: Mapping[str, str]) -> Polic
             source,
         )
     ]
+    if entry.platform_imports:
+        modules = ",".join(entry.platform_imports)
+        why = f"{short} dispatches to ops that importing {modules} registers; the plugin imports them in every vLLM process"
+        decisions.append(env(PLATFORM_IMPORTS_ENV, modules, why, source))
     if environ.get("VLLM_TARGET_DEVICE", "").lower() == "cpu":
         decisions.append(env("VLLM_TARGET_DEVICE", "", TARGET_DEVICE_REASON, "policy"))
     warnings = []

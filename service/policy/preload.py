@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from service.facts.libraries import LibraryFacts
+from service.in_vllm.contract import PRELOAD_ENV
 from service.policy.backends import Backend
 from service.policy.decision import PolicyResult, env, record
 
-VARIABLE = "LD_PRELOAD"
 TCMALLOC_WHY = "tcmalloc (vLLM's CPU guide: cheaper allocation of the many short-lived tensors of each step)"
 IOMP_WHY = (
     "Intel OpenMP libiomp5 from the intel-openmp wheel vLLM installs (vLLM's CPU guide for x86; vLLM then "
@@ -33,10 +33,10 @@ HOW_TO_INSTALL = {
 
 
 def choose_preload(backend: Backend, libraries: LibraryFacts, environ: Mapping[str, str]) -> PolicyResult:
-    user_value = environ.get(VARIABLE)
+    user_value = environ.get(PRELOAD_ENV)
     if user_value:
         why = "set in the environment by the user; left as is (vLLM adds torch's GNU OpenMP if it names no OpenMP)"
-        return PolicyResult.of(record("env", VARIABLE, user_value, why, "user"))
+        return PolicyResult.of(record("env", PRELOAD_ENV, user_value, why, "user"))
 
     parts: list[tuple[str, str]] = []  # (path, why)
     missing: list[str] = []
@@ -65,5 +65,7 @@ def choose_preload(backend: Backend, libraries: LibraryFacts, environ: Mapping[s
     if missing:
         reason = f"fallback, missing {' and '.join(missing)}: {reason}"
     value = ":".join(path for path, _ in parts)
-    decision = env(VARIABLE, value, reason, "policy") if value else record("env", VARIABLE, None, reason, "policy")
+    decision = (
+        env(PRELOAD_ENV, value, reason, "policy") if value else record("env", PRELOAD_ENV, None, reason, "policy")
+    )
     return PolicyResult.of(decision, warnings=warnings)

@@ -16,7 +16,8 @@ from functools import partial
 from typing import Any
 
 from service.facts.quantization import QuantFacts
-from service.kernels.registry import KERNELS, KERNELS_ENV, Layer
+from service.in_vllm.contract import KERNELS_ENV
+from service.kernels.registry import KERNELS, Layer
 from service.policy.backends import Backend
 from service.policy.decision import Decision, PolicyResult, Source, env, record
 from service.policy.kernel_candidates import (

@@ -18,6 +18,7 @@ whose config names code (auto_map) is refused while trust_remote_code is on (off
 from __future__ import annotations
 
 from service.facts.draft_model import DraftFacts
+from service.in_vllm.contract import SAMPLER_ENV
 from service.measurements.store import cite, store
 from service.policy.decision import PolicyResult, Source, engine, env
 
@@ -30,7 +31,6 @@ METHODS = ("auto", "off", "ngram", "suffix")  # the values that name no director
 EAGLE_TOKENS = 3  # an EAGLE head's tokens per step, as claim/eagle-head/amx measured them
 # Where the engine drafts, vLLM 0.32's CPU fallback of the rejection sampler's expand kernel leaves the per-token
 # temperatures unwritten; "torch" has the service's plugin put its own in its place (service/in_vllm/rejection_sampler.py).
-SAMPLER_ENV = "SERVICE_REJECTION_SAMPLER"
 SAMPLER_WHY = (
     "vLLM 0.32's CPU fallback of the rejection sampler's expand kernel writes into an int64 copy, so a sampled "
     "request's per-token temperatures were left unwritten and its drafted steps sampled from garbage "

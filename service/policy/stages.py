@@ -10,14 +10,13 @@ from typing import Any
 from service.facts.hardware import HardwareFacts
 from service.facts.model import ModelFacts
 from service.facts.software import SoftwareFacts
-from service.kernels.registry import KERNELS_ENV
+from service.in_vllm.contract import KERNELS_ENV, PREPACK_ENV, THREADS_BIND_ENV
 from service.policy.amx_state import amx_state
 from service.policy.backend import BackendChoice, choose_backend
 from service.policy.caching import cache_decisions
 from service.policy.calibration import Question, Verdict, dtype_question, int4_question, w8a8_question
 from service.policy.calibration_candidates import (
     CALIBRATED_ENV,
-    PREPACK_ENV,
     candidates,
     int4_options,
     w8a8_options,
@@ -43,7 +42,7 @@ from service.policy.preload import choose_preload
 from service.policy.quant import plan_quant
 from service.policy.sampling import plan_sampling
 from service.policy.speculative import plan_speculative
-from service.policy.threads import BIND_ENV, ThreadPlan, plan_threads, thread_decisions
+from service.policy.threads import ThreadPlan, plan_threads, thread_decisions
 from service.policy.top_p import plan_top_p
 
 FALLBACK_MAX_MODEL_LEN = 2048
@@ -69,7 +68,7 @@ def threads(inputs: PlanInputs, draft: Draft) -> Step:
         s.tensor_parallel_size,
         s.reserved_cpus,
         s.simulate_numa_nodes,
-        inputs.environ.get(BIND_ENV),
+        inputs.environ.get(THREADS_BIND_ENV),
     )
     # The workers' OpenMP variables follow the runtime that will be preloaded, not this process's.
     return Step.of_result(thread_decisions(plan, {**inputs.environ, **draft.merged.env}), threads=plan)

@@ -10,9 +10,9 @@ from typing import Literal
 from service.facts.cpulist import format_cpulist
 from service.facts.limits import Limits
 from service.facts.topology import Topology
+from service.in_vllm.contract import THREADS_BIND_ENV
 from service.measurements.store import Row, cite, row
 from service.policy.decision import Decision, Source, record
-from service.policy.threads import BIND_ENV
 
 CpuMode = Literal["auto", "shared", "split"]
 # Two engines of one file decoding one stream each at once, then one alone beside the other idle: split against shared
@@ -60,11 +60,11 @@ def plan_table_cpus(
     if user_bind:
         if setting == "split":
             error = (
-                f"model_cpus=split and {BIND_ENV}={user_bind} are both set: every engine would bind the user's CPU "
+                f"model_cpus=split and {THREADS_BIND_ENV}={user_bind} are both set: every engine would bind the user's CPU "
                 f"lists, not a slot of its own (unset one)"
             )
             return CpuPlan("split", (), record("model", "cpus", "split", error, source), error)
-        why = f"shared: {BIND_ENV}={user_bind}, set by the user, binds every engine's threads to those CPUs"
+        why = f"shared: {THREADS_BIND_ENV}={user_bind}, set by the user, binds every engine's threads to those CPUs"
         return CpuPlan("shared", (), record("model", "cpus", "shared", why, "user"))
     slots = split_slots(topology, limits, engines)
     if setting == "shared":

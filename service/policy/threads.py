@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from service.facts.cpulist import CpuListError, format_cpulist, parse_cpulist
 from service.facts.limits import Limits
 from service.facts.topology import Topology
+from service.in_vllm.contract import THREADS_BIND_ENV
 from service.policy.decision import Decision, PolicyResult, Source, engine, env, record
 
 
@@ -33,7 +34,6 @@ class ThreadPlan:
         return self.user_mode or "|".join(format_cpulist(r) for r in self.ranks)
 
 
-BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 # vLLM's own modes: it then binds from its own reading of the machine, which ignores a container's cpuset.
 VLLM_BIND_MODES = ("auto", "nobind")
 
@@ -148,7 +148,7 @@ def plan_threads(
         return plan
     if user_bind in VLLM_BIND_MODES:
         warning = (
-            f"{BIND_ENV}={user_bind} set by the user: vLLM binds by its own reading of the machine, which ignores a "
+            f"{THREADS_BIND_ENV}={user_bind} set by the user: vLLM binds by its own reading of the machine, which ignores a "
             f"container's cpuset; the service's plan would bind {plan.bind}"
         )
         return dataclasses.replace(plan, user_mode=user_bind, bind_source="user", warnings=(*plan.warnings, warning))
@@ -160,14 +160,14 @@ def _user_threads(plan: ThreadPlan, bind: str, limits: Limits, tp_size: int | No
     try:
         ranks = [parse_cpulist(cpus) for cpus in bind.split("|")]
     except CpuListError as exc:
-        return dataclasses.replace(plan, error=f"{BIND_ENV} set by the user: {exc}")
+        return dataclasses.replace(plan, error=f"{THREADS_BIND_ENV} set by the user: {exc}")
     outside = set().union(*ranks) - allowed
     if not all(ranks) or outside:
         why = f"names CPU(s) {format_cpulist(outside)} outside" if outside else "has an empty rank list, not within"
-        error = f"{BIND_ENV}={bind} set by the user {why} the allowed CPUs {format_cpulist(allowed)}"
+        error = f"{THREADS_BIND_ENV}={bind} set by the user {why} the allowed CPUs {format_cpulist(allowed)}"
         return dataclasses.replace(plan, error=f"{error} ({limits.allowed_cpus_source})")
     if tp_size and tp_size != len(ranks):
-        error = f"{BIND_ENV}={bind} set by the user lists {len(ranks)} rank(s), tensor_parallel_size={tp_size}"
+        error = f"{THREADS_BIND_ENV}={bind} set by the user lists {len(ranks)} rank(s), tensor_parallel_size={tp_size}"
         return dataclasses.replace(plan, error=error)
     used = set().union(*ranks)
     return dataclasses.replace(
@@ -175,9 +175,9 @@ def _user_threads(plan: ThreadPlan, bind: str, limits: Limits, tp_size: int | No
         ranks=tuple(tuple(sorted(r)) for r in ranks),
         reserved=tuple(sorted(allowed - used)),
         tp_size=len(ranks),
-        tp_reason=f"one rank per CPU list of {BIND_ENV}, set by the user",
+        tp_reason=f"one rank per CPU list of {THREADS_BIND_ENV}, set by the user",
         tp_source="user",
-        reason=f"set by the user ({BIND_ENV}); the service's plan would bind {plan.bind}",
+        reason=f"set by the user ({THREADS_BIND_ENV}); the service's plan would bind {plan.bind}",
         bind_source="user",
         warnings=(),
     )
@@ -262,7 +262,7 @@ def thread_decisions(threads: ThreadPlan, environ: Mapping[str, str]) -> PolicyR
     decisions = [
         threads.simulated_nodes,
         engine("tensor_parallel_size", threads.tp_size, threads.tp_reason, threads.tp_source),
-        env(BIND_ENV, threads.bind, threads.reason, threads.bind_source),
+        env(THREADS_BIND_ENV, threads.bind, threads.reason, threads.bind_source),
         env(
             "VLLM_CPU_NUM_OF_RESERVED_CPU",
             str(len(threads.reserved)),

@@ -8,10 +8,10 @@ version's. `top_p_mask=sort` keeps vLLM's own (the bench's A/B, or a way out).
 
 from __future__ import annotations
 
+from service.in_vllm.contract import TOP_P_ENV
 from service.measurements.store import cite
 from service.policy.decision import PolicyResult, env
 
-TOP_P_ENV = "SERVICE_TOP_P"  # carries the decision to the plugin in every vLLM process
 MEASURED = "claim/top-p-partial"
 
 

@@ -24,6 +24,7 @@ from service.facts.model import (
 )
 from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
+from service.in_vllm.contract import THREADS_BIND_ENV
 from service.models.demo_model import DEMO_NAME, demo_dir, ensure_demo_model
 from service.models.hub_download import PREFIX as HUB_PREFIX
 from service.models.hub_download import parse_hub_id
@@ -40,7 +41,6 @@ from service.policy.plan_state import PlanInputs
 from service.policy.speculative import draft_directory
 from service.policy.table_cpus import CpuPlan, plan_table_cpus
 from service.policy.telemetry import plan_telemetry
-from service.policy.threads import BIND_ENV
 from service.settings import USER_SOURCES, Settings
 from service.startup.report import StartupReport
 
@@ -262,7 +262,7 @@ def table_cpus(
 ) -> CpuPlan:
     """The CPUs of a model table's engines loaded at once (policy/table_cpus.py)."""
     source = "user" if settings.source_of("model_cpus") in USER_SOURCES else "policy"
-    bind = environ.get(BIND_ENV)
+    bind = environ.get(THREADS_BIND_ENV)
     return plan_table_cpus(settings.model_cpus, source, hardware.topology, hardware.limits, engines, bind)
 
 

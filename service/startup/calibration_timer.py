@@ -25,9 +25,9 @@ from typing import Any
 import torch
 
 from service.in_vllm.amx_request import request_amx_state
+from service.in_vllm.contract import AMX_STATE_ENV, KERNELS_ENV
 from service.kernels import register_kernels
-from service.kernels.registry import KERNELS, KERNELS_ENV
-from service.policy.amx_state import AMX_STATE_ENV
+from service.kernels.registry import KERNELS
 
 MAX_REL_ERR = 0.05  # of the reference output's largest magnitude: 16-bit rounding and int8 activations pass, a
 # wrong scale (x2) or layout does not

@@ -20,8 +20,9 @@ import torch
 from openai import OpenAI
 
 from service.facts.gguf import read_gguf
+from service.in_vllm.contract import HANDOVER_ENV
 from service.in_vllm.plugin import STATE_PREFIX
-from service.kernels.registry import HANDOVER_ENV, KERNELS, parse_handover
+from service.kernels.registry import KERNELS, parse_handover
 from service.policy.backends import BACKENDS
 from service.policy.ggml_handover import tables_for
 from tests.integration.conftest import _start

@@ -19,9 +19,10 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.facts.software import read_software
-from service.in_vllm.fx_graph_cache_patch import PatchStatus, needs_fxgraph_pickle_patch
+from service.in_vllm.contract import PLATFORM_ENV
+from service.in_vllm.fx_graph_cache_patch import PatchStatus
 from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
-from service.policy.platform import PLATFORM_ENV
+from service.policy.patches import needs_fxgraph_pickle_patch
 from tests.integration.conftest import _start
 from tests.support import engines
 from tests.support.live_cpu import expected_platform
@@ -143,7 +144,7 @@ FORCED_ENGINE = textwrap.dedent(
     import os
 
     from service.models.demo_model import DEMO_NAME
-    from service.in_vllm.fx_graph_cache_patch import PATCH_ENV
+    from service.in_vllm.contract import FXGRAPH_PATCH_ENV
     from service.settings import load_settings
     from service.startup import apply, build_report, choose_model
 
@@ -153,7 +154,7 @@ FORCED_ENGINE = textwrap.dedent(
         model = choice.location
         report = build_report(settings, model=choice)
         apply(report)
-        os.environ[PATCH_ENV] = "1"  # force the version gate: the decision startup makes on torch 2.10
+        os.environ[FXGRAPH_PATCH_ENV] = "1"  # force the version gate: the decision startup makes on torch 2.10
         from vllm import LLM, EngineArgs
 
         # The plan's engine arguments that are EngineArgs fields (it also holds the API server's own).

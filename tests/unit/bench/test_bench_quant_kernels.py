@@ -82,8 +82,8 @@ def test_a_dense_row_runs_the_platform_its_backend_names():
     from bench.quant_kernels import _dense_plan
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software
+    from service.in_vllm.contract import PLATFORM_ENV
     from service.policy.backend import choose_backend
-    from service.policy.platform import PLATFORM_ENV
     from service.settings import Settings
 
     live = choose_backend(read_hardware().cpu, read_software())  # the live CPU's, whatever it is
@@ -100,7 +100,8 @@ def test_a_dense_row_runs_the_platform_its_backend_names():
 def test_fp32_rows_compare_vllms_fp32_gemm_with_the_services_bf16_weights():
     from bench.quant_kernels import _dense_plan, candidates
     from service.facts.software import read_software
-    from service.kernels.registry import KERNELS, KERNELS_ENV
+    from service.in_vllm.contract import KERNELS_ENV
+    from service.kernels.registry import KERNELS
     from service.settings import Settings
 
     assert [c.label for c in candidates("zen", ["fp32"], False, True)] == [

@@ -10,10 +10,8 @@ import torch
 from service.facts.cpu import read_cpuinfo
 from service.in_vllm import plugin as vllm_plugin
 from service.in_vllm.amx_request import request_amx_state
-from service.in_vllm.fx_graph_cache_patch import PATCH_ENV
-from service.kernels.registry import KERNELS_ENV
-from service.policy.amx_state import AMX_STATE_ENV, amx_state
-from service.policy.platform import PLATFORM_ENV
+from service.in_vllm.contract import AMX_STATE_ENV, FXGRAPH_PATCH_ENV, KERNELS_ENV, PLATFORM_ENV
+from service.policy.amx_state import amx_state
 from service.settings import Settings
 from service.startup import build_report
 from tests.unit.conftest import CPUINFO
@@ -38,7 +36,7 @@ def test_this_process_gets_the_tile_state_where_torch_sees_tiles():
 
 
 def test_every_process_reports_the_request_and_a_refusal_is_an_error(monkeypatch, caplog):
-    for name in (PLATFORM_ENV, PATCH_ENV, KERNELS_ENV):
+    for name in (PLATFORM_ENV, FXGRAPH_PATCH_ENV, KERNELS_ENV):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(AMX_STATE_ENV, "1")
     vllm_plugin.every_process()

@@ -9,21 +9,22 @@ from pathlib import Path
 import pytest
 
 from service.in_vllm import compile_cache_patch as patch
-from service.policy.compile_cache import plan_compile_cache
+from service.in_vllm.contract import AOT_CACHE_PATCH_ENV
+from service.policy.compile_cache import needs_patch, plan_compile_cache
 
 
 def test_cache_root_is_decided_under_the_service_cache_dir():
     plan = plan_compile_cache(Path("/data/cache"), "0.32.0", {})
-    assert plan.env == {"VLLM_CACHE_ROOT": "/data/cache/vllm"}
+    assert plan.env == {"VLLM_CACHE_ROOT": "/data/cache/vllm", AOT_CACHE_PATCH_ENV: "1"}
     root, fix = plan.decisions
     assert (root.setting, root.source) == ("env.VLLM_CACHE_ROOT", "policy") and "cache volume" in root.reason
-    assert (fix.setting, fix.value, fix.source) == ("patch.vllm_aot_compile_cache", True, "policy")
-    assert "finalize_loading" in fix.reason
+    assert (fix.setting, fix.value, fix.source) == (f"env.{AOT_CACHE_PATCH_ENV}", "1", "policy")
+    assert "finalize_loading" in fix.reason and "carried to every vLLM process" in fix.reason
 
 
 def test_user_cache_root_wins():
     plan = plan_compile_cache(Path("/data/cache"), "0.32.0", {"VLLM_CACHE_ROOT": "/elsewhere"})
-    assert plan.env == {}
+    assert plan.env == {AOT_CACHE_PATCH_ENV: "1"}
     assert (plan.decisions[0].value, plan.decisions[0].source) == ("/elsewhere", "user")
 
 
@@ -31,15 +32,17 @@ def test_user_cache_root_wins():
     ("version", "needed"), [("0.32.0", True), ("0.32.1", True), ("0.31.2", False), ("0.33.0", False), (None, False)]
 )
 def test_patch_is_gated_to_vllm_0_32(version, needed):
-    assert patch.needs_patch(version) is needed
-    assert plan_compile_cache(Path("/c"), version, {}).decisions[1].value is needed
+    assert needs_patch(version) is needed
+    assert plan_compile_cache(Path("/c"), version, {}).decisions[1].value == ("1" if needed else "0")
 
 
-def test_patch_does_nothing_outside_0_32():
+def test_patch_does_nothing_where_the_startup_did_not_decide_it(monkeypatch):
     from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Artifact
 
     before = vars(Artifact).get("finalize_loading")
-    assert patch.apply_patch("0.33.0").startswith("not needed")
+    assert patch.apply_patch(False) == "not decided by the service's startup"
+    monkeypatch.setenv(AOT_CACHE_PATCH_ENV, "0")
+    patch.register()
     assert vars(Artifact).get("finalize_loading") is before
 
 
@@ -55,8 +58,8 @@ def test_patch_gives_torchs_inductor_artifact_the_method_vllms_loader_calls():
         # The fault vLLM 0.32 hits on every warm start of the CPU platform's inductor artifact.
         with pytest.raises(AttributeError, match="'function' object has no attribute 'finalize_loading'"):
             artifact.finalize_loading(None)
-    assert patch.apply_patch("0.32.0") in ("applied", "already applied")
-    assert patch.apply_patch("0.32.0") == "already applied"
+    assert patch.apply_patch(True) in ("applied", "already applied")
+    assert patch.apply_patch(True) == "already applied"
     assert artifact.finalize_loading(object()) is None
     assert artifact() == "ran"
 

@@ -13,7 +13,8 @@ import torch
 
 from service.facts.lora import read_adapter
 from service.in_vllm import lora_rows
-from service.policy.lora import LORA_RANKS, LORA_ROWS_ENV
+from service.in_vllm.contract import LORA_ROWS_ENV
+from service.policy.lora import LORA_RANKS
 from service.server.supervision.engine_start import engine_flags
 from service.settings import Settings
 from service.startup import build_report, choose_model

@@ -17,13 +17,9 @@ import pytest
 import torch
 from torch._inductor.codecache import BypassFxGraphCache, FxGraphCachePickler
 
-from service.in_vllm.fx_graph_cache_patch import (
-    PATCH_ENV,
-    PatchStatus,
-    apply_fxgraph_pickle_patch,
-    needs_fxgraph_pickle_patch,
-)
-from service.policy.patches import fxgraph_patch
+from service.in_vllm.contract import FXGRAPH_PATCH_ENV
+from service.in_vllm.fx_graph_cache_patch import PatchStatus, apply_fxgraph_pickle_patch
+from service.policy.patches import fxgraph_patch, needs_fxgraph_pickle_patch
 
 _CLASS_ATTRS = ("dumps", "_cpu_llm_service_fxgraph_dumps_patched", "_vllm_fxgraph_dumps_patched")
 
@@ -127,9 +123,9 @@ def test_not_needed_leaves_torch_alone(torch_2_10_pickler):
 
 
 def test_the_startup_decision_carries_the_version_gate():
-    """The gate is decided once, from the installed torch, and carried to vLLM's processes in PATCH_ENV."""
+    """The gate is decided once, from the installed torch, and carried to vLLM's processes in FXGRAPH_PATCH_ENV."""
     (decision,) = fxgraph_patch("2.10.1+cpu").decisions
-    assert (decision.setting, decision.value, decision.passed) == (f"env.{PATCH_ENV}", "1", True)
+    assert (decision.setting, decision.value, decision.passed) == (f"env.{FXGRAPH_PATCH_ENV}", "1", True)
     (installed,) = fxgraph_patch(torch.__version__).decisions
     assert installed.value == ("1" if needs_fxgraph_pickle_patch(torch.__version__) else "0")
     assert torch.__version__ in installed.reason

@@ -16,7 +16,8 @@ import torch
 from service.facts.gguf import LINEAR_TENSOR, read_gguf
 from service.facts.model import inspect_model
 from service.facts.software import read_software
-from service.kernels.registry import BLOCKS_METHOD, KERNELS, KERNELS_ENV
+from service.in_vllm.contract import KERNELS_ENV
+from service.kernels.registry import BLOCKS_METHOD, KERNELS
 from service.models.gguf_convert import ensure_converted
 from service.policy.model_source import (
     BLOCK_TYPES,

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from service.facts.model import inspect_model
-from service.kernels.registry import HANDOVER_ENV, parse_handover
+from service.in_vllm.contract import HANDOVER_ENV
+from service.kernels.registry import parse_handover
 from service.policy.backends import BACKENDS
 from service.policy.ggml_handover import (
     BF16_AMX,

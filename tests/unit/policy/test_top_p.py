@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from service.policy.top_p import MEASURED, TOP_P_ENV, plan_top_p
+from service.in_vllm.contract import TOP_P_ENV
+from service.policy.top_p import MEASURED, plan_top_p
 
 
 def test_on_the_vllm_it_was_written_for_the_service_masks_from_the_top_tokens_citing_the_measurement():
