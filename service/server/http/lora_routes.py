@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,6 @@ from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadL
 from service.facts.lora import AdapterFacts, read_adapter
 from service.facts.model import ModelFacts
 from service.policy.lora import adapter_misfit
-from service.server.http.routes import LOAD_LORA, UNLOAD_LORA
 from service.server.openai_compat.errors import ServiceError
 
 log = logging.getLogger("service.lora")
@@ -148,33 +147,33 @@ def _raise_refusal(answer: Any, models: Any, name: str, param: str) -> None:
     raise ServiceError(status, answer.error.message, answer.error.type, param=answer.error.param)
 
 
-def lora_handlers(loader: AdapterLoader) -> dict[str, Callable[..., Coroutine[Any, Any, Response]]]:
-    def _kept(name: str) -> None:
-        if name in loader.fixed:
-            raise _invalid(
-                f"LoRA adapter {name!r} was set at start (lora_adapters); it stays while serving", "lora_name"
-            )
+def _loader(request: Request, name: str) -> AdapterLoader:
+    """The app's loader (create_app serves these routes only with one), refusing the adapters set at start."""
+    loader: AdapterLoader = request.app.state.lora_loader
+    if name in loader.fixed:
+        raise _invalid(f"LoRA adapter {name!r} was set at start (lora_adapters); it stays while serving", "lora_name")
+    return loader
 
-    async def load(body: LoadLoRAAdapterRequest, request: Request) -> Response:
-        """Load a LoRA adapter from a directory inside lora_dir; clients then name it in `model`."""
-        name = body.lora_name.strip()
-        if not name:
-            raise _invalid("lora_name is empty: give the name requests will use for the adapter", "lora_name")
-        models = request.app.state.openai_serving_models
-        if models.is_base_model(name):
-            raise _invalid(f"{name!r} is the served model's own name; give the adapter another", "lora_name")
-        _kept(name)
-        loader.checked(name, body.lora_path, "lora_path")
-        async with loader.lock(name):
-            adapter = await loader.load(models, body.model_copy(update={"lora_name": name}), "lora_path")
-        card = next(c for c in (await models.show_available_models()).data if c.id == name)
-        return JSONResponse(card.model_dump() | {"rank": adapter.rank})
 
-    async def unload(body: UnloadLoRAAdapterRequest, request: Request) -> Response:
-        """Unload an adapter loaded while serving; requests already running with it finish with it."""
-        _kept(body.lora_name)
-        models = request.app.state.openai_serving_models
-        _raise_refusal(await models.unload_lora_adapter(body), models, body.lora_name, "lora_name")
-        return JSONResponse({"id": body.lora_name, "object": "model", "deleted": True})
+async def load(body: LoadLoRAAdapterRequest, request: Request) -> Response:
+    """Load a LoRA adapter from a directory inside lora_dir; clients then name it in `model`."""
+    name = body.lora_name.strip()
+    if not name:
+        raise _invalid("lora_name is empty: give the name requests will use for the adapter", "lora_name")
+    models = request.app.state.openai_serving_models
+    if models.is_base_model(name):
+        raise _invalid(f"{name!r} is the served model's own name; give the adapter another", "lora_name")
+    loader = _loader(request, name)
+    loader.checked(name, body.lora_path, "lora_path")
+    async with loader.lock(name):
+        adapter = await loader.load(models, body.model_copy(update={"lora_name": name}), "lora_path")
+    card = next(c for c in (await models.show_available_models()).data if c.id == name)
+    return JSONResponse(card.model_dump() | {"rank": adapter.rank})
 
-    return {LOAD_LORA: load, UNLOAD_LORA: unload}
+
+async def unload(body: UnloadLoRAAdapterRequest, request: Request) -> Response:
+    """Unload an adapter loaded while serving; requests already running with it finish with it."""
+    _loader(request, body.lora_name)
+    models = request.app.state.openai_serving_models
+    _raise_refusal(await models.unload_lora_adapter(body), models, body.lora_name, "lora_name")
+    return JSONResponse({"id": body.lora_name, "object": "model", "deleted": True})

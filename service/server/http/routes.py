@@ -9,6 +9,11 @@ every other route in OpenAI's.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from service.server.http import lora_routes, service_handlers
 
 
 class Access(enum.Enum):
@@ -18,18 +23,37 @@ class Access(enum.Enum):
     ENGINE = "engine"  # the key, and a ready engine (503 + Retry-After while starting or draining)
 
 
-# The service's own routes.
-SERVICE_ROUTES: dict[str, Access] = {
-    "/health": Access.PROBE,
-    "/ready": Access.PROBE,
-    "/version": Access.METRICS,
-    "/metrics": Access.METRICS,
-    "/v1/hardware": Access.SERVICE,
-    "/openapi.json": Access.SERVICE,
-    "/v1/models": Access.ENGINE,
+@dataclass(frozen=True)
+class Route:
+    """One of the service's own routes: create_app serves the table as it stands."""
+
+    method: str
+    path: str
+    access: Access
+    handler: Callable[..., Any]
+    in_schema: bool = True  # listed in /openapi.json
+    json_body: bool = False  # a POST body sent as JSON, or 400 saying so (as vLLM's POST routes)
+    lora: bool = False  # served only with the lora_dir setting
+
+
+# Loading and unloading LoRA adapters while serving (lora_routes.py): vLLM's request bodies, only with lora_dir.
+LOAD_LORA, UNLOAD_LORA = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/health", Access.PROBE, service_handlers.health),
+    Route("GET", "/ready", Access.PROBE, service_handlers.ready),
+    Route("GET", "/version", Access.METRICS, service_handlers.version),
+    Route("GET", "/metrics", Access.METRICS, service_handlers.prometheus_metrics),
+    Route("GET", "/v1/hardware", Access.SERVICE, service_handlers.hardware),
+    Route("GET", "/openapi.json", Access.SERVICE, service_handlers.openapi, in_schema=False),
+    Route("GET", "/v1/models", Access.ENGINE, service_handlers.models),
     # OpenAI's "retrieve model" (`client.models.retrieve`); `path` because Hugging Face ids hold a slash.
-    "/v1/models/{model:path}": Access.ENGINE,
-}
+    Route("GET", "/v1/models/{model:path}", Access.ENGINE, service_handlers.model),
+    Route("POST", LOAD_LORA, Access.ENGINE, lora_routes.load, json_body=True, lora=True),
+    Route("POST", UNLOAD_LORA, Access.ENGINE, lora_routes.unload, json_body=True, lora=True),
+)
+# The paths the service answers itself at every start, and who may call them.
+SERVICE_ROUTES: dict[str, Access] = {r.path: r.access for r in ROUTES if not r.lora}
+LORA_ROUTES: frozenset[str] = frozenset(r.path for r in ROUTES if r.lora)
 
 # vLLM's routes for pooling models: a JSON body that names its model.
 POOLING_ROUTES: frozenset[str] = frozenset(
@@ -68,11 +92,6 @@ ENGINE_ROUTES: frozenset[str] = POOLING_ROUTES | frozenset(
         "/invocations",
     }
 )
-
-# Loading and unloading LoRA adapters while serving: the service's own (lora_routes.py), POST, Access.ENGINE, and
-# only with the lora_dir setting.
-LOAD_LORA, UNLOAD_LORA = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
-LORA_ROUTES: frozenset[str] = frozenset({LOAD_LORA, UNLOAD_LORA})
 
 # Not counted in the HTTP request metrics: probes every few seconds and the scrape itself would drown the rest.
 UNCOUNTED = tuple(path for path, access in SERVICE_ROUTES.items() if access in (Access.PROBE, Access.METRICS))

@@ -419,15 +419,16 @@ def test_refused_loads_leave_no_state_and_a_names_lock_lives_only_while_used(tmp
 
     from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
 
-    from service.server.http.lora_routes import AdapterLoader, lora_handlers
-    from service.server.http.routes import LOAD_LORA
+    from service.server.http.lora_routes import AdapterLoader
+    from service.server.http.routes import LOAD_LORA, ROUTES
     from service.server.openai_compat.errors import ServiceError
 
     model = SimpleNamespace(lora_adapters=())  # refused before the model is read
     loader = AdapterLoader(tmp_path / "lib", model, 16)
     models = SimpleNamespace(is_base_model=lambda name: False)
-    request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(openai_serving_models=models)))
-    load = lora_handlers(loader)[LOAD_LORA]
+    state = SimpleNamespace(openai_serving_models=models, lora_loader=loader)
+    request = SimpleNamespace(app=SimpleNamespace(state=state))
+    (load,) = [r.handler for r in ROUTES if r.path == LOAD_LORA]
 
     async def refused() -> list[str]:
         params = []
