@@ -8,7 +8,10 @@ import logging
 import os
 import socket
 import time
+from argparse import Namespace
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 import uvloop
@@ -29,6 +32,10 @@ from service.startup import ModelChoice, fetch_model
 from service.startup.report import StartupReport
 from service.startup.self_preload import restore_user_preload
 from service.startup.sequence import StartRefused, decide_start, prepare, refuse_unsafe
+
+if TYPE_CHECKING:  # vLLM is imported only once the startup has set its environment (_serve)
+    from service.server.http.app import HttpShell
+    from service.server.http.metrics import ServiceMetrics
 
 log = logging.getLogger("service")
 
@@ -94,6 +101,22 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+@dataclass
+class _Serving:
+    """One model's serving, as its parts share it: the settings and plan, the HTTP shell and the engine's lifecycle."""
+
+    settings: Settings
+    report: StartupReport
+    model: str
+    served: str
+    started: float
+    lifecycle: Lifecycle
+    metrics: ServiceMetrics
+    shell: HttpShell
+    server: DrainingServer
+    args: Namespace
+
+
 async def _serve(
     settings: Settings, report: StartupReport, model: str, served: str, demo: bool, started: float, sock: socket.socket
 ) -> int:
@@ -101,104 +124,17 @@ async def _serve(
 
     from service.server.http.app import create_app
     from service.server.http.metrics import ServiceMetrics
-    from service.server.http.request_head_timeout import HEAD_TIMEOUT_S, head_timeout_protocol
-    from service.server.openai_compat import client_error_logs
-    from service.server.openai_compat.response_models import drop_request_validator
-    from service.server.supervision.engine_start import (
-        EngineConfigRefused,
-        EngineDied,
-        cache_vllm_environment,
-        serving_lifespan,
-        start_engine,
-        unless_dead,
-        vllm_args,
-        warm_up,
-    )
-    from service.server.supervision.gguf_check_run import GgufCheckRefused, check_gguf
+    from service.server.supervision.engine_start import vllm_args
 
     lifecycle = Lifecycle(started_at=started)
     metrics = ServiceMetrics(get_prometheus_registry())
     metrics.describe_startup(report, served)
     args = vllm_args(report.plan.engine_args, model, served, settings.max_queued_requests)
     shell = create_app(settings, report, lifecycle, metrics, args, served_model=served, demo=demo)
-    config = uvicorn.Config(
-        shell.app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_seconds)),
-        # Longer than clients' and load balancers' idle timeouts (httpx 5 s, cloud load balancers 60 s): the client
-        # then drops an idle connection first, instead of reusing one the server is closing (a reset request).
-        timeout_keep_alive=75,
-        # No limit_concurrency: it counts open sockets, so silent ones starved the probes; requests in flight are
-        # capped by the app (request_cap.py) and a request head that does not come in time closes its connection.
-        http=head_timeout_protocol(HEAD_TIMEOUT_S, metrics.slow_clients.inc),
-        lifespan="off",
-    )
-    server = DrainingServer(config, lifecycle, settings.shutdown_grace_seconds)
-    key = api_key_of(settings).value
-    embedding = report.model is not None and report.model.is_embedding
-
-    async def bring_up(stack: contextlib.AsyncExitStack) -> None:
-        lifecycle.engine_starting()
-        try:
-            lifecycle.engine, vllm_app = await start_engine(args, shell.app.state, stack)
-            lifecycle.engine_processes = engine_processes()
-            shell.attach_engine(vllm_app)
-            client_error_logs.install()  # vLLM's serving modules are imported by now
-            dropped = ", ".join(drop_request_validator()) or "none had it"
-            log.info("response models built without vLLM's request-side validator: %s", dropped)
-            await asyncio.to_thread(shell.app.openapi)
-            lifecycle.set_phase(Phase.WARMING_UP, "engine up, warm-up request running")
-            if settings.warmup:
-                headers = {"Authorization": f"Bearer {key}"} if key else {}
-                await unless_dead(lifecycle.engine, warm_up(shell.app, served, embedding, headers))
-            if report.plan.model is not None and report.plan.model.conversion is not None:
-                verdict = await unless_dead(
-                    lifecycle.engine, check_gguf(lifecycle.engine, Path(model), settings.gguf_check)
-                )
-                lifecycle.gguf_check = {"passed": verdict.passed, "reason": verdict.reason}
-            frozen = await stack.enter_async_context(serving_lifespan(shell.app))
-            cache_vllm_environment()
-            log.info("froze %d start-up objects out of the garbage collector (as vLLM's own server does)", frozen)
-        except Exception as exc:
-            if lifecycle.phase is Phase.DRAINING:  # stopped while starting: _end_engine_start stopped its processes
-                log.warning("engine start ended by the stop: %s", exc)
-                return
-            if lifecycle.phase is Phase.DEAD:  # a hung start: _watch_start killed its processes and said why
-                log.warning("engine start ended: %s", exc)
-                return
-            refused = isinstance(exc, (EngineConfigRefused, GgufCheckRefused))
-            if refused:
-                reason = f"refusing to start: {exc}"
-                log.error("%s", reason)
-            elif isinstance(exc, EngineDied):  # its processes say how; vLLM's traceback is in the log above
-                cause = death_cause(exc.engine, lifecycle.engine_processes, lifecycle.oom_kills_since_start())
-                reason = f"engine failed to start: {exc}: {cause}"
-                log.error("%s", reason)
-            elif gone := [proc for proc in lifecycle.engine_processes if not alive(proc)]:
-                # vLLM's start failed on a call the dead process could not answer ("Call to get_supported_tasks
-                # method failed: cancelled"): the process that ended is the cause.
-                cause = death_cause(None, gone, lifecycle.oom_kills_since_start())
-                reason = f"engine failed to start: {exc}: {cause}"
-                log.error("%s", reason)
-            else:
-                oom = oom_note(lifecycle.oom_kills_since_start())  # a process killed by SIGKILL logs nothing
-                reason = f"engine failed to start: {exc}" + (f" ({oom})" if oom else "")
-                log.exception("%s", reason)
-            lifecycle.set_phase(Phase.DEAD, reason)
-            lifecycle.exit_code = EXIT_STARTUP_REFUSED if refused else EXIT_ENGINE_DIED
-            server.should_exit = True
-            return
-        if lifecycle.phase is Phase.WARMING_UP:
-            lifecycle.set_phase(Phase.READY, "model loaded and warmed up")
-            metrics.ready.set(1)
-            metrics.startup_seconds.set(time.monotonic() - started)
-            log.info("ready: serving %r on http://%s:%d", served, settings.host, settings.port)
-        await watch_engine(lifecycle, server, settings.engine_stall_seconds)
-
+    server = DrainingServer(_uvicorn_config(settings, shell, metrics), lifecycle, settings.shutdown_grace_seconds)
+    serving = _Serving(settings, report, model, served, started, lifecycle, metrics, shell, server, args)
     async with contextlib.AsyncExitStack() as stack:
-        engine_task = asyncio.create_task(bring_up(stack))
+        engine_task = asyncio.create_task(_bring_up(serving, stack))
         start_watch = asyncio.create_task(watch_start(lifecycle, server, settings.engine_stall_seconds))
         # uvicorn logs its address only for the sockets it binds itself
         host, port = sock.getsockname()[:2]
@@ -215,3 +151,109 @@ async def _serve(
                 await task
     stop_leftover_engine_processes(lifecycle.engine_processes)
     return lifecycle.exit_code
+
+
+def _uvicorn_config(settings: Settings, shell: HttpShell, metrics: ServiceMetrics) -> uvicorn.Config:
+    from service.server.http.request_head_timeout import HEAD_TIMEOUT_S, head_timeout_protocol
+
+    return uvicorn.Config(
+        shell.app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_seconds)),
+        # Longer than clients' and load balancers' idle timeouts (httpx 5 s, cloud load balancers 60 s): the client
+        # then drops an idle connection first, instead of reusing one the server is closing (a reset request).
+        timeout_keep_alive=75,
+        # No limit_concurrency: it counts open sockets, so silent ones starved the probes; requests in flight are
+        # capped by the app (request_cap.py) and a request head that does not come in time closes its connection.
+        http=head_timeout_protocol(HEAD_TIMEOUT_S, metrics.slow_clients.inc),
+        lifespan="off",
+    )
+
+
+async def _bring_up(s: _Serving, stack: contextlib.AsyncExitStack) -> None:
+    """The engine started, warmed up and checked while the port answers; then watched until the service stops."""
+    from service.server.supervision.engine_start import EngineConfigRefused
+    from service.server.supervision.gguf_check_run import GgufCheckRefused
+
+    lifecycle = s.lifecycle
+    lifecycle.engine_starting()
+    try:
+        await _start_and_warm(s, stack)
+    except Exception as exc:
+        if lifecycle.phase is Phase.DRAINING:  # stopped while starting: _end_engine_start stopped its processes
+            log.warning("engine start ended by the stop: %s", exc)
+            return
+        if lifecycle.phase is Phase.DEAD:  # a hung start: _watch_start killed its processes and said why
+            log.warning("engine start ended: %s", exc)
+            return
+        refused = isinstance(exc, (EngineConfigRefused, GgufCheckRefused))
+        lifecycle.set_phase(Phase.DEAD, _start_failure(exc, lifecycle, refused))
+        lifecycle.exit_code = EXIT_STARTUP_REFUSED if refused else EXIT_ENGINE_DIED
+        s.server.should_exit = True
+        return
+    if lifecycle.phase is Phase.WARMING_UP:
+        lifecycle.set_phase(Phase.READY, "model loaded and warmed up")
+        s.metrics.ready.set(1)
+        s.metrics.startup_seconds.set(time.monotonic() - s.started)
+        log.info("ready: serving %r on http://%s:%d", s.served, s.settings.host, s.settings.port)
+    await watch_engine(lifecycle, s.server, s.settings.engine_stall_seconds)
+
+
+async def _start_and_warm(s: _Serving, stack: contextlib.AsyncExitStack) -> None:
+    from service.server.openai_compat import client_error_logs
+    from service.server.openai_compat.response_models import drop_request_validator
+    from service.server.supervision.engine_start import (
+        cache_vllm_environment,
+        serving_lifespan,
+        start_engine,
+        unless_dead,
+        warm_up,
+    )
+    from service.server.supervision.gguf_check_run import check_gguf
+
+    lifecycle, app = s.lifecycle, s.shell.app
+    lifecycle.engine, vllm_app = await start_engine(s.args, app.state, stack)
+    lifecycle.engine_processes = engine_processes()
+    s.shell.attach_engine(vllm_app)
+    client_error_logs.install()  # vLLM's serving modules are imported by now
+    dropped = ", ".join(drop_request_validator()) or "none had it"
+    log.info("response models built without vLLM's request-side validator: %s", dropped)
+    await asyncio.to_thread(app.openapi)
+    lifecycle.set_phase(Phase.WARMING_UP, "engine up, warm-up request running")
+    if s.settings.warmup:
+        key = api_key_of(s.settings).value
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        embedding = s.report.model is not None and s.report.model.is_embedding
+        await unless_dead(lifecycle.engine, warm_up(app, s.served, embedding, headers))
+    if s.report.plan.model is not None and s.report.plan.model.conversion is not None:
+        check = check_gguf(lifecycle.engine, Path(s.model), s.settings.gguf_check)
+        verdict = await unless_dead(lifecycle.engine, check)
+        lifecycle.gguf_check = {"passed": verdict.passed, "reason": verdict.reason}
+    frozen = await stack.enter_async_context(serving_lifespan(app))
+    cache_vllm_environment()
+    log.info("froze %d start-up objects out of the garbage collector (as vLLM's own server does)", frozen)
+
+
+def _start_failure(exc: Exception, lifecycle: Lifecycle, refused: bool) -> str:
+    """Why the engine did not start, logged once, as the service's phase will say it."""
+    from service.server.supervision.engine_start import EngineDied
+
+    if refused:
+        reason = f"refusing to start: {exc}"
+        log.error("%s", reason)
+    elif isinstance(exc, EngineDied):  # its processes say how; vLLM's traceback is in the log above
+        cause = death_cause(exc.engine, lifecycle.engine_processes, lifecycle.oom_kills_since_start())
+        reason = f"engine failed to start: {exc}: {cause}"
+        log.error("%s", reason)
+    elif gone := [proc for proc in lifecycle.engine_processes if not alive(proc)]:
+        # vLLM's start failed on a call the dead process could not answer ("Call to get_supported_tasks method
+        # failed: cancelled"): the process that ended is the cause.
+        reason = f"engine failed to start: {exc}: {death_cause(None, gone, lifecycle.oom_kills_since_start())}"
+        log.error("%s", reason)
+    else:
+        oom = oom_note(lifecycle.oom_kills_since_start())  # a process killed by SIGKILL logs nothing
+        reason = f"engine failed to start: {exc}" + (f" ({oom})" if oom else "")
+        log.exception("%s", reason)
+    return reason
