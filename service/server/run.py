@@ -17,7 +17,6 @@ import uvicorn
 import uvloop
 
 from service.facts.api_key import api_key_of
-from service.server.http.download_status import download_status
 from service.server.supervision.draining_server import DrainingServer
 from service.server.supervision.engine_death import alive, death_cause, oom_note
 from service.server.supervision.engine_processes import (
@@ -28,10 +27,9 @@ from service.server.supervision.engine_processes import (
 from service.server.supervision.lifecycle import EXIT_ENGINE_DIED, EXIT_STARTUP_REFUSED, Lifecycle, Phase
 from service.server.supervision.watchdog import note_a_death_while_stopping, watch_engine, watch_start
 from service.settings import Settings
-from service.startup import ModelChoice, fetch_model
 from service.startup.report import StartupReport
 from service.startup.self_preload import restore_user_preload
-from service.startup.sequence import StartRefused, decide_start, prepare, refuse_unsafe
+from service.startup.sequence import StartRefused, decide_start, listen, prepare, refuse_unsafe
 
 if TYPE_CHECKING:  # vLLM is imported only once the startup has set its environment (_serve)
     from service.server.http.app import HttpShell
@@ -50,7 +48,7 @@ def run(settings: Settings) -> int:
 
         try:
             refuse_unsafe(settings)
-            return run_table(settings, lambda: _listen(settings.host, settings.port))
+            return run_table(settings, lambda: listen(settings.host, settings.port))
         except StartRefused as exc:
             log.error("refusing to start: %s", exc)
             return EXIT_STARTUP_REFUSED
@@ -58,8 +56,8 @@ def run(settings: Settings) -> int:
     user_preload = os.environ.get("LD_PRELOAD")
     started = time.monotonic()
     try:
-        report, choice = decide_start(settings, reexecuted, user_preload, lambda choice: _fetch(settings, choice))
-        sock = _listen(settings.host, settings.port)
+        report, choice = decide_start(settings, reexecuted, user_preload)
+        sock = listen(settings.host, settings.port)
         model = prepare(report, gguf_check=settings.gguf_check != "off")
     except StartRefused as exc:
         log.error("refusing to start: %s", exc)
@@ -69,36 +67,6 @@ def run(settings: Settings) -> int:
     # uvloop, as vLLM's own server uses: the stdlib loop's socket writes cost ~20% more API CPU per request
     # (measured by `make bench`, see README).
     return uvloop.run(_serve(settings, report, model, served, choice.demo, started, sock))
-
-
-def _fetch(settings: Settings, choice: ModelChoice) -> ModelChoice:
-    """The model downloaded while the port answers /health 200 and /ready 503 with the download's progress."""
-    early = _listen(settings.host, settings.port)
-    log.info("fetching %s: the port answers the probes meanwhile", choice.location)
-    with download_status(early) as progress:
-        return fetch_model(choice, settings, download=True, progress=progress)
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    try:
-        return _bind(host, port)
-    except OSError as exc:
-        raise StartRefused(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    """The server's address, taken before the engine loads: a port in use refuses the start at once (uvicorn
-    binds only when it starts serving; the engine, started beside it, then loaded for a minute and the process
-    exited 3, as if the engine had died). Not listening yet: until uvicorn serves, connections are refused, not
-    left waiting in the backlog."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart may find TIME_WAIT sockets
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 @dataclass

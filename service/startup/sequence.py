@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import subprocess
-from collections.abc import Callable, MutableMapping
+from collections.abc import MutableMapping
 
 from rich.console import Console
 
@@ -27,8 +28,10 @@ from service.startup import (
     calibrated_report,
     choose_model,
     downloads,
+    fetch_model,
     prepare_model,
 )
+from service.startup.download_port import download_status
 from service.startup.report import StartupReport
 from service.startup.self_preload import preload_self
 
@@ -49,19 +52,45 @@ def refuse_unsafe(settings: Settings) -> None:
         raise StartRefused("; ".join(access.errors))
 
 
-def decide_start(
-    settings: Settings,
-    reexecuted: bool,
-    user_preload: str | None,
-    fetch: Callable[[ModelChoice], ModelChoice],  # downloads the model while the port answers (the server's)
-) -> tuple[StartupReport, ModelChoice]:
+def listen(host: str, port: int) -> socket.socket:
+    """The service's address, taken by the startup: for the probes while a model downloads, then for the server."""
+    try:
+        return _bind(host, port)
+    except OSError as exc:
+        raise StartRefused(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The server's address, taken before the engine loads: a port in use refuses the start at once (uvicorn
+    binds only when it starts serving; the engine, started beside it, then loaded for a minute and the process
+    exited 3, as if the engine had died). Not listening yet: until uvicorn serves, connections are refused, not
+    left waiting in the backlog."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart may find TIME_WAIT sockets
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _fetch(settings: Settings, choice: ModelChoice) -> ModelChoice:
+    """The model downloaded while the port answers /health 200 and /ready 503 with the download's progress."""
+    early = listen(settings.host, settings.port)
+    log.info("fetching %s: the port answers the probes meanwhile", choice.location)
+    with download_status(early) as progress:
+        return fetch_model(choice, settings, download=True, progress=progress)
+
+
+def decide_start(settings: Settings, reexecuted: bool, user_preload: str | None) -> tuple[StartupReport, ModelChoice]:
     """Everything the service decides before it binds its port; raises StartRefused."""
     refuse_unsafe(settings)
     # Before the facts are read: they find the build this makes (an image's first start on a CPU).
     build_at_start(settings.build_kernels, KERNEL_SOURCE)  # logs what it did
     choice = choose_model(settings, build_demo=True)
     if downloads(choice):  # a first start may download for minutes: the port says so meanwhile
-        choice = fetch(choice)
+        choice = _fetch(settings, choice)
     try:
         report = build_report(settings, model=choice)
     except (OSError, ValueError) as exc:  # a cgroup or sysfs file that does not parse: `detect` says the same

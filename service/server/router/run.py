@@ -14,7 +14,6 @@ from collections.abc import Callable
 import uvicorn
 import uvloop
 
-from service.server.http.download_status import download_status
 from service.server.router.app import create_router_app
 from service.server.router.child_config import child_settings
 from service.server.router.engines import Engine, Engines, NotServed
@@ -22,6 +21,7 @@ from service.server.router.router_metrics import RouterMetrics
 from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import choose_model, downloads
+from service.startup.download_port import download_status
 from service.startup.table_report import TableReport, listed_name_of, plan_table
 
 log = logging.getLogger("service")

@@ -1,4 +1,4 @@
-"""service/server/http/download_status.py: what an orchestrator, a client and anyone else on the network see while a
+"""service/startup/download_port.py: what an orchestrator, a client and anyone else on the network see while a
 first start downloads its model, before the service's app (and its key) exist."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from service.server.http.download_status import REQUEST_TIMEOUT_S, download_status
+from service.startup.download_port import REQUEST_TIMEOUT_S, download_status
 
 
 @pytest.fixture
