@@ -171,7 +171,8 @@ def _converted(settings: Any, what: str) -> tuple[Path, Path]:
     """The GGUF file the service plans to serve under `settings`, and its conversion (made here, cached for the
     service): a file the service refuses fails here, with the service's reason."""
     from service.models.gguf_convert import ensure_converted
-    from service.startup import build_report, choose_model
+    from service.startup import build_report
+    from service.startup.model_sources import choose_model
 
     report = build_report(settings, model=choose_model(settings, build_demo=False))
     if report.errors:

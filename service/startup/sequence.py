@@ -21,17 +21,9 @@ from service.facts.software import GGML_KERNEL_DIR, KERNEL_SOURCE
 from service.kernels.build_at_start import build_at_start
 from service.policy.access import plan_access
 from service.settings import Settings
-from service.startup import (
-    ModelChoice,
-    apply,
-    build_report,
-    calibrated_report,
-    choose_model,
-    downloads,
-    fetch_model,
-    prepare_model,
-)
+from service.startup import apply, build_report, calibrated_report, fetch_model, prepare_model
 from service.startup.download_port import download_status
+from service.startup.model_sources import ModelChoice, choose_model, downloads
 from service.startup.report import StartupReport
 from service.startup.self_preload import preload_self
 

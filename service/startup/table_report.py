@@ -16,7 +16,8 @@ from service.policy.memory import gib
 from service.policy.model_table import engine_counts, engines_reason, table_errors
 from service.policy.table_cpus import CpuPlan
 from service.settings import ListedModel, Settings
-from service.startup import build_report, choose_model, fetch_model, table_cpus
+from service.startup import build_report, fetch_model, table_cpus
+from service.startup.model_sources import choose_model
 from service.startup.report import StartupReport
 
 

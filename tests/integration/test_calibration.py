@@ -71,7 +71,8 @@ def _questions(env: dict) -> list[dict]:
     """The questions the service asks for this environment's model on the live CPU."""
     probe = (
         "import dataclasses, json; from service.settings import Settings; "
-        "from service.startup import build_report, choose_model; s = Settings(); "
+        "from service.startup import build_report; from service.startup.model_sources import choose_model; "
+        "s = Settings(); "
         "q = build_report(s, model=choose_model(s, build_demo=False)).plan.questions; "
         "print(json.dumps([dataclasses.asdict(x) for x in q]))"
     )

@@ -146,7 +146,8 @@ FORCED_ENGINE = textwrap.dedent(
     from service.models.demo_model import DEMO_NAME
     from service.in_vllm.contract import FXGRAPH_PATCH_ENV
     from service.settings import load_settings
-    from service.startup import apply, build_report, choose_model
+    from service.startup import apply, build_report
+    from service.startup.model_sources import choose_model
 
     if __name__ == "__main__":  # vLLM spawns its engine core and workers
         settings = load_settings(model=DEMO_NAME)

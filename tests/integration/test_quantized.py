@@ -28,7 +28,8 @@ from service.policy.backends import BACKENDS
 from service.policy.quant import plan_quant
 from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from service.settings import Settings
-from service.startup import build_report, choose_model
+from service.startup import build_report
+from service.startup.model_sources import choose_model
 from tests.integration.conftest import _start
 from tests.support.release import release
 from tests.support.server import MODELS

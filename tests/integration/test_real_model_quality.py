@@ -60,7 +60,8 @@ from service.policy.backends import BACKENDS
 from service.policy.kernel_candidates import INT4_HANDOVER, INT8_HANDOVER, SATURATES_WITHOUT_VNNI
 from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from service.settings import Settings
-from service.startup import build_report, choose_model
+from service.startup import build_report
+from service.startup.model_sources import choose_model
 from tests.integration.conftest import _start
 from tests.support.reference import compare, query, scale_weight
 from tests.support.reference import reference_logprobs as greedy_reference

@@ -20,8 +20,8 @@ from service.server.router.engines import Engine, Engines, NotServed
 from service.server.router.router_metrics import RouterMetrics
 from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from service.settings import Settings
-from service.startup import choose_model, downloads
 from service.startup.download_port import download_status
+from service.startup.model_sources import choose_model, downloads
 from service.startup.table_report import TableReport, listed_name_of, plan_table
 
 log = logging.getLogger("service")

@@ -17,7 +17,8 @@ from service.in_vllm.contract import LORA_ROWS_ENV
 from service.policy.lora import LORA_RANKS
 from service.server.supervision.engine_start import engine_flags
 from service.settings import Settings
-from service.startup import build_report, choose_model
+from service.startup import build_report
+from service.startup.model_sources import choose_model
 from tests.support.lora import make_adapter
 
 

@@ -23,7 +23,8 @@ from service.models.gguf_convert import PROVENANCE, ConversionError, ensure_conv
 from service.policy.model_source import choose_blocks, converter_key, gguf_errors, plan_model_source
 from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from service.settings import Settings
-from service.startup import build_report, choose_model
+from service.startup import build_report
+from service.startup.model_sources import choose_model
 from tests.support.gguf_models import ARCHES, HIDDEN, tiny_gguf
 from tests.support.server import MODELS
 

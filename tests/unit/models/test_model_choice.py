@@ -16,7 +16,8 @@ from service.models.demo_model import DEMO_NAME, ensure_demo_model
 from service.policy.backends import BACKENDS
 from service.policy.dtype import DEFAULT_MODEL_FP32, choose_dtype
 from service.settings import Settings
-from service.startup import NO_DEFAULT_MODEL, build_report, choose_model, downloads, fetch_model
+from service.startup import build_report, fetch_model
+from service.startup.model_sources import NO_DEFAULT_MODEL, choose_model, downloads
 from tests.support.gguf_models import tiny_gguf
 from tests.support.ollama_store import ollama_store
 from tests.support.server import MODELS
@@ -42,7 +43,7 @@ def test_no_model_configured_is_the_packaged_smollm2(tmp_path):
 
 
 def test_without_the_default_models_wheel_the_report_says_how_to_get_it(tmp_path, monkeypatch):
-    monkeypatch.setattr("service.startup.packaged_default_model_path", lambda: None)
+    monkeypatch.setattr("service.startup.model_sources.packaged_default_model_path", lambda: None)
     settings = Settings(cache_dir=tmp_path)
     report = build_report(settings, model=choose_model(settings, build_demo=False))
     assert NO_DEFAULT_MODEL in report.errors and "make setup" in NO_DEFAULT_MODEL
@@ -166,3 +167,52 @@ def test_an_ollama_blob_whose_content_is_not_its_digest_is_refused_naming_both(t
     assert f"has the sha256 {found}" in error and f"names sha256:{digest}" in error and "ollama pull tiny:q8" in error
     monkeypatch.setattr("service.facts.gguf._sha256", lambda path: pytest.fail("hashed again"))
     assert [e for e in build_report(settings, model=choose_model(settings, build_demo=False)).errors if digest in e]
+
+
+def test_every_model_source_is_in_the_help_and_in_the_settings_description():
+    """The registry names each source once for the CLI's help; the setting's own description (settings.py, below the
+    startup) must say the same forms."""
+    from service.settings import Settings as S
+    from service.startup.model_sources import SOURCES, forms
+
+    assert all(s.forms in forms() for s in SOURCES) and forms().startswith("model directory or GGUF file")
+    description = S.model_fields["model"].description or ""
+    for token in ("demo-tiny-llama", "ollama:NAME[:TAG]", "hf:org/name", "org/name[@revision]", "./x", "empty:"):
+        assert token in description and token in forms(), token
+
+
+def test_the_first_source_that_claims_a_value_resolves_it(tmp_path, monkeypatch):
+    from service.startup.model_sources import SOURCES
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org").mkdir()
+    (tmp_path / "here.gguf").write_bytes(b"")
+    claimed = {
+        value: next(s.name for s in SOURCES if s.claims(value))
+        for value in (
+            "",
+            "demo-tiny-llama",
+            "ollama:qwen3:0.6b",
+            "hf:org/name",
+            "./missing",
+            "here.gguf",
+            "org/name",
+            "other/name",
+        )
+    }
+    assert claimed == {
+        "": "default",
+        "demo-tiny-llama": "demo",
+        "ollama:qwen3:0.6b": "ollama",
+        "hf:org/name": "hub",
+        "./missing": "path",
+        "here.gguf": "path",
+        "org/name": "hub id",
+        "other/name": "hub id",
+    }
+    settings = Settings(cache_dir=tmp_path / "cache")
+    assert "reads two ways" in (
+        choose_model(settings.model_copy(update={"model": "org/name"}), build_demo=False).error or ""
+    )
+    assert choose_model(settings.model_copy(update={"model": "other/name"}), build_demo=False).hub
+    assert choose_model(settings.model_copy(update={"model": "hf:org/name"}), build_demo=False).hub

@@ -16,7 +16,8 @@ from service.policy.plan import plan_engine
 from service.policy.plan_state import PlanInputs
 from service.policy.speculative import EAGLE_TOKENS, NGRAM, measured_key, plan_speculative
 from service.settings import Settings, load_settings
-from service.startup import ModelChoice, build_report
+from service.startup import build_report
+from service.startup.model_sources import ModelChoice
 from tests.unit.conftest import MODELS, software
 from tests.unit.policy.test_policy_engine import decision, hw, model, plan
 
