@@ -120,6 +120,9 @@ class Kernel:
     # value are tried in this registry's order), and what must be installed for it.
     chosen_by: str | None = None
     requires: str | None = None
+    # Runs ggml's matmul op, which hands batches from SERVICE_GGML_HANDOVER's rows on to the dtype's GEMM: the
+    # policy decides that table wherever such a kernel is planned (service/policy/ggml_handover.py).
+    ggml_op: bool = False
 
     def can_implement(self, layer: Layer) -> tuple[bool, str | None]:
         """Whether this kernel takes `layer`, and if not what it needs (as vLLM's can_implement would refuse)."""
@@ -215,6 +218,7 @@ KERNELS: dict[str, Kernel] = {
         cites=("claim/int4-ggml-read/zen2",),
         chosen_by="ggml",
         requires="the service's ggml kernel (make kernels)",
+        ggml_op=True,
     ),
     "ggml-q4_1": Kernel(
         "GgmlLinearKernel",
@@ -230,6 +234,7 @@ KERNELS: dict[str, Kernel] = {
         cites=("claim/int4-ggml-read/zen2",),
         chosen_by="ggml",
         requires="the service's ggml kernel (make kernels)",
+        ggml_op=True,
     ),
     "ggml-q8_0": Kernel(
         "GgmlInt8LinearKernel",
@@ -243,6 +248,7 @@ KERNELS: dict[str, Kernel] = {
         cites=("claim/int8-ggml-read/zen2",),
         chosen_by="ggml",
         requires="the service's ggml kernel (make kernels)",
+        ggml_op=True,
     ),
     "ggml-gguf": Kernel(
         "GgufBlocksLinearMethod",
@@ -253,6 +259,7 @@ KERNELS: dict[str, Kernel] = {
         formats=("gguf",),
         needs=(),
         cites=("claim/gguf-blocks-dequantized/zen4", "claim/lm-head-blocks/emeraldrapids"),
+        ggml_op=True,
     ),
     "bf16-weights": Kernel(
         "Bf16WeightsLinear",
@@ -280,3 +287,12 @@ KERNELS: dict[str, Kernel] = {
         needs=(),
     ),
 }
+# The service's kernels that run ggml's op (their vLLM class names, as KERNELS_ENV lists them).
+GGML_OP_CLASSES = frozenset(k.vllm_class for k in KERNELS.values() if k.ggml_op)
+
+
+def setting_values(formats: tuple[str, ...]) -> tuple[str, ...]:
+    """The values of a kernel setting (int4_kernel, int8_kernel) that choose one of the service's kernels for these
+    formats, in this registry's order."""
+    chosen = (k.chosen_by for k in KERNELS.values() if k.chosen_by and set(k.formats) & set(formats))
+    return tuple(dict.fromkeys(chosen))

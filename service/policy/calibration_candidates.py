@@ -8,6 +8,7 @@ from typing import Any
 
 from service.facts.model import ModelFacts
 from service.in_vllm.contract import HANDOVER_ENV, KERNELS_ENV, PREPACK_ENV
+from service.kernels.registry import INT4_WEIGHT_ONLY, setting_values
 from service.policy.backends import Backend
 from service.policy.calibration import Candidate, Question, dense_question
 from service.policy.decision import PolicyResult
@@ -29,7 +30,7 @@ def int4_options(user: frozenset[str], backend: Backend, method: str) -> list[tu
         )
         for a in w4a8
     ]
-    return [*options, ("auto-round", {"int4_kernel": "auto-round"}), ("ggml", {"int4_kernel": "ggml"})]
+    return [*options, *((v, {"int4_kernel": v}) for v in setting_values(INT4_WEIGHT_ONLY))]
 
 
 def w8a8_options(
@@ -39,14 +40,15 @@ def w8a8_options(
     both and neither the user's setting nor their VLLM_DISABLED_KERNELS chose) or the service's ggml one. Where the
     user set int8_kernel, every option plans their kernel and they fold into one candidate. Without VNNI vLLM's
     oneDNN kernel saturates (kernel_candidates.SATURATES_WITHOUT_VNNI): its speed is not weighed against an exact one."""
+    ours = [(v, {"int8_kernel": v}) for v in setting_values(("w8a8",))]
     if not vnni:
-        return [("ggml", {"int8_kernel": "ggml"})]
+        return ours
     vllm: list[tuple[str, dict[str, Any]]] = [("vllm", {"int8_kernel": "vllm"})]
     if backend.w8a8_zentorch and "w8a8_zentorch" not in user and "VLLM_DISABLED_KERNELS" not in environ:
         vllm = [
             (name, {"int8_kernel": "vllm", "w8a8_zentorch": on}) for name, on in (("zentorch", True), ("onednn", False))
         ]
-    return [*vllm, ("ggml", {"int8_kernel": "ggml"})]
+    return [*vllm, *ours]
 
 
 def candidates(

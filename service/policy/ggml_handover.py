@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from service.in_vllm.contract import HANDOVER_ENV
-from service.kernels.registry import KERNELS, handover_env
+from service.kernels.registry import GGML_OP_CLASSES, handover_env
 from service.measurements.store import cite, row
 from service.policy.decision import PolicyResult, env
 
@@ -48,10 +48,6 @@ BF16_AVX512 = _table("ggml-handover/xeon-amx-as-avx512-bf16/bfloat16")
 FP32_AVX512 = _table("ggml-handover/xeon-amx/float32")
 
 
-# The service's kernels that run the ggml op (their vLLM class names, as KERNELS_ENV lists them)
-GGML_CLASSES = frozenset(KERNELS[k].vllm_class for k in ("ggml-q4_0", "ggml-q4_1", "ggml-q8_0", "ggml-gguf"))
-
-
 # A bf16 engine on a CPU without native bf16 (no AVX-512 BF16 or AMX: the avx512 backend's Intel guests without the
 # extension, a bf16 engine the user asks for on AVX2): torch's bf16 GEMM converts in software, and ggml stays ahead.
 SOFTWARE_BF16 = _table("ggml-handover/xeon-amx-as-avx512/bfloat16")
@@ -75,7 +71,7 @@ def plan_handover(
 ) -> PolicyResult:
     """The backend's tables on this CPU (tables_for; fp16 takes bf16's), where a ggml kernel runs
     (`planned_kernels`: KERNELS_ENV's value). The reason gives the engine dtype's table and where it was measured."""
-    if not GGML_CLASSES & set(planned_kernels.split(",")):
+    if not GGML_OP_CLASSES & set(planned_kernels.split(",")):
         return PolicyResult()
     tables = tables_for(tables, native_bf16)
     table = tables.get(dtype) or tables["bfloat16"]

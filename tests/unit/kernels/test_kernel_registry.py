@@ -60,3 +60,32 @@ def test_can_implement_says_what_a_layer_lacks():
     assert not ok and why == CONDITIONS["ggml_blocks"][1]
     ok, why = KERNELS["amx-w4a8"].can_implement(fits)
     assert not ok and CONDITIONS["int4_w4a8"][1] in why
+
+
+def test_a_kernel_that_runs_ggmls_op_gets_the_hand_over_table_by_its_attribute(monkeypatch):
+    """No list to keep beside the registry: a kernel marked ggml_op is one whose planned class brings the table."""
+    from service.kernels import registry
+    from service.policy import ggml_handover
+    from service.policy.backends import BACKENDS
+
+    amx = BACKENDS["amx"]
+    assert {k.vllm_class for k in KERNELS.values() if k.provider and "ggml" in k.provider} <= registry.GGML_OP_CLASSES
+    assert ggml_handover.plan_handover("amx", amx.ggml_handover, "bfloat16", True, "SomeoneElsesKernel").decisions == ()
+    added = dataclasses.replace(KERNELS["ggml-q8_0"], vllm_class="GgmlQ6KLinearKernel")
+    monkeypatch.setattr(ggml_handover, "GGML_OP_CLASSES", frozenset({*registry.GGML_OP_CLASSES, added.vllm_class}))
+    (decision,) = ggml_handover.plan_handover("amx", amx.ggml_handover, "bfloat16", True, added.vllm_class).decisions
+    assert decision.setting == "env.SERVICE_GGML_HANDOVER"
+
+
+def test_the_kernel_settings_values_are_the_registrys():
+    """int4_kernel / int8_kernel: auto, vLLM's own, and each value a kernel of the registry is chosen by; the
+    calibration weighs the same values."""
+    import typing
+
+    from service.kernels.registry import INT4_WEIGHT_ONLY, setting_values
+    from service.settings import Settings
+
+    for setting, formats in (("int4_kernel", INT4_WEIGHT_ONLY), ("int8_kernel", ("w8a8",))):
+        allowed = set(typing.get_args(Settings.model_fields[setting].annotation))
+        assert allowed == {"auto", "vllm", *setting_values(formats)}, setting
+    assert setting_values(INT4_WEIGHT_ONLY) == ("auto-round", "ggml") and setting_values(("w8a8",)) == ("ggml",)
