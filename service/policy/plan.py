@@ -33,14 +33,13 @@ class EnginePlan(PolicyResult):
 
 
 def plan_engine(inputs: PlanInputs) -> EnginePlan:
-    draft = Draft()
+    draft, refused = Draft(), False
     for stage in STAGES:
-        if stage.needs_model and inputs.model is None:
+        if (stage.needs_model and inputs.model is None) or (refused and not stage.always):
             continue
         step = stage.run(inputs, draft)
         draft = draft.after(step)
-        if step.final:
-            break
+        refused = refused or step.final
     assert draft.backend is not None, "the backend stage runs first"
     merged = draft.merged
     return EnginePlan(
@@ -106,4 +105,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("general", stages.general),
     Stage("version patches", stages.version_patches),
     Stage("compile cache key", stages.compile_cache_key),
+    Stage("access", stages.access, always=True),
+    Stage("usage statistics", stages.telemetry),
+    Stage("remote media", stages.media),
 )

@@ -122,3 +122,4 @@ class Stage:
     name: str
     run: Callable[[PlanInputs, Draft], Step]
     needs_model: bool = False  # skipped when there is no model (detect without one)
+    always: bool = False  # runs after a refusal too (what the port and vLLM's processes would do is still shown)

@@ -7,10 +7,12 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from service.facts.api_key import api_key_of
 from service.facts.hardware import HardwareFacts
 from service.facts.model import ModelFacts
 from service.facts.software import SoftwareFacts
 from service.in_vllm.contract import KERNELS_ENV, PREPACK_ENV, THREADS_BIND_ENV
+from service.policy.access import plan_access
 from service.policy.amx_state import amx_state
 from service.policy.backend import BackendChoice, choose_backend
 from service.policy.caching import cache_decisions
@@ -31,6 +33,7 @@ from service.policy.general import general_decisions
 from service.policy.ggml_handover import plan_handover
 from service.policy.kv_cache import kv_cache_decision, model_lora_runtime
 from service.policy.lora import lora_decisions
+from service.policy.media import plan_media
 from service.policy.memory import plan_memory, rank_nodes
 from service.policy.model_source import choose_blocks, converted_bytes, plan_model_source
 from service.policy.patches import fxgraph_patch
@@ -42,6 +45,7 @@ from service.policy.preload import choose_preload
 from service.policy.quant import plan_quant
 from service.policy.sampling import plan_sampling
 from service.policy.speculative import plan_speculative
+from service.policy.telemetry import plan_telemetry
 from service.policy.threads import ThreadPlan, plan_threads, thread_decisions
 from service.policy.top_p import plan_top_p
 
@@ -303,6 +307,23 @@ def version_patches(inputs: PlanInputs, draft: Draft) -> Step:
 def compile_cache_key(inputs: PlanInputs, draft: Draft) -> Step:
     """torch.compile's cache key, over the environment every decision before it set."""
     return Step.of_result(compile_key(draft.merged.env))
+
+
+def access(inputs: PlanInputs, draft: Draft) -> Step:
+    """Who may call the port. Shown by every plan and refused by serve alone (startup/sequence.py): detect describes
+    the machine and the model, and an image's detect runs without the key its deployment mounts."""
+    settings = inputs.settings
+    planned = plan_access(settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts)
+    refusals = tuple(f"serve refuses to start: {error}" for error in planned.errors)
+    return Step(decisions=planned.decisions, warnings=planned.warnings + refusals)
+
+
+def telemetry(inputs: PlanInputs, draft: Draft) -> Step:
+    return Step.of_result(plan_telemetry(inputs.environ))
+
+
+def media(inputs: PlanInputs, draft: Draft) -> Step:
+    return Step.of_result(plan_media(inputs.settings.media_domains))
 
 
 def _model(inputs: PlanInputs) -> ModelFacts:

@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Literal
 
-from service.facts.api_key import api_key_of
 from service.facts.draft_model import read_draft
 from service.facts.hardware import HardwareFacts, read_hardware
 from service.facts.libraries import read_libraries
@@ -23,17 +22,14 @@ from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
 from service.in_vllm.contract import THREADS_BIND_ENV
 from service.models.hub_download import parse_hub_id
-from service.policy.access import plan_access
 from service.policy.calibration import Mode, Verdict
-from service.policy.decision import PolicyResult, record
+from service.policy.decision import record
 from service.policy.gguf_architectures import architecture_problem
-from service.policy.media import plan_media
 from service.policy.model_table import memory_share
 from service.policy.plan import plan_engine
 from service.policy.plan_state import PlanInputs
 from service.policy.speculative import draft_directory
 from service.policy.table_cpus import CpuPlan, plan_table_cpus
-from service.policy.telemetry import plan_telemetry
 from service.settings import USER_SOURCES, Settings
 from service.startup.model_sources import ModelChoice
 from service.startup.report import StartupReport
@@ -147,18 +143,6 @@ def build_report(
             decisions=(share, cpus.decision, *plan.decisions),
             errors=plan.errors + ((cpus.error,) if cpus.error else ()),
         )
-    # Access is shown here and refused by serve alone (startup/sequence.py): detect describes the machine and the model,
-    # and an image's detect runs without the key its deployment mounts.
-    access = plan_access(settings.host, api_key_of(settings), settings.allow_unauthenticated, settings.allowed_hosts)
-    refusals = tuple(f"serve refuses to start: {error}" for error in access.errors)
-    around = PolicyResult(access.decisions, access.warnings + refusals)
-    around += plan_telemetry(environ) + plan_media(settings.media_domains)
-    plan = dataclasses.replace(
-        plan,
-        decisions=plan.decisions + around.decisions,
-        warnings=plan.warnings + around.warnings,
-        errors=plan.errors + around.errors,
-    )
     return StartupReport(hardware=hardware, software=software, model=model_facts, plan=plan)
 
 

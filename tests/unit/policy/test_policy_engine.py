@@ -244,8 +244,10 @@ def test_user_kv_cache_too_small_for_one_request_is_an_error():
 
 
 def test_backend_refusal_stops_the_plan():
+    """No engine setting is planned past a refused backend; who may call the port is still shown."""
     p = plan(hw("graviton3_neoverse_v1.txt"))
-    assert p.backend.name is None and p.errors and not p.engine_args
+    assert p.backend.name is None and p.errors and not p.engine_args and not p.env
+    assert [d.setting for d in p.decisions] == ["access.api_key"]
 
 
 def test_legacy_kvcache_env_is_respected_and_reported():
