@@ -50,6 +50,7 @@ class ModelSource:
     forms: str  # how a `model` value names it, as the help says
     claims: Callable[[str], bool]  # whether a `model` value is this source's (the first that claims it resolves it)
     resolve: Callable[[str, Settings, bool], ModelChoice]  # (value, settings, build the demo if need be)
+    example: str  # a value it claims (the registry test resolves it)
     downloads: bool = False  # fetch_model may download what it resolves
 
 
@@ -120,13 +121,17 @@ SOURCES: tuple[ModelSource, ...] = (
         f"empty: SmolLM2-135M-Instruct from the {DEFAULT_MODEL_DISTRIBUTION} wheel",
         lambda r: not r,
         _default,
+        example="",
     ),
-    ModelSource("demo", f"{DEMO_NAME} (the tiny random test model)", lambda r: r == DEMO_NAME, _demo),
+    ModelSource(
+        "demo", f"{DEMO_NAME} (the tiny random test model)", lambda r: r == DEMO_NAME, _demo, example=DEMO_NAME
+    ),
     ModelSource(
         "ollama",
         f"{OLLAMA_PREFIX}NAME[:TAG] (a model in Ollama's store, OLLAMA_MODELS, its blob checked against its digest)",
         lambda r: r.startswith(OLLAMA_PREFIX),
         _ollama,
+        example=f"{OLLAMA_PREFIX}qwen3:0.6b",
     ),
     ModelSource(
         "hub",
@@ -134,6 +139,7 @@ SOURCES: tuple[ModelSource, ...] = (
         f"file of a GGUF repo; {HUB_PREFIX}org/name where a folder ./org exists, which makes org/name ambiguous)",
         lambda r: r.startswith(HUB_PREFIX),
         _hub,
+        example=f"{HUB_PREFIX}org/name",
         downloads=True,
     ),
     ModelSource(
@@ -142,9 +148,10 @@ SOURCES: tuple[ModelSource, ...] = (
         "/x or ~/x: never downloaded, a missing one is an error",
         _is_path,
         _path,
+        example="./models/Qwen2.5-1.5B-Instruct-Q4_K_M.gguf",
     ),
     # What is left reads as org/name: a hub id (`hub` above names the forms).
-    ModelSource("hub id", "", lambda r: True, _hub, downloads=True),
+    ModelSource("hub id", "", lambda r: True, _hub, example="org/name", downloads=True),
 )
 
 

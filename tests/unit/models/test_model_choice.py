@@ -216,3 +216,18 @@ def test_the_first_source_that_claims_a_value_resolves_it(tmp_path, monkeypatch)
     )
     assert choose_model(settings.model_copy(update={"model": "other/name"}), build_demo=False).hub
     assert choose_model(settings.model_copy(update={"model": "hf:org/name"}), build_demo=False).hub
+
+
+def test_each_model_source_claims_and_resolves_its_example(tmp_path, monkeypatch):
+    """A new source's entry is exercised here: the first source claiming its example is itself, and it resolves it
+    to a choice (found, or an error saying why not) without fetching anything."""
+    from service.startup.model_sources import SOURCES
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    settings = Settings(cache_dir=tmp_path / "cache")
+    for source in SOURCES:
+        assert next(s for s in SOURCES if s.claims(source.example)) is source, source.name
+        choice = source.resolve(source.example, settings, False)
+        assert choice.location or choice.error or choice.demo, source.name
+        assert choice.hub is source.downloads, source.name
