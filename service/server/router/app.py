@@ -5,9 +5,11 @@ The same gates as one model's service (http/app.py add_gates), then the key."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -20,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from service.facts.api_key import api_key_of
 from service.server.http.app import add_gates
 from service.server.http.auth import require_api_key
+from service.server.http.routes import Access, Route
 from service.server.openai_compat.errors import RETRY_AFTER_SECONDS, ServiceError, error_type, install_error_handlers
 from service.server.router.engines import Engine, Engines, NotServed, State
 from service.server.router.names import listed_name
@@ -29,7 +32,159 @@ from service.settings import Settings
 from service.startup.table_report import TableReport
 
 _ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE"]
-_PROBES = ("/health", "/ready", "/version", "/metrics")
+
+
+@dataclass(frozen=True)
+class Front:
+    """What the front end's routes answer from (app.state.front)."""
+
+    table: dict[str, Any]  # the table's plan, as /v1/hardware gives it
+    software: dict[str, str | None]
+    engines: Engines
+    metrics: RouterMetrics
+    started: asyncio.Event
+    client: httpx.AsyncClient
+    aliases: dict[str, tuple[str, ...]]  # listed name -> its aliases
+    wait_s: float
+
+
+def _front(request: Request) -> Front:
+    front: Front = request.app.state.front
+    return front
+
+
+def _named(front: Front, model: str) -> Engine:
+    name = listed_name(model, front.aliases)
+    if name is None:
+        raise ServiceError(
+            HTTPStatus.NOT_FOUND,
+            f"The model `{model}` does not exist. Listed: {', '.join(front.aliases)}.",
+            "NotFoundError",
+            param="model",
+        )
+    return front.engines.engines[name]
+
+
+async def _acquire(front: Front, engine: Engine) -> Engine:
+    try:
+        return await front.engines.acquire(engine.name, front.wait_s)
+    except NotServed as exc:
+        status = HTTPStatus.SERVICE_UNAVAILABLE
+        headers = {"Retry-After": RETRY_AFTER_SECONDS} if exc.retry else None
+        raise ServiceError(status, str(exc), error_type(status), param="model", headers=headers) from exc
+
+
+async def health(request: Request) -> Response:
+    """Liveness: the front end answers; each model's state beside it (one model's engine ending is not the service's
+    death)."""
+    return JSONResponse({"status": "alive", "models": _states(_front(request).engines)})
+
+
+async def ready(request: Request) -> Response:
+    """Readiness: the pinned models loaded; the others load on their first request."""
+    front = _front(request)
+    status = 200 if front.started.is_set() else 503
+    body = {"status": "ready" if front.started.is_set() else "starting", "models": _states(front.engines)}
+    return JSONResponse(body, status_code=status)
+
+
+async def version(request: Request) -> dict[str, Any]:
+    return _front(request).software
+
+
+async def prometheus(request: Request) -> Response:
+    front = _front(request)
+    texts = await _each_loaded(front.engines, front.client, "/metrics", lambda r: r.text)
+    return Response(front.metrics.render(texts), media_type=CONTENT_TYPE_LATEST)
+
+
+async def hardware(request: Request) -> dict[str, Any]:
+    """The memory plan of the whole box, and each engine's plan: its live report once loaded."""
+    front = _front(request)
+    live = await _each_loaded(front.engines, front.client, "/v1/hardware", lambda r: r.json())
+    models = []
+    for listed, engine in zip(front.table["models"], front.engines.engines.values(), strict=True):
+        models.append(
+            listed | {"state": engine.state.value} | ({"plan": live[engine.name]} if engine.name in live else {})
+        )
+    keys = ("loaded_at_once", "loaded_at_once_reason", "cpus", "errors")
+    return {key: front.table[key] for key in keys} | {"models": models}
+
+
+def _card(engine: Engine) -> dict[str, Any]:
+    return {
+        "id": engine.name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "cpu-llm-service",
+        "state": engine.state.value,
+        "reason": engine.reason,
+        "aliases": list(engine.aliases),
+        "pinned": engine.pinned,
+        "load_seconds": engine.load_seconds,
+        "pid": engine.process.pid if engine.process is not None else None,  # its engine's process group
+        "cpus": list(engine.cpus) if engine.cpus else None,  # its slot, where the table's CPUs are split
+    }
+
+
+async def list_models(request: Request) -> dict[str, Any]:
+    return {"object": "list", "data": [_card(e) for e in _front(request).engines.engines.values()]}
+
+
+async def get_model(request: Request, model: str) -> dict[str, Any]:
+    return _card(_named(_front(request), model))
+
+
+async def load_model(request: Request, model: str) -> dict[str, Any]:
+    front = _front(request)
+    engine = _named(front, model)
+    await front.engines.load(engine.name, front.wait_s)
+    return _card(engine)
+
+
+async def unload_model(request: Request, model: str) -> dict[str, Any]:
+    front = _front(request)
+    engine = _named(front, model)
+    if (refused := await front.engines.unload(engine.name)) is not None:
+        raise ServiceError(HTTPStatus.CONFLICT, refused, error_type(HTTPStatus.CONFLICT), param="model")
+    return _card(engine)
+
+
+async def relayed(request: Request) -> Response:
+    """Every other request, to the engine its `model` names (loaded first if need be)."""
+    front = _front(request)
+    body = await request.body()
+    model = _model_of(body)
+    if model is None and request.headers.get("content-type", "").startswith("multipart/form-data"):
+        # audio transcriptions and translations name their model as a form field
+        field = (await request.form()).get("model")
+        model = field if isinstance(field, str) and field else None
+    if model is None:
+        raise ServiceError(
+            HTTPStatus.BAD_REQUEST,
+            f"this service serves several models: name one in the JSON body's `model` ({', '.join(front.aliases)})",
+            error_type(HTTPStatus.BAD_REQUEST),
+            param="model",
+        )
+    engine = await _acquire(front, _named(front, model))
+    assert engine.url is not None
+    release = functools.partial(front.engines.release, engine)
+    return await relay(front.client, request, body, engine.url, front.engines.key, engine.name, release)
+
+
+# The front end's own routes; every other path is relayed (Access.ENGINE: the key, then the named engine).
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/health", Access.PROBE, health),
+    Route("GET", "/ready", Access.PROBE, ready),
+    Route("GET", "/version", Access.METRICS, version),
+    Route("GET", "/metrics", Access.METRICS, prometheus),
+    Route("GET", "/v1/hardware", Access.SERVICE, hardware),
+    Route("GET", "/v1/models", Access.SERVICE, list_models),
+    Route("POST", "/v1/models/{model:path}/load", Access.SERVICE, load_model),
+    Route("POST", "/v1/models/{model:path}/unload", Access.SERVICE, unload_model),
+    Route("GET", "/v1/models/{model:path}", Access.SERVICE, get_model),
+)
+UNCOUNTED = frozenset(r.path for r in ROUTES if r.access in (Access.PROBE, Access.METRICS))
 
 
 def create_router_app(
@@ -38,126 +193,22 @@ def create_router_app(
     app = FastAPI(title="CPU LLM service (model table)", openapi_url=None, docs_url=None, redoc_url=None)
     install_error_handlers(app, on_engine_dead=lambda: "an engine ended")
     needs_key = [Depends(require_api_key(api_key_of(settings).value))]
-    metrics_deps = needs_key if settings.metrics_require_auth else []
+    dependencies = {
+        Access.PROBE: [],
+        Access.METRICS: needs_key if settings.metrics_require_auth else [],
+        Access.SERVICE: needs_key,
+    }
     # An answer streams as long as it generates; connections unbounded here, since the request cap bounds requests.
     client = httpx.AsyncClient(timeout=httpx.Timeout(5, read=None), limits=httpx.Limits(max_connections=None))
+    first = table.models[0].report.software
+    software = {"service": first.service, "vllm": first.vllm, "torch": first.torch, "zentorch": first.zentorch}
     aliases = {name: engine.aliases for name, engine in engines.engines.items()}
     wait_s = settings.model_load_wait_seconds
-    planned = table.to_dict()
-
-    def named(model: str) -> Engine:
-        name = listed_name(model, aliases)
-        if name is None:
-            raise ServiceError(
-                HTTPStatus.NOT_FOUND,
-                f"The model `{model}` does not exist. Listed: {', '.join(aliases)}.",
-                "NotFoundError",
-                param="model",
-            )
-        return engines.engines[name]
-
-    async def acquire(engine: Engine) -> Engine:
-        try:
-            return await engines.acquire(engine.name, wait_s)
-        except NotServed as exc:
-            status = HTTPStatus.SERVICE_UNAVAILABLE
-            headers = {"Retry-After": RETRY_AFTER_SECONDS} if exc.retry else None
-            raise ServiceError(status, str(exc), error_type(status), param="model", headers=headers) from exc
-
-    async def health() -> Response:
-        """Liveness: the front end answers; each model's state beside it (one model's engine ending is not the
-        service's death)."""
-        return JSONResponse({"status": "alive", "models": {n: e.state.value for n, e in engines.engines.items()}})
-
-    async def ready() -> Response:
-        """Readiness: the pinned models loaded; the others load on their first request."""
-        status = 200 if started.is_set() else 503
-        body = {"status": "ready" if started.is_set() else "starting", "models": _states(engines)}
-        return JSONResponse(body, status_code=status)
-
-    async def version() -> dict[str, Any]:
-        first = table.models[0].report.software
-        return {"service": first.service, "vllm": first.vllm, "torch": first.torch, "zentorch": first.zentorch}
-
-    async def prometheus() -> Response:
-        texts = await _each_loaded(engines, client, "/metrics", lambda r: r.text)
-        return Response(metrics.render(texts), media_type=CONTENT_TYPE_LATEST)
-
-    async def hardware() -> dict[str, Any]:
-        """The memory plan of the whole box, and each engine's plan: its live report once loaded."""
-        live = await _each_loaded(engines, client, "/v1/hardware", lambda r: r.json())
-        models = []
-        for listed, engine in zip(planned["models"], engines.engines.values(), strict=True):
-            models.append(
-                listed | {"state": engine.state.value} | ({"plan": live[engine.name]} if engine.name in live else {})
-            )
-        keys = ("loaded_at_once", "loaded_at_once_reason", "cpus", "errors")
-        return {key: planned[key] for key in keys} | {"models": models}
-
-    def card(engine: Engine) -> dict[str, Any]:
-        return {
-            "id": engine.name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "cpu-llm-service",
-            "state": engine.state.value,
-            "reason": engine.reason,
-            "aliases": list(engine.aliases),
-            "pinned": engine.pinned,
-            "load_seconds": engine.load_seconds,
-            "pid": engine.process.pid if engine.process is not None else None,  # its engine's process group
-            "cpus": list(engine.cpus) if engine.cpus else None,  # its slot, where the table's CPUs are split
-        }
-
-    async def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": [card(e) for e in engines.engines.values()]}
-
-    async def get_model(model: str) -> dict[str, Any]:
-        return card(named(model))
-
-    async def load_model(model: str) -> dict[str, Any]:
-        engine = named(model)
-        await engines.load(engine.name, wait_s)
-        return card(engine)
-
-    async def unload_model(model: str) -> dict[str, Any]:
-        engine = named(model)
-        if (refused := await engines.unload(engine.name)) is not None:
-            raise ServiceError(HTTPStatus.CONFLICT, refused, error_type(HTTPStatus.CONFLICT), param="model")
-        return card(engine)
-
-    async def relayed(request: Request) -> Response:
-        body = await request.body()
-        model = _model_of(body)
-        if model is None and request.headers.get("content-type", "").startswith("multipart/form-data"):
-            # audio transcriptions and translations name their model as a form field
-            field = (await request.form()).get("model")
-            model = field if isinstance(field, str) and field else None
-        if model is None:
-            raise ServiceError(
-                HTTPStatus.BAD_REQUEST,
-                f"this service serves several models: name one in the JSON body's `model` ({', '.join(aliases)})",
-                error_type(HTTPStatus.BAD_REQUEST),
-                param="model",
-            )
-        engine = await acquire(named(model))
-        assert engine.url is not None
-        return await relay(client, request, body, engine.url, engines.key, engine.name, lambda: engines.release(engine))
-
-    for path, handler, deps in (
-        ("/health", health, []),
-        ("/ready", ready, []),
-        ("/version", version, metrics_deps),
-        ("/metrics", prometheus, metrics_deps),
-        ("/v1/hardware", hardware, needs_key),
-        ("/v1/models", list_models, needs_key),
-    ):
-        app.add_api_route(path, handler, methods=["GET"], dependencies=deps)
-    app.add_api_route("/v1/models/{model:path}/load", load_model, methods=["POST"], dependencies=needs_key)
-    app.add_api_route("/v1/models/{model:path}/unload", unload_model, methods=["POST"], dependencies=needs_key)
-    app.add_api_route("/v1/models/{model:path}", get_model, methods=["GET"], dependencies=needs_key)
+    app.state.front = Front(table.to_dict(), software, engines, metrics, started, client, aliases, wait_s)
+    for route in ROUTES:
+        app.add_api_route(route.path, route.handler, methods=[route.method], dependencies=dependencies[route.access])
     app.router.routes.append(APIRoute("/{path:path}", relayed, methods=_ANY_METHOD, dependencies=needs_key))
-    add_gates(app, settings, frozenset(_PROBES))
+    add_gates(app, settings, UNCOUNTED)
     app.state.client = client
     return app
 

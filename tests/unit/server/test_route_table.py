@@ -81,3 +81,37 @@ def test_lora_routes_are_served_only_with_lora_dir(starting):
         assert starting.get(path, headers=keyed).status_code == 503
     methods = {(r.method, r.path) for r in ROUTES if r.lora}
     assert methods == {("POST", p) for p in LORA_ROUTES}
+
+
+def test_the_model_tables_front_end_serves_its_table_before_any_engine_loads(tmp_path):
+    """The model table's routes (server/router/app.py) over two listed models whose engines are not loaded: the
+    probes answer, the rest need the key, the cards list both, an unknown model is the OpenAI 404, a request that
+    names no model is a 400 naming the listed ones."""
+    import asyncio
+
+    from service.server.router.app import ROUTES as FRONT_ROUTES
+    from service.server.router.app import create_router_app
+    from service.server.router.engines import Engines
+    from service.server.router.router_metrics import RouterMetrics
+    from service.server.router.run import engines_of
+    from service.settings import ListedModel
+    from service.startup.table_report import plan_table
+
+    models = [ListedModel(source="default", name="chat"), ListedModel(source="demo-tiny-llama", name="demo")]
+    settings = Settings(api_key=KEY, models=models, cache_dir=tmp_path)
+    table = plan_table(settings, CPUINFO / "xeon_8480_sapphirerapids.txt")
+    engines = Engines(engines_of(settings, table), 2, tmp_path / "t", "k", 1.0, RouterMetrics())
+    app = create_router_app(settings, table, engines, RouterMetrics(), asyncio.Event())
+    front = TestClient(app, base_url="http://localhost")
+    keyed = {"Authorization": f"Bearer {KEY}"}
+    for route in FRONT_ROUTES:
+        path = route.path.replace("{model:path}", "chat")
+        bare = front.request(route.method, path)
+        assert bare.status_code == (401 if route.access is Access.SERVICE else bare.status_code), path
+    assert front.get("/health").json()["models"] == {"chat": "unloaded", "demo": "unloaded"}
+    assert front.get("/ready").status_code == 503
+    assert [c["id"] for c in front.get("/v1/models", headers=keyed).json()["data"]] == ["chat", "demo"]
+    missing = front.get("/v1/models/nope", headers=keyed)
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+    unnamed = front.post("/v1/chat/completions", json={"messages": []}, headers=keyed)
+    assert unnamed.status_code == 400 and "chat, demo" in unnamed.json()["error"]["message"]
