@@ -10,7 +10,7 @@ torch's fp32 GEMM on fp32 weights, and the largest difference from the fp32 GEMM
 bf16 engine's case, against the GEMM vLLM's CPU dispatch runs for bf16 weights (oneDNN's, which converts bf16 in
 software on a CPU without native bf16). To see an AVX2-only CPU's
 code paths on a newer one, restrict torch's libraries (ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
-ONEDNN_MAX_CPU_ISA=AVX2) and build the kernel with -march=haswell (docs/lab/performance.md says how it was measured).
+ONEDNN_MAX_CPU_ISA=AVX2) and build the kernel with -march=haswell (as claim/bf16-weights-handover/zen4 was measured).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The warm-restart tests (native and in the default image) start the engine twice with torch.compile, the first
-time compiling from scratch: minutes each on a small machine (docs/lab/performance.md). They run only when asked for:
+time compiling from scratch: minutes each on a small machine (`python -m bench --only-warm-start`). They run only when asked for:
 `pytest -m compile_cache`. Servers the tests release stop in the background; each test, and the session's end, waits for them
 (tests/support/release.py)."""
 

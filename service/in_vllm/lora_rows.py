@@ -19,8 +19,7 @@ _MARK = "_cpu_llm_service_no_lora_rows"
 def _deltas(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Each token's input times its adapter's weights, zero for a token without one (-1): one matmul per adapter in the
     batch, none for a batch without adapters. vLLM's ops gather a copy of the weights for every token and multiply
-    them one by one: x19-34 the time of this at a 256-token prefill, x2-5 at a decode step of 1-4 tokens
-    (docs/lab/performance.md)."""
+    them one by one, many times slower at a prefill and at a decode step alike (claim/lora-ops/xeon-amx)."""
     if weights.dim() == 4:
         weights = weights.squeeze(dim=1)
     x = inputs.to(dtype=dtype)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from service.kernels.ggml_linear import available
 from service.kernels.ggml_linear import load_library as load_kernels
 from service.kernels.registry import KERNELS
+from service.measurements.store import row
 
 if TYPE_CHECKING:
     import torch
@@ -25,10 +26,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("service.in_vllm.plugin.bf16_weights")
 KERNEL = KERNELS["bf16-weights"]
 # From this many rows on, the weight is widened chunk by chunk and multiplied by torch's fp32 GEMM: the first row
-# count where that won on 1 and 2 threads (docs/lab/performance.md, "bf16 weights in an fp32 engine"). With bf16
-# activations the GEMV won up to 8 rows and the GEMM from 16 (level at 2 threads): `python -m bench.bf16_weights
-# --activations bf16`, Emerald Rapids guest without AVX-512 BF16.
-DENSE_FROM_ROWS = {"float32": 8, "bfloat16": 16}  # per activation dtype
+# count where that won on 1 and 2 threads, per activation dtype (the store's rows, cited by key).
+DENSE_FROM_ROWS = {
+    dtype: rows
+    for key in ("claim/bf16-weights-handover/zen4", "claim/bf16-weights-handover/emeraldrapids")
+    for dtype, rows in row(key).params["rows"].items()
+}
 
 
 @functools.cache

@@ -19,8 +19,8 @@ FP8 = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 # vLLM's CPU attention stores fp8 in blocks of 32 values of a head.
 FP8_HEAD_MULTIPLE = 32
 # What fp8 cost in perplexity, per CPU attention kernel: SmolLM2-135M-Instruct on 2 047 tokens of the Apache-2.0
-# text, prefilled in 256-token chunks so that attention reads the cache (docs/lab/performance.md, "fp8 KV cache";
-# Intel Xeon guest with AMX). The AMX kernel runs bf16 models; the vec kernel the rest.
+# text, prefilled in 256-token chunks so that attention reads the cache (the rows cited here). The AMX kernel runs
+# bf16 models; the vec kernel the rest.
 MEASURED_COST = {kernel: cite(f"claim/kv-fp8-cost/{kernel}") for kernel in ("amx", "vec")}
 # What fp8 buys at agent depth, per kernel: decode at 16k tokens of context against the cache in the model dtype, the
 # same service side by side (make bench-peer's depth sweep with --depth-kv fp8, on the 1.5 B bench model's Q4_0 file).

@@ -74,7 +74,7 @@ def lora_slot_bytes(model: ModelFacts, dtype_bytes: int, runtime: LoraRuntime | 
     dtype), and never frees: per slot and decoder linear layer, an A of rank x inputs for each merged part (counted
     twice: gate and up have two, q, k and v three, the others one) and a B of outputs x rank; the token embedding's A
     and the LM head's B, vocabulary x rank each. The KV cache is sized after it, as a CPU engine's cache is given in
-    bytes. Against vLLM's own tensors: +9% on the demo model, +14% on the bench model (docs/lab/performance.md)."""
+    bytes. It errs high against vLLM's own tensors (claim/lora-slot-bytes/xeon-amx)."""
     adapters = model.lora_adapters
     rank = _rank(adapters, runtime) if adapters or runtime else None
     if rank is None:

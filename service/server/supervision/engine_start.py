@@ -176,7 +176,7 @@ async def serving_lifespan(app: Any) -> AsyncIterator[int]:
 def cache_vllm_environment() -> None:
     """From here on vLLM reads its environment variables from a cache, as its engine-core and worker processes do
     once started: uncached, every read parses os.environ again, and the API process reads one (whether to count NaNs
-    in logits) for every token and every engine step (docs/lab/performance.md). The service sets its
+    in logits) for every token and every engine step (claim/stat-logger-api-cpu/zen5). The service sets its
     environment before the engine starts and never after."""
     from vllm import envs
 

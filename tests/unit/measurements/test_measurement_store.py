@@ -39,6 +39,20 @@ def test_every_key_the_product_cites_is_in_the_store():
     assert literal <= set(store().rows), literal - set(store().rows)
 
 
+def test_every_key_a_comment_or_docstring_names_is_in_the_store():
+    """Code and tests cite a figure by its row's key, in prose too: a key that names no row is a figure gone missing."""
+    key = re.compile(r"\b(?:claim|quality)/[a-z0-9][\w.-]*(?:/[\w.-]*[\w])+")
+    named = {
+        (p.relative_to(ROOT).as_posix(), k)
+        for folder in (SERVICE, ROOT / "tests", ROOT / "bench")
+        for p in folder.rglob("*.py")
+        for k in key.findall(p.read_text())
+        if "{" not in k
+    }
+    assert named, "no key named: the pattern no longer matches"
+    assert {(p, k) for p, k in named if k not in store().rows} == set()
+
+
 def test_no_reason_string_in_the_product_holds_a_date():
     """Dates live in the store's rows; code cites them by key."""
     found = [

@@ -39,3 +39,18 @@ def test_the_endpoint_table_lists_exactly_the_served_routes():
 
 def test_readme_gives_the_two_commands():
     assert "make serve" in README and "make test" in README
+
+
+@needs_the_doc
+def test_every_doc_is_reachable_from_the_readme():
+    """From the README's links, following the docs' own links: no page of docs/ that no reader can find."""
+    link = re.compile(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)")
+    seen, todo = set(), [ROOT / "README.md"]
+    while todo:
+        page = todo.pop()
+        for target in link.findall(page.read_text()):
+            path = (page.parent / target).resolve()
+            if path.is_file() and path not in seen and path.parent == ROOT / "docs":
+                seen.add(path)
+                todo.append(path)
+    assert sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.resolve() not in seen) == []
