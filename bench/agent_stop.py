@@ -1,5 +1,5 @@
 """Whether a model ends its answer to an agent's request, under a sampling setting: the measurement the default
-model's sampling default rests on (service/policy/sampling.py).
+model's sampling default rests on (service/policy/engine/sampling.py).
 
   .venv/bin/python -m bench.agent_stop [--samples 6] [--cap 1024] [--request bench/requests/claude-code-2.1.332-first.json]
 

@@ -33,7 +33,7 @@ def run_decode(ctx: Context, options: DecodeOptions) -> Output:
     """Batch-1 decode of the bandwidth-bound model against the memory-bandwidth ceiling, per dtype."""
     from bench.bandwidth import read_bandwidth
     from harness.models import bytes_per_token, ensure_bench_model, parameters
-    from service.policy.dtype import BYTES
+    from service.policy.engine.dtype import BYTES
 
     opts = ctx.opts
     log("building the bandwidth-bound model (random weights, once)")
@@ -94,9 +94,9 @@ def _decode_dtypes(dtypes: tuple[str, ...]) -> list[str]:
     compares the two eager)."""
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software
-    from service.policy.backend import choose_backend
-    from service.policy.backends import BACKENDS
-    from service.policy.dtype import MEASUREMENTS, isa_class
+    from service.policy.engine.dtype import MEASUREMENTS, isa_class
+    from service.policy.machine.backend import choose_backend
+    from service.policy.machine.backends import BACKENDS
 
     cpu = read_hardware().cpu
     cls = isa_class(cpu.isa, BACKENDS[choose_backend(cpu, read_software()).name or "avx2"])

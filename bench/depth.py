@@ -123,8 +123,8 @@ def run(ctx: Context, options: DepthOptions) -> Output:
     return Output(out, tuple(comparisons), summary=tuple(summary_lines(out, comparisons)))
 
 
-# What each kind of variant sets, and what the decision resting on it is: service/policy/kv_cache_dtype.py (the KV
-# cache's storage type) and service/policy/prefill_chunk.py (the tokens one engine step takes).
+# What each kind of variant sets, and what the decision resting on it is: service/policy/engine/kv_cache_dtype.py (the KV
+# cache's storage type) and service/policy/engine/prefill_chunk.py (the tokens one engine step takes).
 VARIANT_SETTINGS = {"kv": "SERVICE_KV_CACHE_DTYPE", "chunk": "SERVICE_MAX_NUM_BATCHED_TOKENS"}
 VARIANT_LABELS = {"kv": "KV-cache type", "chunk": "tokens a step takes"}
 VARIANT_PREFIX = "ours-"

@@ -1,5 +1,5 @@
 """Batch-1 decode in bf16 against fp32, side by side: the measurement the dtype policy rests on where the CPU has
-no native bf16 (service/policy/dtype.py).
+no native bf16 (service/policy/engine/dtype.py).
 
   .venv/bin/python -m bench.dtype [--model PATH] [--repetitions 3] [--requests 4] [--max-tokens 64]
 
@@ -28,9 +28,9 @@ def measure(run: paired.Run) -> dict[str, Any]:
     there), which kept the bench model's bf16 start busy for over 10 minutes (AMD EPYC Zen 1 guest, 2026-11-24)."""
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software
-    from service.policy.backend import choose_backend
-    from service.policy.backends import BACKENDS
-    from service.policy.dtype import isa_class
+    from service.policy.engine.dtype import isa_class
+    from service.policy.machine.backend import choose_backend
+    from service.policy.machine.backends import BACKENDS
 
     cpu = read_hardware().cpu
     result = paired.measure(VARIANTS, run, prefill=True)

@@ -153,7 +153,7 @@ def main() -> None:
     if backend is None:
         from service.facts.hardware import read_hardware
         from service.facts.software import read_software
-        from service.policy.backend import choose_backend
+        from service.policy.machine.backend import choose_backend
 
         backend = choose_backend(read_hardware().cpu, read_software()).name or "none"
     result = measure(backend, args.rounds, args.cpu)

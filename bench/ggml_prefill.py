@@ -7,7 +7,7 @@ int8 one) or a GGUF block type the service keeps (Q4_1, Q5_0, Q5_1, Q2_K-Q6_K: G
 
 Why: ggml's matmul reads the weights once per call, which wins at decode (few rows); torch's bf16 GEMM computes
 faster per row once enough rows share the weights' reads, even after dequantizing the blocks per call. The
-crossover is the table the policy plans per backend and activation dtype (service/policy/ggml_handover.py); the tool
+crossover is the table the policy plans per backend and activation dtype (service/policy/linear/ggml_handover.py); the tool
 says what it plans for this machine. `--dtype` is the engine's activation dtype: fp32 where the dtype policy picks it (AVX2-only CPUs),
 whose GEMM is not bf16's. One process, `--threads` torch threads, one weight slice per thread as the engine loads
 them, random values and scales (the kernel's speed does not depend on them; K-quants get random blocks,
@@ -37,7 +37,7 @@ def planned_rows(type_name: str, dtype: str) -> tuple[int, str]:
     """The row count the policy plans for this machine's backend (as the engine's report says it), and the backend."""
     from service.facts.cpu import read_cpuinfo
     from service.facts.software import read_software
-    from service.policy.backend import choose_backend
+    from service.policy.machine.backend import choose_backend
 
     entry = choose_backend(read_cpuinfo(), read_software()).entry
     if entry is None:
@@ -53,7 +53,7 @@ def main() -> None:
     from harness.ggml_blocks import blocks_of
     from service.kernels.ggml_int8 import Q8_0, q8_0_blocks
     from service.kernels.ggml_linear import Q4_0, load_library, q4_0_blocks
-    from service.policy.model_source import BLOCK_TYPES
+    from service.policy.gguf.model_source import BLOCK_TYPES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1)

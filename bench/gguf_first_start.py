@@ -24,7 +24,7 @@ def first_start(source: Path, work: Path) -> tuple[float, float]:
     from service.facts.software import read_software
     from service.facts.vllm_source import read_vllm_names
     from service.models.gguf_convert import ensure_converted
-    from service.policy.model_source import plan_model_source
+    from service.policy.gguf.model_source import plan_model_source
 
     path = work / source.name
     shutil.copy(source, path)

@@ -44,7 +44,7 @@ def main() -> None:
     from bench.ggml_prefill import planned_rows
     from harness.ggml_blocks import blocks_of
     from service.kernels.ggml_linear import load_library
-    from service.policy.model_source import BLOCK_TYPES
+    from service.policy.gguf.model_source import BLOCK_TYPES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)

@@ -1,4 +1,4 @@
-"""Native batch-1 decode with and without the preload the service decides (service/policy/preload.py).
+"""Native batch-1 decode with and without the preload the service decides (service/policy/machine/preload.py).
 
   .venv/bin/python -m bench.preload [--model PATH] [--repetitions 3] [--requests 4] [--max-tokens 128]
 

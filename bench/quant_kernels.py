@@ -63,9 +63,9 @@ class Candidate:
 
 
 def candidates(backend: str, formats: list[str], corrupt: bool, native_bf16: bool) -> list[Candidate]:
-    """The knobs that change the kernel on this backend (service/policy/quant.py RULES) and CPU (`native_bf16`: it
+    """The knobs that change the kernel on this backend (service/policy/linear/quant.py RULES) and CPU (`native_bf16`: it
     computes bf16, AVX-512 BF16 or AMX)."""
-    from service.policy.backends import BACKENDS
+    from service.policy.machine.backends import BACKENDS
 
     out = []
     for fmt in formats:
@@ -116,8 +116,8 @@ def predicted_kernel(
     from service.facts.cpu import read_cpuinfo
     from service.facts.model import inspect_model
     from service.facts.software import read_software
-    from service.policy.backends import BACKENDS
-    from service.policy.quant import plan_quant
+    from service.policy.linear.quant import plan_quant
+    from service.policy.machine.backends import BACKENDS
     from service.settings import Settings
 
     facts = inspect_model(str(directory)).quant
@@ -145,8 +145,8 @@ def _dense_plan(settings: Any, dtype: str) -> tuple[str, dict[str, str]]:
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software
     from service.in_vllm.contract import PLATFORM_ENV
-    from service.policy.backend import choose_backend
-    from service.policy.dense_kernel import OURS_BF16, plan_dense_kernel
+    from service.policy.linear.dense_kernel import OURS_BF16, plan_dense_kernel
+    from service.policy.machine.backend import choose_backend
 
     cpu = read_hardware().cpu
     choice = choose_backend(cpu, read_software(), settings.backend)
@@ -176,7 +176,7 @@ def bytes_per_token(directory: Path) -> int:
 def compute_cpus() -> list[int]:
     """The CPUs vLLM's engine computes on here (the service's thread plan: allowed cores minus the reserved)."""
     from service.facts.hardware import read_hardware
-    from service.policy.threads import plan_threads
+    from service.policy.machine.threads import plan_threads
 
     hw = read_hardware()
     return list(plan_threads(hw.topology, hw.limits, None, 1).ranks[0])
@@ -272,7 +272,7 @@ def measure(
     from service.facts.software import read_software
     from service.in_vllm.contract import PLATFORM_ENV
     from service.kernels.registry import KERNELS
-    from service.policy.backend import choose_backend
+    from service.policy.machine.backend import choose_backend
 
     hardware = read_hardware()
     backend = choose_backend(hardware.cpu, read_software()).name or "none"

@@ -13,7 +13,7 @@ import httpx
 
 from harness import ServerProcess, offline_env, python_module
 from service.facts.cpulist import parse_cpulist
-from service.policy.dense_kernel import FP32_ENGINE_BF16, OURS_BF16
+from service.policy.linear.dense_kernel import FP32_ENGINE_BF16, OURS_BF16
 from service.server.supervision.engine_start import engine_flags
 
 VLLM_SERVER = "vllm.entrypoints.openai.api_server"

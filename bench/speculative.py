@@ -1,5 +1,5 @@
 """Speculative decoding against none, side by side: the measurement `speculative=auto` rests on
-(service/policy/speculative.py).
+(service/policy/engine/speculative.py).
 
   .venv/bin/python -m bench.speculative [--repetitions 2] [--requests 3] [--max-tokens 128] [--concurrency 1 4]
                                        [--model FILE.gguf] [--peer] [--suffix] [--draft SETTING]

@@ -1,5 +1,5 @@
 """A model table's engines on shared CPUs against split ones: the measurement `model_cpus=auto` rests on
-(service/policy/table_cpus.py).
+(service/policy/machine/table_cpus.py).
 
   .venv/bin/python -m bench.table_cpus [--size 1.5b] [--repetitions 3] [--rounds 3] [--max-tokens 48]
   .venv/bin/python -m bench.promote bench/results/<stamp>-table-cpus [--cpu xeon-amx]

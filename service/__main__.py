@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from service.policy.backends import ORDER
+from service.policy.machine.backends import ORDER
 from service.startup.model_sources import forms
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="CPU LLM inference service")

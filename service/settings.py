@@ -29,7 +29,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-# The backends of service/policy/backends.py (the registry, which sits above settings): settings reject any other
+# The backends of service/policy/machine/backends.py (the registry, which sits above settings): settings reject any other
 # name as they load; tests/unit/policy/test_backends.py fails when the two lists differ.
 BackendName = Literal["auto", "zen", "amx", "avx512", "avx2"]
 DtypeName = Literal["auto", "bfloat16", "float16", "float32"]
@@ -220,7 +220,7 @@ class Settings(BaseSettings):
     )
     gguf_unchecked: Literal["refuse", "serve"] = Field(
         "refuse",
-        description="GGUF files of an architecture no test checks against a reference (service/policy/"
+        description="GGUF files of an architecture no test checks against a reference (service/policy/gguf/"
         "gguf_architectures.py): refused before the engine starts, or served with a warning that their answers are "
         "unchecked",
     )

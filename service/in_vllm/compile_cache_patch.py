@@ -12,7 +12,7 @@ graph, there is nothing left to finalize.
 
 Fix. Give `BundledAOTAutogradSerializableCallable` the no-op `finalize_loading` vLLM expects. Applied in every
 vLLM process through our own `vllm.general_plugins` entry point (`register`, pyproject.toml); idempotent;
-where the startup decided it (vLLM 0.32.x, the release whose loader has this call: service/policy/compile_cache.py,
+where the startup decided it (vLLM 0.32.x, the release whose loader has this call: service/policy/in_vllm/compile_cache.py,
 carried in AOT_CACHE_PATCH_ENV) and only while torch's class lacks the method.
 """
 

@@ -4,7 +4,7 @@ torch 2.10's `FxGraphCachePickler.dumps` lets a `ValueError` escape (e.g. from t
 prepacked layouts), which fails the whole torch.compile instead of skipping the cache. Later torch releases
 turn it into `BypassFxGraphCache` themselves (pytorch/pytorch#176557). vLLM ships the same backport in
 `vllm/env_override.py`; ours runs in every vLLM process (service/in_vllm/plugin.py), before or after vLLM's, so
-the two must agree on one wrapper. Whether it is needed is decided once at startup (service/policy/patches.py) and
+the two must agree on one wrapper. Whether it is needed is decided once at startup (service/policy/in_vllm/patches.py) and
 carried to vLLM's processes in FXGRAPH_PATCH_ENV (service/in_vllm/contract.py): a process applies the decision, it does not decide again.
 """
 

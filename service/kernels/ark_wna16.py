@@ -5,7 +5,7 @@ it (`torch.ops.vllm.inc_ark_woq_linear`, with a fake implementation, so torch.co
 vLLM 0.32's only x86 int4 kernel (CPUWNA16LinearKernel, op cpu_gemm_wna16) is missing from its AVX2 kernel build;
 this one runs on every x86 CPU, so int4 checkpoints (compressed-tensors W4A16, GPTQ, AWQ) are served on AVX2 hosts.
 The service's vLLM plugin registers it in each vLLM process (vLLM's `register_linear_kernel`) when the policy decided
-it (service/policy/quant.py), and the policy disables the vLLM kernels it stands in for (VLLM_DISABLED_KERNELS), since
+it (service/policy/linear/quant.py), and the policy disables the vLLM kernels it stands in for (VLLM_DISABLED_KERNELS), since
 vLLM tries registered kernels after its own.
 
 Weights go from the checkpoint's int4 packing into ARK's blob once, at load, without a float round trip; each

@@ -5,7 +5,7 @@ Per-channel (or per-tensor) int8 weights are Q8_0 blocks already: each block's 3
 the channel's scale as the block's fp16 scale, so no float round trip. ggml quantizes the activations itself, per
 32-block at run time, as llama.cpp does: a checkpoint's static activation scales (and zero points) go unused, and
 the activations keep finer scales than per-token ones. The policy hands W8A8 to it where vLLM's int8 kernels are slow
-(service/policy/backends.py); the service's vLLM plugin registers it (vLLM's `register_linear_kernel`, kind "int8").
+(service/policy/machine/backends.py); the service's vLLM plugin registers it (vLLM's `register_linear_kernel`, kind "int8").
 """
 
 from __future__ import annotations

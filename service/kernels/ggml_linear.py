@@ -11,7 +11,7 @@ does not repack: the op holds them as repacked Q4_0 plus an fp32 offset per bloc
 quantized per 32-block to int8 by ggml, as llama.cpp does. From the row count the policy planned for the block type
 and activation dtype on (prefill; `handover`) the op dequantizes the blocks instead and runs torch's GEMM. Each
 tensor-parallel rank converts its own partition. The service's vLLM plugin registers the kernel in each vLLM process
-(vLLM's `register_linear_kernel`) when the policy decided it (service/policy/quant.py).
+(vLLM's `register_linear_kernel`) when the policy decided it (service/policy/linear/quant.py).
 """
 
 from __future__ import annotations

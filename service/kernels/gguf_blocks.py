@@ -5,10 +5,10 @@ ggml_linear.py, the kernels llama.cpp runs on the same file). No float round tri
 
 vLLM 0.32 has a GGUF method of its own, but its kernels are CUDA's. This one registers with vLLM's
 `register_quantization_config` in every vLLM process (the service's vLLM plugin, when the policy kept the blocks:
-service/policy/model_source.py). A block row is independent of the others, so vLLM's own loaders stack q/k/v and
+service/policy/gguf/model_source.py). A block row is independent of the others, so vLLM's own loaders stack q/k/v and
 gate/up rows into merged layers, and split a row-parallel layer's bytes by rank as they split its values; a merged
 layer whose parts differ in type keeps one handle per part. The token embedding and LM head keep their blocks too
-where their type allows (service/policy/model_source.py kept_heads): a decode step's head is ggml's matmul on them.
+where their type allows (service/policy/gguf/model_source.py kept_heads): a decode step's head is ggml's matmul on them.
 Only vLLM's processes import this module; its classes live at module level because vLLM pickles the config to its
 engine core.
 """

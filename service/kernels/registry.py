@@ -4,7 +4,7 @@ Each entry declares the vLLM class it implements (named in vLLM's log), what com
 bytes per 32 weights it holds, the conditions a layer must meet for it (`can_implement`, mirroring vLLM's
 model_executor/kernels/linear), and the measurement-store keys its claims rest on. An entry with a `provider` is the
 service's own kernel: that module's `register()` hands it to vLLM in every vLLM process where KERNELS_ENV names it.
-The policy (policy/kernel_candidates.py, policy/backends.py) reads the registry to decide which kernel runs where;
+The policy (policy/linear/kernel_candidates.py, policy/machine/backends.py) reads the registry to decide which kernel runs where;
 nothing here decides.
 """
 
@@ -26,7 +26,7 @@ FORMATS = (*FAMILIES, "gguf", "dense")
 # A GGUF file's converted checkpoint names this quantization method (quantization_config.quant_method); the
 # gguf_blocks kernel registers it with vLLM.
 BLOCKS_METHOD = "service_gguf"
-# Where the ggml kernels hand a batch to torch's GEMM, per activation dtype and ggml type (policy/ggml_handover.py).
+# Where the ggml kernels hand a batch to torch's GEMM, per activation dtype and ggml type (policy/linear/ggml_handover.py).
 
 
 def handover_env(tables: Mapping[str, Mapping[str, int]]) -> str:
@@ -121,7 +121,7 @@ class Kernel:
     chosen_by: str | None = None
     requires: str | None = None
     # Runs ggml's matmul op, which hands batches from SERVICE_GGML_HANDOVER's rows on to the dtype's GEMM: the
-    # policy decides that table wherever such a kernel is planned (service/policy/ggml_handover.py).
+    # policy decides that table wherever such a kernel is planned (service/policy/linear/ggml_handover.py).
     ggml_op: bool = False
 
     def can_implement(self, layer: Layer) -> tuple[bool, str | None]:

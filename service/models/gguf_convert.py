@@ -1,4 +1,4 @@
-"""Carries out the policy's GGUF conversion (service/policy/model_source.py): the file's tensors dequantized one at a
+"""Carries out the policy's GGUF conversion (service/policy/gguf/model_source.py): the file's tensors dequantized one at a
 time into safetensors shards in the engine dtype (or, where the plan keeps them, the linear layers' and the LM head's
 blocks copied as stored, for service/kernels/gguf_blocks.py), its metadata written as a Hugging Face config and tokenizer.
 
@@ -23,7 +23,7 @@ from service.cache.atomic_dir import build_once, finished_problem
 from service.facts.gguf import LINEAR_TENSOR
 from service.facts.gguf_reader import shared_readers
 from service.kernels.registry import BLOCKS_METHOD
-from service.policy.model_source import GgufConversion
+from service.policy.gguf.model_source import GgufConversion
 
 log = logging.getLogger("service.gguf")
 

@@ -1,5 +1,5 @@
 """llama.cpp's own scores of a fixed text on a GGUF file: the reference the start-up check compares the engine's with
-(service/policy/gguf_check.py). Taken once per converted copy and kept in it (REFERENCE), so a wrong mapping of the
+(service/policy/gguf/gguf_check.py). Taken once per converted copy and kept in it (REFERENCE), so a wrong mapping of the
 user's own file shows before the service answers, not only on the files the tests cover. Starts that share the cache
 take turns on a lock: the second reads the first's reference.
 

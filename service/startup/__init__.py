@@ -22,14 +22,14 @@ from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
 from service.in_vllm.contract import THREADS_BIND_ENV
 from service.models.hub_download import parse_hub_id
-from service.policy.calibration import Mode, Verdict
-from service.policy.decision import record
-from service.policy.gguf_architectures import architecture_problem
-from service.policy.model_table import memory_share
-from service.policy.plan import plan_engine
-from service.policy.plan_state import PlanInputs
-from service.policy.speculative import draft_directory
-from service.policy.table_cpus import CpuPlan, plan_table_cpus
+from service.policy.engine.model_table import memory_share
+from service.policy.engine.speculative import draft_directory
+from service.policy.gguf.gguf_architectures import architecture_problem
+from service.policy.machine.table_cpus import CpuPlan, plan_table_cpus
+from service.policy.plan.calibration import Mode, Verdict
+from service.policy.plan.decision import record
+from service.policy.plan.plan import plan_engine
+from service.policy.plan.plan_state import PlanInputs
 from service.settings import USER_SOURCES, Settings
 from service.startup.model_sources import ModelChoice
 from service.startup.report import StartupReport
@@ -94,7 +94,7 @@ def build_report(
 ) -> StartupReport:
     """Reads the machine (or a recorded dump) and the model's config, decides. Its one side effect: a GGUF file's
     facts are kept under the cache dir for the next start. `model` None: the machine alone. `engines`: how many
-    engines of a model table share the machine's memory (policy/model_table.py); None: no table."""
+    engines of a model table share the machine's memory (policy/engine/model_table.py); None: no table."""
     hardware = read_hardware(cpuinfo, sysfs)
     limits, share = memory_share(hardware.limits, engines or 1)
     hardware = dataclasses.replace(hardware, limits=limits)
@@ -149,7 +149,7 @@ def build_report(
 def table_cpus(
     settings: Settings, hardware: HardwareFacts, engines: int, environ: Mapping[str, str] = os.environ
 ) -> CpuPlan:
-    """The CPUs of a model table's engines loaded at once (policy/table_cpus.py)."""
+    """The CPUs of a model table's engines loaded at once (policy/machine/table_cpus.py)."""
     source = "user" if settings.source_of("model_cpus") in USER_SOURCES else "policy"
     bind = environ.get(THREADS_BIND_ENV)
     return plan_table_cpus(settings.model_cpus, source, hardware.topology, hardware.limits, engines, bind)

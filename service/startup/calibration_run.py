@@ -1,7 +1,7 @@
 """The calibration step: times the candidates of the policy's open speed decisions (report.plan.questions) on the
 engine's own compute CPUs, with its thread count, its preloads and platform, in a child process
 (service/startup/calibration_timer.py); stores the timings in cache_dir, keyed by what they depend on; and gives the policy's
-verdicts on them (service/policy/calibration.py). A warm start with the same key reads the stored timings and
+verdicts on them (service/policy/plan/calibration.py). A warm start with the same key reads the stored timings and
 times nothing."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from service.cache.atomic_dir import replace_file
-from service.policy.calibration import PREFILL_M, Mode, Question, Timing, Verdict, cache_key, decide
+from service.policy.plan.calibration import PREFILL_M, Mode, Question, Timing, Verdict, cache_key, decide
 from service.startup.report import StartupReport
 
 log = logging.getLogger("service.startup.calibration_run")

@@ -1,4 +1,4 @@
-"""Times the candidates of the calibration's questions (service/policy/calibration.py) in this process, which the
+"""Times the candidates of the calibration's questions (service/policy/plan/calibration.py) in this process, which the
 calibration starts pinned like the engine's worker: `python -m service.startup.calibration_timer < request.json`.
 
 Each int4 candidate is built the way vLLM builds it: a layer holding the checkpoint's int4 parameters (random, in

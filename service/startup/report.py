@@ -19,8 +19,8 @@ from service.facts.cpulist import format_cpulist
 from service.facts.hardware import HardwareFacts
 from service.facts.model import ModelFacts
 from service.facts.software import SoftwareFacts
-from service.policy.decision import Decision
-from service.policy.plan import EnginePlan
+from service.policy.plan.decision import Decision
+from service.policy.plan.plan import EnginePlan
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The service's own process gets the preload decided for the engine (service/policy/preload.py): the process
+"""The service's own process gets the preload decided for the engine (service/policy/machine/preload.py): the process
 executes itself once more with it, because LD_PRELOAD acts only when a process starts.
 
 Why: under load at c=16, glibc's malloc and free took 7.7-8.8% of the API process's CPU cycles (perf) against

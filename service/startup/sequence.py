@@ -19,7 +19,7 @@ from service.cache.permissions import cache_dir_problem, code_dirs
 from service.facts.api_key import api_key_of
 from service.facts.software import GGML_KERNEL_DIR, KERNEL_SOURCE
 from service.kernels.build_at_start import build_at_start
-from service.policy.access import plan_access
+from service.policy.exposure.access import plan_access
 from service.settings import Settings
 from service.startup import apply, build_report, calibrated_report, fetch_model, prepare_model
 from service.startup.download_port import download_status

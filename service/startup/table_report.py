@@ -1,5 +1,5 @@
 """`detect --models`: every model of the `models` table planned on this machine before anything starts, each in its
-share of the memory (service/policy/model_table.py), and what of the table fits."""
+share of the memory (service/policy/engine/model_table.py), and what of the table fits."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from service.policy.memory import gib
-from service.policy.model_table import engine_counts, engines_reason, table_errors
-from service.policy.table_cpus import CpuPlan
+from service.policy.engine.memory import gib
+from service.policy.engine.model_table import engine_counts, engines_reason, table_errors
+from service.policy.machine.table_cpus import CpuPlan
 from service.settings import ListedModel, Settings
 from service.startup import build_report, fetch_model, table_cpus
 from service.startup.model_sources import choose_model

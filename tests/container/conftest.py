@@ -196,7 +196,7 @@ def host_backend_without_zentorch():
 
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software
-    from service.policy.backend import choose_backend
+    from service.policy.machine.backend import choose_backend
 
     software = dataclasses.replace(
         read_software(), zentorch=None, zentorch_usable=False, zentorch_reason="zentorch is not installed"

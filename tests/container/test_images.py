@@ -29,7 +29,7 @@ import pytest
 from service.kernels.build_at_start import AT_START
 from service.kernels.registry import KERNELS
 from service.models.demo_model import DEMO_NAME
-from service.policy.dense_kernel import OURS_BF16
+from service.policy.linear.dense_kernel import OURS_BF16
 from tests.support import engines
 
 from .conftest import (

@@ -144,7 +144,7 @@ def test_runtime_contract_of_each_target(target):
     assert json.loads(last("ENTRYPOINT")) == ["python", "-m", "service", "serve"]
     env = " ".join(i["value"] for i in instrs if i["instruction"] == "ENV")
     assert "SERVICE_HOST=0.0.0.0" in env
-    # The service decides the preload at start for the CPU it finds (service/policy/preload.py).
+    # The service decides the preload at start for the CPU it finds (service/policy/machine/preload.py).
     assert "LD_PRELOAD" not in env, f"{target}: a fixed LD_PRELOAD would override the startup decision"
     runs = " ".join(i["value"] for i in instrs if i["instruction"] == "RUN")
     assert "libtcmalloc-minimal4" in runs

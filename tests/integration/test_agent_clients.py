@@ -7,7 +7,7 @@ but not Claude Code's 32,000-token output budget beside them (tests/support/tiny
 thinks, then answers with a scripted text), served with a key and `SERVICE_MODEL_ALIASES=claude-*`: every protocol
 path, to the clients' final answers. And the default model as `make serve` runs it (the package's `default_server`: a
 template that renders no tools, 8192 tokens of context). Neither client sends a temperature: the policy's default for
-that model is greedy (service/policy/sampling.py), without which SmolLM2-135M mostly wrote on to the end of its
+that model is greedy (service/policy/engine/sampling.py), without which SmolLM2-135M mostly wrote on to the end of its
 context and Claude Code's next request no longer fit ("Prompt is too long").
 
 Each run passes through a recording proxy (tests/support/recording_proxy.py): the requests of each turn and each one's

@@ -15,7 +15,7 @@ import pytest
 from harness.quantized_models import quantized_demo
 from service.kernels.registry import KERNELS
 from service.models.demo_model import ensure_demo_model
-from service.policy.backends import ZEN_PLATFORM
+from service.policy.machine.backends import ZEN_PLATFORM
 from tests.support.release import release
 from tests.support.server import MODELS, REPO, process_states, service_env, start_service
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from service.policy.model_source import HEADS_DEQUANTIZED
+from service.policy.gguf.model_source import HEADS_DEQUANTIZED
 from tests.integration.test_gguf_llama_cpp import GREEDY, llama_cpp_quantized
 from tests.integration.test_reference import TEXTS
 from tests.support import llama_cpp

@@ -1,4 +1,4 @@
-"""A GGUF file is checked against llama.cpp before the service says ready (service/policy/gguf_check.py): llama.cpp
+"""A GGUF file is checked against llama.cpp before the service says ready (service/policy/gguf/gguf_check.py): llama.cpp
 scores a fixed text on the file once per converted copy, the engine scores the same token ids, and a disagreement
 beyond the bound refuses the start with the reason. The default model is a GGUF file, so `make serve` runs the check;
 a copy converted wrongly (its final norm stored plus one, as Gemma's norms are, in a llama model) is refused, not
@@ -16,7 +16,7 @@ import pytest
 
 from harness import ServerProcess
 from service.models.llama_cpp_reference import REFERENCE, TEXT
-from service.policy.gguf_check import MEAN_BOUND
+from service.policy.gguf.gguf_check import MEAN_BOUND
 from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from tests.support.server import DEFAULT_MODEL, MODELS, service_env
 

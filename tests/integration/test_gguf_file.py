@@ -23,8 +23,8 @@ from service.facts.gguf import read_gguf
 from service.in_vllm.contract import HANDOVER_ENV
 from service.in_vllm.plugin import STATE_PREFIX
 from service.kernels.registry import KERNELS, parse_handover
-from service.policy.backends import BACKENDS
-from service.policy.ggml_handover import tables_for
+from service.policy.linear.ggml_handover import tables_for
+from service.policy.machine.backends import BACKENDS
 from tests.integration.conftest import _start
 from tests.integration.test_reference import TEXTS
 from tests.support.gguf_models import tiny_gguf
@@ -134,7 +134,7 @@ def _dequantized_copy(path: Path) -> Path:
     from service.facts.model import inspect_model
     from service.facts.software import read_software
     from service.models.gguf_convert import ensure_converted
-    from service.policy.model_source import plan_model_source
+    from service.policy.gguf.model_source import plan_model_source
 
     plan = plan_model_source(inspect_model(str(path)), "float32", MODELS, read_software(), frozenset())
     return ensure_converted(plan.conversion)

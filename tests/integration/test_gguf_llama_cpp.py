@@ -20,8 +20,8 @@ import torch
 from service.facts.model import inspect_model
 from service.facts.software import read_software
 from service.models.gguf_convert import ensure_converted
-from service.policy.gguf_architectures import CHECKED
-from service.policy.model_source import plan_model_source
+from service.policy.gguf.gguf_architectures import CHECKED
+from service.policy.gguf.model_source import plan_model_source
 from tests.integration.test_reference import TEXTS
 from tests.support import llama_cpp
 from tests.support.reference import Served, compare

@@ -24,7 +24,7 @@ from service.facts.cpulist import parse_cpulist
 from service.facts.hardware import read_hardware
 from service.facts.model import packaged_default_model_path, packaged_embedding_model_path
 from service.models.demo_model import DEMO_NAME
-from service.policy.table_cpus import split_slots
+from service.policy.machine.table_cpus import split_slots
 from tests.integration.conftest import API_KEY
 from tests.support.engines import started
 from tests.support.release import release

@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.facts.software import read_software
 from service.in_vllm.contract import PLATFORM_ENV
 from service.in_vllm.fx_graph_cache_patch import PatchStatus
-from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
-from service.policy.patches import needs_fxgraph_pickle_patch
+from service.policy.in_vllm.patches import needs_fxgraph_pickle_patch
+from service.policy.machine.backends import GENERIC_PLATFORM, ZEN_PLATFORM
 from tests.integration.conftest import _start
 from tests.support import engines
 from tests.support.live_cpu import expected_platform
@@ -72,7 +72,7 @@ def test_every_vllm_process_applies_the_startup_patch_decision(chat_server):
 
 def test_every_vllm_process_holds_the_amx_tile_state_where_the_cpu_shows_tiles(chat_server):
     """vLLM's bf16 attention runs on AMX tiles wherever torch sees them, and vLLM never asks Linux for the tile
-    state: the plugin asks in each process (service/policy/amx_state.py), and says so."""
+    state: the plugin asks in each process (service/policy/in_vllm/amx_state.py), and says so."""
     states = process_states(chat_server.process.log_path.read_text(errors="replace"))
     expected = "granted" if torch.cpu._is_amx_tile_supported() else "not asked"
     assert states and {s["amx_tile_state"] for s in states} == {expected}, states

@@ -24,8 +24,8 @@ from service.facts.software import read_software
 from service.in_vllm.plugin import STATE_PREFIX
 from service.kernels.registry import KERNELS
 from service.models.demo_model import ensure_demo_model
-from service.policy.backends import BACKENDS
-from service.policy.quant import plan_quant
+from service.policy.linear.quant import plan_quant
+from service.policy.machine.backends import BACKENDS
 from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import build_report

@@ -53,8 +53,8 @@ from harness.perplexity import perplexity, reference_logprobs, served_logprobs, 
 from harness.quantized_models import dequantized_state, dynamic_int8_inputs, ensure_quantized, quantized_layers
 from service.facts.cpu import read_cpuinfo
 from service.facts.software import read_software
-from service.policy.backends import BACKENDS
-from service.policy.kernel_candidates import INT4_HANDOVER, INT8_HANDOVER, SATURATES_WITHOUT_VNNI
+from service.policy.linear.kernel_candidates import INT4_HANDOVER, INT8_HANDOVER, SATURATES_WITHOUT_VNNI
+from service.policy.machine.backends import BACKENDS
 from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import build_report

@@ -29,7 +29,7 @@ from openai import OpenAI
 from service.in_vllm.plugin import STATE_PREFIX
 from service.kernels.registry import KERNELS
 from service.models.demo_model import demo_dir
-from service.policy.dense_kernel import OURS_BF16
+from service.policy.linear.dense_kernel import OURS_BF16
 from tests.integration.conftest import _start
 from tests.support.reference import compare, prompt_ids, query, reference_logprobs, scale_weight, swap_rows
 from tests.support.release import release

@@ -1,5 +1,5 @@
 """Speculative decoding on the real default model: n-gram drafting and suffix decoding answer greedy requests as the
-engine without them does, and the engine's acceptance reaches /metrics (service/policy/speculative.py)."""
+engine without them does, and the engine's acceptance reaches /metrics (service/policy/engine/speculative.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ a test that asks these expects the right thing on whichever machine it lands on.
 
 from __future__ import annotations
 
-from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
+from service.policy.machine.backends import GENERIC_PLATFORM, ZEN_PLATFORM
 
 
 def vllm_runs_zen() -> bool:

@@ -20,7 +20,7 @@ from starlette.routing import Match
 from vllm.entrypoints.serve.utils.api_utils import validate_json_request
 
 from service.facts.api_key import api_key_of
-from service.policy.access import checked_host_names
+from service.policy.exposure.access import checked_host_names
 from service.server.http.admission import Bounds, engine_admission
 from service.server.http.auth import require_api_key
 from service.server.http.body_limit import BodyLimitMiddleware

@@ -1,4 +1,4 @@
-"""The Host header check of a keyless loopback service (policy/access.py decides when it applies), as pure ASGI
+"""The Host header check of a keyless loopback service (policy/exposure/access.py decides when it applies), as pure ASGI
 middleware so that it acts before any route, the catch-all's included. The probes stay open to any Host: kubelets
 and load balancers probe by IP."""
 

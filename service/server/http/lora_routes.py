@@ -26,7 +26,7 @@ from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadL
 
 from service.facts.lora import AdapterFacts, read_adapter
 from service.facts.model import ModelFacts
-from service.policy.lora import adapter_misfit
+from service.policy.engine.lora import adapter_misfit
 from service.server.openai_compat.errors import ServiceError
 
 log = logging.getLogger("service.lora")

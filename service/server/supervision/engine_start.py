@@ -144,7 +144,7 @@ async def start_engine(args: Namespace, state: Any, stack: contextlib.AsyncExitS
         )
 
     # [agents, issue 12] vLLM's own server imports --tool-parser-plugin at start (launcher.setup_server);
-    # the service builds the app itself, so it does the same (the forced_only parser, service/policy/chat.py).
+    # the service builds the app itself, so it does the same (the forced_only parser, service/policy/engine/chat.py).
     if args.tool_parser_plugin:
         from vllm.tool_parsers import ToolParserManager
 

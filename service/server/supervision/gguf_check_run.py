@@ -1,4 +1,4 @@
-"""Runs the GGUF check (service/policy/gguf_check.py) against the engine once it is up, before /ready turns 200: the
+"""Runs the GGUF check (service/policy/gguf/gguf_check.py) against the engine once it is up, before /ready turns 200: the
 converted tokenizer on llama.cpp's fixed text, and one prompt-scoring request of llama.cpp's token ids (a prefill of
 64 tokens, the cost of a short request). It runs at every start of a converted file, since the engine it checks
 (kernels, backend, dtype) can change between starts while llama.cpp's scores, kept with the copy, cannot."""
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from service.models.llama_cpp_reference import REFERENCE
-from service.policy.gguf_check import CheckVerdict, Mode, judge
+from service.policy.gguf.gguf_check import CheckVerdict, Mode, judge
 
 log = logging.getLogger("service.gguf")
 

@@ -83,7 +83,7 @@ def test_a_dense_row_runs_the_platform_its_backend_names():
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software
     from service.in_vllm.contract import PLATFORM_ENV
-    from service.policy.backend import choose_backend
+    from service.policy.machine.backend import choose_backend
     from service.settings import Settings
 
     live = choose_backend(read_hardware().cpu, read_software())  # the live CPU's, whatever it is

@@ -17,7 +17,7 @@ from service.facts.model import inspect_model
 from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
 from service.models.gguf_convert import ensure_converted
-from service.policy.model_source import plan_model_source
+from service.policy.gguf.model_source import plan_model_source
 from tests.support.gguf_models import tiny_gguf
 from tests.support.server import MODELS
 

@@ -1,4 +1,4 @@
-"""The AMX tile-state decision (service/policy/amx_state.py), from recorded CPUs, and the request on this one."""
+"""The AMX tile-state decision (service/policy/in_vllm/amx_state.py), from recorded CPUs, and the request on this one."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from service.facts.cpu import read_cpuinfo
 from service.in_vllm import plugin as vllm_plugin
 from service.in_vllm.amx_request import request_amx_state
 from service.in_vllm.contract import AMX_STATE_ENV, FXGRAPH_PATCH_ENV, KERNELS_ENV, PLATFORM_ENV
-from service.policy.amx_state import amx_state
+from service.policy.in_vllm.amx_state import amx_state
 from service.settings import Settings
 from service.startup import build_report
 from tests.unit.conftest import CPUINFO

@@ -10,7 +10,7 @@ import pytest
 
 from service.in_vllm import compile_cache_patch as patch
 from service.in_vllm.contract import AOT_CACHE_PATCH_ENV
-from service.policy.compile_cache import needs_patch, plan_compile_cache
+from service.policy.in_vllm.compile_cache import needs_patch, plan_compile_cache
 
 
 def test_cache_root_is_decided_under_the_service_cache_dir():
@@ -76,7 +76,7 @@ def test_patch_is_registered_as_our_own_vllm_general_plugin():
 def test_the_services_variables_key_the_compiled_graph():
     """vLLM hashes additional_config into its torch.compile cache key: plans that differ only in the kernels the
     service's plugin registers get different keys; the flag vLLM parses is JSON."""
-    from service.policy.compile_cache import compile_key
+    from service.policy.in_vllm.compile_cache import compile_key
     from service.server.supervision.engine_start import engine_flags
 
     plain = {"SERVICE_VLLM_PLATFORM": "vllm.platforms.cpu.CpuPlatform", "VLLM_CPU_OMP_THREADS_BIND": "0"}

@@ -14,7 +14,7 @@ import torch
 from service.facts.lora import read_adapter
 from service.in_vllm import lora_rows
 from service.in_vllm.contract import LORA_ROWS_ENV
-from service.policy.lora import LORA_RANKS
+from service.policy.engine.lora import LORA_RANKS
 from service.server.supervision.engine_start import engine_flags
 from service.settings import Settings
 from service.startup import build_report
@@ -263,7 +263,7 @@ def test_a_request_names_an_adapter_of_lora_dir_by_its_relative_path_as_written(
 
 def test_an_adapter_loaded_while_serving_must_fit_the_slots_and_the_model(tmp_path):
     from service.facts.model import inspect_model
-    from service.policy.lora import adapter_misfit
+    from service.policy.engine.lora import adapter_misfit
 
     model = inspect_model(choose_model(Settings(cache_dir=tmp_path / "c"), build_demo=False).location)
     fits = read_adapter("fits", _smollm2_adapter(tmp_path / "fits", 16))
@@ -390,8 +390,8 @@ def test_the_adapters_slots_are_held_beside_the_weights_in_the_memory_budget(tmp
 
     from service.facts.limits import Limits
     from service.facts.model import inspect_model, packaged_default_model_path
-    from service.policy.lora import lora_slot_bytes
-    from service.policy.memory import KV_SPARE_TOKENS, GiB, plan_memory
+    from service.policy.engine.lora import lora_slot_bytes
+    from service.policy.engine.memory import KV_SPARE_TOKENS, GiB, plan_memory
 
     adapters = {f"a{i}": _smollm2_adapter(tmp_path / f"a{i}", 64) for i in range(3)}
     model = inspect_model(str(packaged_default_model_path()), cache_dir=tmp_path / "cache", lora_adapters=adapters)

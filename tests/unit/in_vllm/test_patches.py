@@ -19,7 +19,7 @@ from torch._inductor.codecache import BypassFxGraphCache, FxGraphCachePickler
 
 from service.in_vllm.contract import FXGRAPH_PATCH_ENV
 from service.in_vllm.fx_graph_cache_patch import PatchStatus, apply_fxgraph_pickle_patch
-from service.policy.patches import fxgraph_patch, needs_fxgraph_pickle_patch
+from service.policy.in_vllm.patches import fxgraph_patch, needs_fxgraph_pickle_patch
 
 _CLASS_ATTRS = ("dumps", "_cpu_llm_service_fxgraph_dumps_patched", "_vllm_fxgraph_dumps_patched")
 

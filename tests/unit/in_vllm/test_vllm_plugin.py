@@ -13,9 +13,9 @@ import pytest
 from service.facts.hardware import read_hardware
 from service.in_vllm import plugin as vllm_plugin
 from service.in_vllm.contract import AMX_STATE_ENV, FXGRAPH_PATCH_ENV, KERNELS_ENV, PLATFORM_ENV, PLATFORM_IMPORTS_ENV
-from service.policy.backend import choose_backend
-from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
-from service.policy.platform import PLUGIN_NAME, choose_platform
+from service.policy.machine.backend import choose_backend
+from service.policy.machine.backends import GENERIC_PLATFORM, ZEN_PLATFORM
+from service.policy.machine.platform import PLUGIN_NAME, choose_platform
 from service.settings import Settings
 from service.startup import apply, build_report
 from tests.unit.conftest import CPUINFO, software

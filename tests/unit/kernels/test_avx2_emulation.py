@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from service.facts.cpu import Isa, parse_cpuinfo
-from service.policy.backend import choose_backend
+from service.policy.machine.backend import choose_backend
 from tests.support.avx2_emulation.__main__ import HIDDEN, avx2_cpuinfo
 from tests.unit.conftest import CPUINFO, software
 

@@ -1,4 +1,4 @@
-"""A GGUF file's linear layers kept as its own blocks (service/policy/model_source.py choose_blocks,
+"""A GGUF file's linear layers kept as its own blocks (service/policy/gguf/model_source.py choose_blocks,
 service/models/gguf_convert.py, service/kernels/gguf_blocks.py): when the policy keeps them, what the converter writes (the
 file's rows, in the order transformers gives the dequantized rows), and ggml's op on every kept type against
 gguf-py's dequantization of the same rows."""
@@ -19,7 +19,7 @@ from service.facts.software import read_software
 from service.in_vllm.contract import KERNELS_ENV
 from service.kernels.registry import BLOCKS_METHOD, KERNELS
 from service.models.gguf_convert import ensure_converted
-from service.policy.model_source import (
+from service.policy.gguf.model_source import (
     BLOCK_TYPES,
     choose_blocks,
     kept_bytes,

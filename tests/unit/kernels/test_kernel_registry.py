@@ -65,8 +65,8 @@ def test_can_implement_says_what_a_layer_lacks():
 def test_a_kernel_that_runs_ggmls_op_gets_the_hand_over_table_by_its_attribute(monkeypatch):
     """No list to keep beside the registry: a kernel marked ggml_op is one whose planned class brings the table."""
     from service.kernels import registry
-    from service.policy import ggml_handover
-    from service.policy.backends import BACKENDS
+    from service.policy.linear import ggml_handover
+    from service.policy.machine.backends import BACKENDS
 
     amx = BACKENDS["amx"]
     assert {k.vllm_class for k in KERNELS.values() if k.provider and "ggml" in k.provider} <= registry.GGML_OP_CLASSES

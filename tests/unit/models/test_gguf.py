@@ -20,7 +20,7 @@ from service.facts.model import inspect_model, packaged_default_model_path
 from service.facts.software import read_software
 from service.facts.vllm_source import read_vllm_names
 from service.models.gguf_convert import PROVENANCE, ConversionError, ensure_converted, weights_map
-from service.policy.model_source import choose_blocks, converter_key, gguf_errors, plan_model_source
+from service.policy.gguf.model_source import choose_blocks, converter_key, gguf_errors, plan_model_source
 from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 from service.settings import Settings
 from service.startup import build_report
@@ -332,7 +332,7 @@ def test_the_copy_size_is_known_before_converting_and_a_disk_without_room_refuse
 def test_an_architecture_no_test_checks_is_refused_naming_the_served_ones_unless_the_user_asks():
     """An architecture no test checks (a gemma3 file, before its settings were mended, served garbage without a word):
     reading a file is not serving it right."""
-    from service.policy.gguf_architectures import CHECKED
+    from service.policy.gguf.gguf_architectures import CHECKED
 
     facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0")))
     unchecked = replace(facts, gguf=replace(facts.gguf, architecture="stablelm"))
@@ -348,8 +348,8 @@ def test_an_architecture_no_test_checks_is_refused_naming_the_served_ones_unless
 
 
 def test_a_checked_architecture_keeps_its_blocks_or_says_it_is_served_dequantized():
-    from service.policy.gguf_architectures import CHECKED
-    from service.policy.model_source import BLOCK_ARCHITECTURES
+    from service.policy.gguf.gguf_architectures import CHECKED
+    from service.policy.gguf.model_source import BLOCK_ARCHITECTURES
 
     facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0"))).gguf
     for architecture in CHECKED:
@@ -362,7 +362,7 @@ def test_a_checked_architecture_keeps_its_blocks_or_says_it_is_served_dequantize
 
 @pytest.mark.parametrize("setting", ["refuse", "serve"])
 def test_serve_refuses_an_unchecked_architecture_before_the_engine_or_warns_when_told(setting, tmp_path):
-    from service.policy.gguf_architectures import CHECKED
+    from service.policy.gguf.gguf_architectures import CHECKED
     from tests.support.gguf_models import relabelled
 
     path = relabelled(tiny_gguf(MODELS, "llama", "Q8_0"), tmp_path / "tiny-stablelm.Q8_0.gguf", "stablelm")
@@ -393,7 +393,7 @@ def test_a_bos_is_put_before_a_text_where_llama_cpp_puts_one(stored, vocabulary,
 
 
 def test_rope_scaling_tensors_are_carried_or_the_file_is_refused():
-    from service.policy.gguf_rope import rope_config
+    from service.policy.gguf.gguf_rope import rope_config
 
     facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0"))).gguf
     assert rope_config(facts) == ({}, None, None)
@@ -409,7 +409,7 @@ def test_rope_scaling_tensors_are_carried_or_the_file_is_refused():
 
 
 def test_gemma2_settings_the_mapping_leaves_at_defaults_come_from_the_metadata_as_llama_cpp_reads_them():
-    from service.policy.gguf_config import config_mends
+    from service.policy.gguf.gguf_config import config_mends
 
     facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0"))).gguf
     config = {"num_attention_heads": 16, "hidden_size": 2304, "head_dim": 256, "num_hidden_layers": 26}
@@ -429,7 +429,7 @@ def test_gemma2_settings_the_mapping_leaves_at_defaults_come_from_the_metadata_a
 
 
 def test_gemma3_layers_and_rope_follow_llama_cpps_reading_of_the_metadata():
-    from service.policy.gguf_config import config_mends
+    from service.policy.gguf.gguf_config import config_mends
 
     facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0"))).gguf
     config = {"num_attention_heads": 4, "hidden_size": 640, "head_dim": 256, "num_hidden_layers": 8}
@@ -460,7 +460,7 @@ def test_gemma3_layers_and_rope_follow_llama_cpps_reading_of_the_metadata():
 
 
 def test_qwen_moe_expert_sizes_and_renormalising_follow_llama_cpp():
-    from service.policy.gguf_config import config_mends
+    from service.policy.gguf.gguf_config import config_mends
 
     facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0"))).gguf
     keys = (("expert_count", 128), ("expert_used_count", 8), ("expert_feed_forward_length", 768))
@@ -485,7 +485,7 @@ def test_a_tensor_differing_only_by_unit_dimensions_takes_the_models_shape():
 
 
 def test_an_architecture_whose_vllm_embedding_takes_no_blocks_keeps_them_in_its_linear_layers_only():
-    from service.policy.model_source import HEADS_DEQUANTIZED, _no_head_blocks, kept_heads
+    from service.policy.gguf.model_source import HEADS_DEQUANTIZED, _no_head_blocks, kept_heads
 
     facts = inspect_model(str(tiny_gguf(MODELS, "llama", "Q8_0"))).gguf
     assert kept_heads(facts)  # a llama file's Q8_0 embedding keeps its blocks

@@ -13,8 +13,8 @@ import pytest
 from service.facts.cpu import parse_cpuinfo
 from service.facts.model import packaged_default_model_path
 from service.models.demo_model import DEMO_NAME, ensure_demo_model
-from service.policy.backends import BACKENDS
-from service.policy.dtype import DEFAULT_MODEL_FP32, choose_dtype
+from service.policy.engine.dtype import DEFAULT_MODEL_FP32, choose_dtype
+from service.policy.machine.backends import BACKENDS
 from service.settings import Settings
 from service.startup import build_report, fetch_model
 from service.startup.model_sources import NO_DEFAULT_MODEL, choose_model, downloads

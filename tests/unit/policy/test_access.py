@@ -1,4 +1,4 @@
-"""Who may use the API (policy/access.py) from the key as read (facts/api_key.py), and the Host check of a keyless
+"""Who may use the API (policy/exposure/access.py) from the key as read (facts/api_key.py), and the Host check of a keyless
 loopback service (server/host_check.py)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from service.facts.api_key import MIN_KEY_LENGTH, ApiKey, read_api_key
-from service.policy.access import checked_host_names, is_loopback, plan_access
-from service.policy.telemetry import plan_telemetry
+from service.policy.exposure.access import checked_host_names, is_loopback, plan_access
+from service.policy.exposure.telemetry import plan_telemetry
 from service.server.http.host_check import HostCheckMiddleware, host_name
 from service.server.supervision.lifecycle import EXIT_STARTUP_REFUSED
 
@@ -166,7 +166,7 @@ def test_no_remote_media_unless_listed_and_never_a_redirect():
     before any connection; a listed domain is the user's."""
     from vllm.multimodal.media.connector import MediaConnector
 
-    from service.policy.media import plan_media
+    from service.policy.exposure.media import plan_media
 
     plan = plan_media([])
     assert plan.env == {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"}

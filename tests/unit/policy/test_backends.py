@@ -9,9 +9,9 @@ import pytest
 
 from service.facts.vllm_kernel_limits import BackendKernels
 from service.kernels.registry import CONDITIONS, FAMILIES, KERNELS
-from service.policy.backends import BACKENDS, ORDER
-from service.policy.dtype import MEASUREMENTS
-from service.policy.quant_measurements import MEASUREMENTS as QUANT_MEASUREMENTS
+from service.policy.engine.dtype import MEASUREMENTS
+from service.policy.linear.quant_measurements import MEASUREMENTS as QUANT_MEASUREMENTS
+from service.policy.machine.backends import BACKENDS, ORDER
 
 
 @pytest.mark.parametrize("name", ORDER)

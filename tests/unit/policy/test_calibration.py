@@ -10,9 +10,9 @@ import json
 import pytest
 
 from service.facts.model import inspect_model
-from service.policy.calibration import Candidate, Question, Timing, Verdict, cache_key, decide
-from service.policy.plan import plan_engine
-from service.policy.plan_state import PlanInputs
+from service.policy.plan.calibration import Candidate, Question, Timing, Verdict, cache_key, decide
+from service.policy.plan.plan import plan_engine
+from service.policy.plan.plan_state import PlanInputs
 from service.settings import load_settings
 from tests.unit.conftest import software
 from tests.unit.policy.test_policy_engine import decision, hw

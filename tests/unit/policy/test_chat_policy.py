@@ -11,7 +11,7 @@ import pytest
 from service.facts.chat_template import read_chat_template
 from service.facts.model import inspect_model
 from service.facts.vllm_source import read_vllm_names
-from service.policy.chat import (
+from service.policy.engine.chat import (
     FORCED_ONLY,
     FORCED_ONLY_PLUGIN,
     REASONING_FORMATS,

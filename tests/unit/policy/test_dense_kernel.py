@@ -1,4 +1,4 @@
-"""Where the service keeps an fp32 model's linear weights in bf16 (service/policy/dense_kernel.py): on AVX2 and
+"""Where the service keeps an fp32 model's linear weights in bf16 (service/policy/linear/dense_kernel.py): on AVX2 and
 AVX-512 without its bf16 extension by default where its kernels are built, elsewhere when asked; never for quantized
 models. A bf16 engine on a CPU without native bf16 runs them on the service's kernel by default on the avx512
 backend, elsewhere when asked; with native bf16 it is left to vLLM."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from service.facts.model import inspect_model
-from service.policy.dense_kernel import OURS_BF16, VLLM_BF16
-from service.policy.model_source import kept_bytes
-from service.policy.plan import plan_engine
-from service.policy.plan_state import PlanInputs
+from service.policy.gguf.model_source import kept_bytes
+from service.policy.linear.dense_kernel import OURS_BF16, VLLM_BF16
+from service.policy.plan.plan import plan_engine
+from service.policy.plan.plan_state import PlanInputs
 from service.settings import load_settings
 from tests.support.gguf_models import tiny_gguf
 from tests.support.server import MODELS as GGUF_MODELS

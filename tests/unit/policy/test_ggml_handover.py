@@ -1,4 +1,4 @@
-"""Where the service's ggml kernels hand batches to torch's GEMM (service/policy/ggml_handover.py): per backend and
+"""Where the service's ggml kernels hand batches to torch's GEMM (service/policy/linear/ggml_handover.py): per backend and
 activation dtype the table measured on the nearest GEMM, planned where a ggml kernel runs (and for a calibration
 candidate that runs one), and read by the kernels when a layer loads."""
 
@@ -10,8 +10,7 @@ import torch
 from service.facts.model import inspect_model
 from service.in_vllm.contract import HANDOVER_ENV
 from service.kernels.registry import parse_handover
-from service.policy.backends import BACKENDS
-from service.policy.ggml_handover import (
+from service.policy.linear.ggml_handover import (
     BF16_AMX,
     BF16_AVX512,
     BF16_ZEN4,
@@ -20,8 +19,9 @@ from service.policy.ggml_handover import (
     K_QUANTS,
     SOFTWARE_BF16,
 )
-from service.policy.plan import plan_engine
-from service.policy.plan_state import PlanInputs
+from service.policy.machine.backends import BACKENDS
+from service.policy.plan.plan import plan_engine
+from service.policy.plan.plan_state import PlanInputs
 from service.settings import load_settings
 from tests.support.gguf_models import tiny_gguf
 from tests.support.server import MODELS

@@ -1,10 +1,10 @@
-"""The GGUF check's verdict (service/policy/gguf_check.py) from llama.cpp's reference and the engine's scores."""
+"""The GGUF check's verdict (service/policy/gguf/gguf_check.py) from llama.cpp's reference and the engine's scores."""
 
 from __future__ import annotations
 
 import pytest
 
-from service.policy.gguf_check import MEAN_BOUND, judge
+from service.policy.gguf.gguf_check import MEAN_BOUND, judge
 
 REFERENCE = {
     "text": "a b c d",

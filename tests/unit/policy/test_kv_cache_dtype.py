@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from service.__main__ import app
 from service.facts.hardware import read_hardware
 from service.facts.model import inspect_model
-from service.policy.plan import plan_engine
-from service.policy.plan_state import PlanInputs
+from service.policy.plan.plan import plan_engine
+from service.policy.plan.plan_state import PlanInputs
 from service.server.supervision.engine_start import vllm_args
 from service.settings import Settings
 from tests.unit.conftest import CPUINFO, MODELS, software

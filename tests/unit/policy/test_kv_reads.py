@@ -1,4 +1,4 @@
-"""What a decode step reads of the KV cache at agent depth (policy/kv_reads.py), from the configs of the shapes users
+"""What a decode step reads of the KV cache at agent depth (policy/engine/kv_reads.py), from the configs of the shapes users
 run: recorded model directories (tests/fixtures/models) and configs laid out as their families write them."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from service.facts.model import _facts_from_config, inspect_model
-from service.policy.kv_reads import kv_read_per_token, sessions_at_depth
+from service.policy.engine.kv_reads import kv_read_per_token, sessions_at_depth
 from tests.unit.conftest import MODELS
 
 LLAMA_3B = {  # Llama-3.2-3B's decoder shape

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from service.__main__ import app
 from service.facts.hardware import read_hardware
-from service.policy.model_table import engine_counts, loaded_at_once, memory_share, table_errors
+from service.policy.engine.model_table import engine_counts, loaded_at_once, memory_share, table_errors
 from service.settings import ListedModel, Settings, load_settings
 from tests.unit.conftest import MODELS, SYSFS
 

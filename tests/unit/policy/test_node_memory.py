@@ -8,10 +8,10 @@ from pathlib import Path
 
 from service.facts.hardware import read_hardware
 from service.facts.node_memory import NodeMemory, read_node_memory
-from service.policy.dtype import MEASUREMENTS, Measurement
-from service.policy.memory import default_headroom, rank_nodes
-from service.policy.plan import plan_engine
-from service.policy.plan_state import PlanInputs
+from service.policy.engine.dtype import MEASUREMENTS, Measurement
+from service.policy.engine.memory import default_headroom, rank_nodes
+from service.policy.plan.plan import plan_engine
+from service.policy.plan.plan_state import PlanInputs
 from service.settings import Settings
 from tests.unit.conftest import CPUINFO, MODELS, SYSFS, software
 

@@ -7,10 +7,10 @@ import pytest
 from service.facts.cpu import parse_cpuinfo
 from service.facts.hardware import read_hardware
 from service.in_vllm.contract import PLATFORM_ENV
-from service.policy.backend import choose_backend
-from service.policy.backends import GENERIC_PLATFORM, ZEN_PLATFORM
-from service.policy.plan import plan_engine
-from service.policy.plan_state import PlanInputs
+from service.policy.machine.backend import choose_backend
+from service.policy.machine.backends import GENERIC_PLATFORM, ZEN_PLATFORM
+from service.policy.plan.plan import plan_engine
+from service.policy.plan.plan_state import PlanInputs
 from service.settings import Settings
 from tests.unit.conftest import CPUINFO, software
 

@@ -8,10 +8,10 @@ import pytest
 
 from service.facts.hardware import read_hardware
 from service.facts.model import inspect_model
-from service.policy.dtype import MEASUREMENTS, Measurement
-from service.policy.memory import default_headroom
-from service.policy.plan import plan_engine
-from service.policy.plan_state import PlanInputs
+from service.policy.engine.dtype import MEASUREMENTS, Measurement
+from service.policy.engine.memory import default_headroom
+from service.policy.plan.plan import plan_engine
+from service.policy.plan.plan_state import PlanInputs
 from service.settings import Settings
 from tests.unit.conftest import CPUINFO, MODELS, SYSFS, software
 

@@ -12,8 +12,8 @@ from service.__main__ import app
 from service.facts.cpu import Isa
 from service.facts.model import inspect_model
 from service.facts.vllm_kernel_limits import GDN
-from service.policy.backends import BACKENDS
-from service.policy.preflight import check_kernels
+from service.policy.engine.preflight import check_kernels
+from service.policy.machine.backends import BACKENDS
 from tests.unit.conftest import CPUINFO, MODELS
 
 SETTING = "preflight.kernels"

@@ -8,7 +8,7 @@ import pytest
 
 from service.facts.cpulist import format_cpulist
 from service.facts.hardware import read_hardware
-from service.policy.threads import plan_threads, worker_omp_env
+from service.policy.machine.threads import plan_threads, worker_omp_env
 from tests.unit.conftest import CPUINFO, SYSFS
 
 # (dump, tp override, reserved) -> (bind string, reserved CPUs)

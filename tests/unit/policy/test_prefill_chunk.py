@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from service.measurements.store import Row
-from service.policy import prefill_chunk
-from service.policy.prefill_chunk import VLLM_CPU_DEFAULT, chosen_chunk, plan_prefill_chunk
+from service.policy.engine import prefill_chunk
+from service.policy.engine.prefill_chunk import VLLM_CPU_DEFAULT, chosen_chunk, plan_prefill_chunk
 from service.settings import Settings
 from tests.unit.policy.test_policy_engine import decision, hw, plan
 

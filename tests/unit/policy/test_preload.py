@@ -9,10 +9,10 @@ import pytest
 
 from service.facts.hardware import read_hardware
 from service.facts.libraries import LibraryFacts, read_libraries
-from service.policy.backends import BACKENDS
-from service.policy.plan import plan_engine
-from service.policy.plan_state import PlanInputs
-from service.policy.preload import choose_preload
+from service.policy.machine.backends import BACKENDS
+from service.policy.machine.preload import choose_preload
+from service.policy.plan.plan import plan_engine
+from service.policy.plan.plan_state import PlanInputs
 from service.settings import Settings
 from tests.unit.conftest import CPUINFO, software
 

@@ -10,11 +10,11 @@ import pytest
 from service.facts.model import inspect_model
 from service.facts.quantization import read_quantization
 from service.kernels.registry import KERNELS
-from service.policy.backends import BACKENDS
-from service.policy.plan import plan_engine
-from service.policy.plan_state import PlanInputs
-from service.policy.quant import plan_quant
-from service.policy.quant_measurements import find
+from service.policy.linear.quant import plan_quant
+from service.policy.linear.quant_measurements import find
+from service.policy.machine.backends import BACKENDS
+from service.policy.plan.plan import plan_engine
+from service.policy.plan.plan_state import PlanInputs
 from service.settings import Settings, load_settings
 from tests.unit.conftest import CPUINFO, MODELS, software
 from tests.unit.policy.test_policy_engine import decision, hw, plan
@@ -364,7 +364,7 @@ def test_plan_quant_without_facts_is_empty():
 
 
 def test_a_measured_backend_is_cited_with_its_numbers_and_an_unmeasured_one_says_so():
-    from service.policy.quant_measurements import cite
+    from service.policy.linear.quant_measurements import cite
 
     assert "wna16-vec: decode 6.0 [5.9-6.4] tok/s, prefill 58.0 [55.0-60.0] tok/s" in cite(
         "avx512", "w4a16", ("wna16-vec",)
@@ -373,7 +373,7 @@ def test_a_measured_backend_is_cited_with_its_numbers_and_an_unmeasured_one_says
 
 
 def test_zen_keeps_vllms_int4_kernel_where_the_service_kernel_measured_slower(tmp_path):
-    from service.policy.quant_measurements import MEASUREMENTS
+    from service.policy.linear.quant_measurements import MEASUREMENTS
 
     d = decision(quant_plan(W4A16, ZEN, tmp_path), "quant.linear_kernel")
     assert d.value == "zentorch-woq" and "SERVICE_LINEAR_KERNELS" not in quant_plan(W4A16, ZEN, tmp_path).env

@@ -1,9 +1,9 @@
-"""What a request that names no temperature samples with (policy/sampling.py): greedy for the packaged default model,
+"""What a request that names no temperature samples with (policy/engine/sampling.py): greedy for the packaged default model,
 as its measurement says, the model's own generation config for any other, and off where the user says so."""
 
 from __future__ import annotations
 
-from service.policy.sampling import GREEDY, MEASURED, plan_sampling
+from service.policy.engine.sampling import GREEDY, MEASURED, plan_sampling
 
 
 def _decision(result):

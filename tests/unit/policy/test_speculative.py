@@ -1,4 +1,4 @@
-"""The speculative setting: what each value hands vLLM, and what `auto` rests on (service/policy/speculative.py); a
+"""The speculative setting: what each value hands vLLM, and what `auto` rests on (service/policy/engine/speculative.py); a
 draft model's or EAGLE head's directory as service/facts/draft_model.py reads it."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from safetensors.numpy import save_file
 
 from service.facts.draft_model import read_draft
 from service.measurements.store import store
-from service.policy.plan import plan_engine
-from service.policy.plan_state import PlanInputs
-from service.policy.speculative import EAGLE_TOKENS, NGRAM, measured_key, plan_speculative
+from service.policy.engine.speculative import EAGLE_TOKENS, NGRAM, measured_key, plan_speculative
+from service.policy.plan.plan import plan_engine
+from service.policy.plan.plan_state import PlanInputs
 from service.settings import Settings, load_settings
 from service.startup import build_report
 from service.startup.model_sources import ModelChoice

@@ -1,4 +1,4 @@
-"""The plan's stages as a registry (service/policy/plan.py STAGES): every stage runs on every recorded CPU, with and
+"""The plan's stages as a registry (service/policy/plan/plan.py STAGES): every stage runs on every recorded CPU, with and
 without a model, and what it decides is a decision the report can show: named once, with its reason and who chose
 it; a variable it hands to vLLM's processes is one the contract lists (decision.env refuses others)."""
 
@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 
 from service.facts.model import inspect_model
-from service.policy.plan import STAGES, plan_engine
-from service.policy.plan_state import PlanInputs
+from service.policy.plan.plan import STAGES, plan_engine
+from service.policy.plan.plan_state import PlanInputs
 from service.settings import load_settings
 from tests.unit.conftest import CPUINFO, FIXTURES, software
 from tests.unit.policy.test_policy_engine import hw

@@ -1,4 +1,4 @@
-"""The CPUs of a model table's engines (policy/table_cpus.py) on recorded machines, and the child's slot applied to a
+"""The CPUs of a model table's engines (policy/machine/table_cpus.py) on recorded machines, and the child's slot applied to a
 real process the way the front end starts an engine."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from service.facts.hardware import read_hardware
 from service.measurements.store import Row
-from service.policy import table_cpus
-from service.policy.table_cpus import plan_table_cpus, split_slots
+from service.policy.machine import table_cpus
+from service.policy.machine.table_cpus import plan_table_cpus, split_slots
 from service.server.router.engines import _prepare_child
 from tests.unit.conftest import SYSFS
 

@@ -1,9 +1,9 @@
-"""Which top-p masking every vLLM process runs (service/policy/top_p.py)."""
+"""Which top-p masking every vLLM process runs (service/policy/engine/top_p.py)."""
 
 from __future__ import annotations
 
 from service.in_vllm.contract import TOP_P_ENV
-from service.policy.top_p import MEASURED, plan_top_p
+from service.policy.engine.top_p import MEASURED, plan_top_p
 
 
 def test_on_the_vllm_it_was_written_for_the_service_masks_from_the_top_tokens_citing_the_measurement():

@@ -64,7 +64,7 @@ def test_every_recipe_diff_applies_to_the_tree():
 
 
 def test_a_recipe_that_went_stale_is_caught():
-    gone = '```diff\n--- a/service/policy/plan.py\n+++ b/service/policy/plan.py\n     Stage("no such", x),\n```\n'
+    gone = '```diff\n--- a/service/policy/plan/plan.py\n+++ b/service/policy/plan/plan.py\n     Stage("no such", x),\n```\n'
     missing = "```diff\n--- a/service/policy/nothing.py\n+++ b/service/policy/nothing.py\n+x = 1\n```\n"
     nowhere = "```diff\n--- /dev/null\n+++ b/service/nowhere/new.py\n+x = 1\n```\n"
     assert len(stale(gone)) == 1 and len(stale(missing)) == 1 and len(stale(nowhere)) == 1

@@ -1,0 +1,1 @@
+"""The engine's settings for a model: dtype, context, caching, KV cache, memory, chat parsers, sampling, speculation, LoRA."""

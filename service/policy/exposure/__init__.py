@@ -1,0 +1,1 @@
+"""What the port and the engine expose: access, usage statistics, remote media."""
