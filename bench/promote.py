@@ -213,6 +213,33 @@ def write_rows(path: Path, rows: list[Row]) -> None:
     path.write_text(head + body)
 
 
+# What must match for two runs' depth repetitions to be pooled: the machine, the file and the way it was measured.
+POOLED_KEYS = ("size", "llama_cpp_flags", "output_len", "requests", "repack_off")
+
+
+def pooled_depth(results: dict[str, Any], others: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """`results` with the depth repetitions of `others` (run, results) added to the comparisons it has, each run's
+    repetitions numbered apart: restarts of the same command on the same machine, pooled for a tighter interval
+    (a deep prefill on llama.cpp takes half an hour a repetition). Refuses runs measured otherwise."""
+    data = results["depth"]
+    names = {r["comparison"] for r in data["runs"]}
+    offset = max(r["rep"] for r in data["runs"]) + 1
+    runs = list(data["runs"])
+    for run, other in others:
+        theirs = other.get("depth") or {}
+        differ = [k for k in POOLED_KEYS if theirs.get(k) != data.get(k)]
+        if other["machine"] != results["machine"] or differ or not theirs.get("runs"):
+            raise SystemExit(
+                f"{run}: not pooled, measured otherwise ({', '.join(differ) or 'machine or no depth runs'})"
+            )
+        added = [r | {"rep": r["rep"] + offset} for r in theirs["runs"] if r["comparison"] in names]
+        if not added:
+            raise SystemExit(f"{run}: none of its depth comparisons is in the first run")
+        runs += added
+        offset = max(r["rep"] for r in runs) + 1
+    return results | {"depth": data | {"runs": runs}}
+
+
 def promote(
     run_dir: Path,
     cpu: str | None = None,
@@ -220,13 +247,19 @@ def promote(
     speculative: Path = SPECULATIVE,
     depth_store: Path = DEPTH,
     table_cpus: Path = TABLE_CPUS,
+    pool: tuple[Path, ...] = (),
 ) -> list[Row]:
     results = json.loads((run_dir / "results.json").read_text())
+    run = str(run_dir)
+    if pool:
+        others = [(str(d), json.loads((d / "results.json").read_text())) for d in pool]
+        results = pooled_depth(results, others)
+        run = " + ".join([run, *(name for name, _ in others)])
     promoted = []
     for kind, new, into in (
         ("peer", peer_rows(results, str(run_dir), cpu), path),
         ("speculative", speculative_rows(results, str(run_dir), cpu), speculative),
-        ("depth", depth_rows(results, str(run_dir), cpu), depth_store),
+        ("depth", depth_rows(results, run, cpu), depth_store),
         ("table-cpus", table_cpus_rows(results, str(run_dir), cpu), table_cpus),
     ):
         if new:
@@ -243,8 +276,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("run", type=Path, help="bench/results/<stamp>")
     parser.add_argument("--cpu", help="the CPU class to file it under (default: the run's microarchitecture)")
+    parser.add_argument(
+        "--pool",
+        type=Path,
+        action="append",
+        default=[],
+        help="another run of the same depth command on the same machine: its repetitions join the first run's",
+    )
     args = parser.parse_args()
-    rows = promote(args.run, args.cpu)
+    rows = promote(args.run, args.cpu, pool=tuple(args.pool))
     print(f"promoted {len(rows)} rows into {PEERS.parent}; run `make docs`")
 
 

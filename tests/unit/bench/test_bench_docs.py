@@ -341,3 +341,30 @@ def test_a_variants_rows_are_filed_against_the_policys_choice_and_rendered_apart
     peer = peer_rows(peer_results(peer_run("peer-q8_0")), "bench/results/x", cpu="zen9")
     [zen9] = [line for line in which_to_pick(Store(list(rows.values()) + peer)) if line.startswith("| zen9 |")]
     assert zen9.endswith("random model: this service (x1.99) |")
+
+
+def test_two_runs_of_the_same_depth_command_pool_their_repetitions(tmp_path):
+    """Each run's restarts numbered apart, the row naming both runs; a run measured otherwise is refused."""
+    from bench.promote import pooled_depth, promote
+
+    for name, results in (("a", depth_results()), ("b", depth_results())):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(results))
+    alone = promote(
+        tmp_path / "a", path=tmp_path / "p.yaml", speculative=tmp_path / "s.yaml", depth_store=tmp_path / "d.yaml"
+    )
+    pooled = promote(
+        tmp_path / "a",
+        path=tmp_path / "p.yaml",
+        speculative=tmp_path / "s.yaml",
+        depth_store=tmp_path / "d.yaml",
+        pool=(tmp_path / "b",),
+    )
+    assert {r.key for r in pooled} == {r.key for r in alone}
+    for before, after in zip(alone, pooled, strict=True):
+        assert after.params["repetitions"] == 2 * before.params["repetitions"]
+        assert after.run == f"{tmp_path / 'a'} + {tmp_path / 'b'}"
+    other = depth_results()
+    other["depth"]["output_len"] = 128
+    with pytest.raises(SystemExit, match="output_len"):
+        pooled_depth(depth_results(), [("b", other)])
