@@ -283,7 +283,7 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
 )
 def test_openai_strict_cases_are_400_naming_the_field(server, path, body, param):
     """Where OpenAI answers 400, so does the service, naming the field (some by vLLM, the rest by
-    service/server/openai_compat/request_checks.py)."""
+    service/server/openai_compat/request_checks/)."""
     error = assert_openai_error(post(server, path, json_body={"model": SERVED, "max_tokens": 2, **body}), 400)
     assert param in (error["param"] or ""), error
 

@@ -1,7 +1,7 @@
 """Which requests reach the engine: a FastAPI dependency of every engine route.
 
 503 + Retry-After while the engine starts or the service drains; 400 for a request OpenAI would refuse that
-vLLM lets through (request_checks.py) or one that could never be admitted; the deployment's output bound
+vLLM lets through (request_checks/) or one that could never be admitted; the deployment's output bound
 (max_tokens_limit, output_limit.py) written into the body; the requests in flight counted until their response
 (streamed ones too) has been sent, so a drain knows when they are done."""
 

@@ -3,7 +3,7 @@ interpreter, computer use, image generation, MCP servers), which this server has
 
 Agents send them by default (Codex CLI sends `web_search` with every request), so refusing them refused the agent.
 As llama.cpp's server does, they are left out of the prompt and the model answers with the tools it can call; the
-response's header and the log say which were left out. `hosted_tools=refuse` keeps the 400 (request_checks.py) for
+response's header and the log say which were left out. `hosted_tools=refuse` keeps the 400 (request_checks/) for
 deployments that would rather a client learn it at once. A request that forces one of them (`tool_choice` naming it)
 is refused either way: it asks for what cannot be done."""
 

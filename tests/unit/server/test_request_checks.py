@@ -1,4 +1,4 @@
-"""OpenAI-strict request checks (service/server/openai_compat/request_checks.py): the problem and the field it names."""
+"""OpenAI-strict request checks (service/server/openai_compat/request_checks/): the problem and the field it names."""
 
 from __future__ import annotations
 
