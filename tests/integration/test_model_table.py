@@ -52,7 +52,10 @@ def table(server_logs):
         # the beside stream's bind to its last CPU (scripts/test.sh) would bind both engines there: a split needs both
         unset=("VLLM_CPU_OMP_THREADS_BIND",),
         api_key=API_KEY,
+        # Small engines of a fixed size: their plan must not hang on what the other test stream holds at the moment
+        # (a fresh-clone run refused this table while the other stream held most of the memory)
         kv_cache_gib="0.25",
+        memory_headroom_gib="0.5",
     )
     yield process
     release(process)
