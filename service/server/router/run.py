@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import uvicorn
 import uvloop
+from fastapi import FastAPI
 
 from service.server.router.app import create_router_app
 from service.server.router.child_config import child_settings
@@ -54,6 +55,30 @@ def engines_of(settings: Settings, table: TableReport) -> dict[str, Engine]:
     return engines
 
 
+def _uvicorn_config(settings: Settings, app: FastAPI) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_seconds)),
+        timeout_keep_alive=75,  # as one model's service (server/run.py)
+        lifespan="off",
+    )
+
+
+async def _load_pinned(engines: Engines) -> bool:
+    """Loads the pinned models before the table is ready; False (said) when one cannot be served."""
+    for name, engine in engines.engines.items():
+        if engine.pinned:
+            try:
+                await engines.load(name, float("inf"))
+            except NotServed as exc:
+                log.error("refusing to start: pinned %s", exc)
+                return False
+    return True
+
+
 async def _serve(settings: Settings, table: TableReport, sock: socket.socket) -> int:
     metrics = RouterMetrics()
     # The engines' key: theirs and the front end's alone; a new one each start.
@@ -68,29 +93,14 @@ async def _serve(settings: Settings, table: TableReport, sock: socket.socket) ->
     )
     started = asyncio.Event()
     app = create_router_app(settings, table, engines, metrics, started)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level,
-            timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_seconds)),
-            timeout_keep_alive=75,  # as one model's service (server/run.py)
-            lifespan="off",
-        )
-    )
+    server = uvicorn.Server(_uvicorn_config(settings, app))
     exit_code = 0
 
     async def bring_up() -> None:
         nonlocal exit_code
-        for name, engine in engines.engines.items():
-            if engine.pinned:
-                try:
-                    await engines.load(name, float("inf"))
-                except NotServed as exc:
-                    log.error("refusing to start: pinned %s", exc)
-                    exit_code, server.should_exit = EXIT_STARTUP_REFUSED, True
-                    return
+        if not await _load_pinned(engines):
+            exit_code, server.should_exit = EXIT_STARTUP_REFUSED, True
+            return
         started.set()
         log.info(
             "ready: serving %s on http://%s:%d (%d engine(s) at once; unpinned models load on their first request)",
