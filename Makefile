@@ -49,9 +49,9 @@ test-unit: setup
 	$(PY) -m pytest -q tests/unit
 
 # The measured tables of README.md and docs/, rendered from the measurement store (service/measurements/); a run joins
-# the store with `python -m bench.promote bench/results/<stamp>`.
+# the store with `python -m bench.tools.promote bench/results/<stamp>`.
 docs: setup
-	$(PY) -m bench.docs
+	$(PY) -m bench.tools.docs
 
 # A real Prometheus (and promtool) for the metrics tests, from Debian's archive.
 test-tools:

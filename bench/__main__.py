@@ -1,5 +1,5 @@
 """`python -m bench [--quick] ...`: JSON, Markdown table and PNG plots under bench/results/<stamp>/; the last line is
-the front-end throughput ratio ours/vLLM with its 95% interval. Every part of bench/parts.py has `--<part>` /
+the front-end throughput ratio ours/vLLM with its 95% interval. Every part of bench/registry.py has `--<part>` /
 `--no-<part>`, `--only-<part>` and a `--<part>-<option>` for each of its options."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.options import QUICK, BenchOptions
-from bench.parts import PARTS, Part
+from bench.registry import PARTS, Part
 from bench.runner import run_bench
 
 

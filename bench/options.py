@@ -1,5 +1,5 @@
 """The options of a bench run: what every A/B comparison shares, which parts run, and each part's own options (a
-dataclass per part, declared with the part in bench/parts.py)."""
+dataclass per part, declared with the part in bench/registry.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ RESULTS = REPO / "bench" / "results"
 
 @dataclass(frozen=True)
 class BenchOptions:
-    parts: frozenset[str]  # the parts that run (bench/parts.py names)
+    parts: frozenset[str]  # the parts that run (bench/registry.py names)
     part_options: dict[str, Any] = field(default_factory=dict)  # part name -> its options dataclass
     quick: bool = False
     concurrencies: tuple[int, ...] = (1, 4, 16)

@@ -6,7 +6,7 @@ back, order alternating. Pairs, not separate starts: on a shared VM the host's m
 decode follows, moved by x1.7 within minutes (Zen 5 guest, 2026-11-23), so rates measured minutes apart were not
 comparable (with/without preload x0.918 [0.437, 1.927] over three restarts measured one variant at a time).
 The repetition (a restart of both) is the unit: its pairs' ratios are averaged as logs into one sample.
-bench/preload.py (with/without the preload) and bench/dtype.py (bf16/fp32) are its two uses.
+bench/parts/preload.py (with/without the preload) and bench/parts/dtype.py (bf16/fp32) are its two uses.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""table.md and the PNG plots of a bench run: the machine, then each part's section (bench/parts.py), every ratio with
+"""table.md and the PNG plots of a bench run: the machine, then each part's section (bench/registry.py), every ratio with
 its 95% interval and, against a target, its verdict; `--render` rewrites both from a finished run's results.json."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.parts import PARTS
+from bench.registry import PARTS
 from bench.stats import FRONTEND_TARGETS, POLICY_TARGETS, Comparison, DecodeResult
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""`python -m bench`: runs the parts of bench/parts.py in order, each as soon as the previous ends, and writes
+"""`python -m bench`: runs the parts of bench/registry.py in order, each as soon as the previous ends, and writes
 results.json, table.md and the plots under bench/results/<stamp>/."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from bench import servers as srv
 from bench.context import Context, cache_dir, ours_ready, start
 from bench.options import BenchOptions
 from bench.output import log
-from bench.parts import PARTS
+from bench.registry import PARTS
 from bench.stats import Comparison, DecodeResult, headline
 
 

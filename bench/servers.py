@@ -1,6 +1,6 @@
 """The servers under test, each a harness.ServerProcess: our service, vLLM's own OpenAI server with the engine
 arguments and environment our running service reports (GET /v1/hardware) or with vLLM's defaults, and llama.cpp's
-llama-server (the peer of bench/peer.py and bench/speculative.py)."""
+llama-server (the peer of bench/parts/peer.py and bench/parts/speculative.py)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ CONFIG = dict(
 
 
 # size -> the decoder's shape and context: Qwen2.5-1.5B's and Llama-3.2-3B's (their config.json), as Llama layers
-# without biases. Their contexts are the checkpoints' own, for the depth sweep (bench/depth.py).
+# without biases. Their contexts are the checkpoints' own, for the depth sweep (bench/parts/depth.py).
 _SHAPE_KEYS = (
     "hidden_size",
     "intermediate_size",

@@ -1,5 +1,5 @@
 """Quantized copies of local bf16 models, by round-to-nearest, in compressed-tensors layout (no hub, no calibration
-library): what the tests serve and what bench/quant_kernels.py measures.
+library): what the tests serve and what bench/parts/quant_kernels.py measures.
 
 Schemes (all symmetric, as vLLM's CPU kernels need):
 - "w8a8":        int8 per-output-channel weights, int8 dynamic per-token activations ("int-quantized" format)
@@ -194,7 +194,7 @@ def quantized_demo(cache_dir: Path, scheme: str, corrupt_scale: float | None = N
 
 
 def quantized_bench(cache_dir: Path, scheme: str, corrupt_scale: float | None = None) -> Path:
-    """The benchmark's ~0.5 B Llama (harness/models.py), quantized: the model bench/quant_kernels.py and the
+    """The benchmark's ~0.5 B Llama (harness/models.py), quantized: the model bench/parts/quant_kernels.py and the
     service benchmark measure."""
     from harness.models import ensure_bench_model
 

@@ -73,7 +73,7 @@ ggml_backend_buffer_type_t repack_buffer_type() {
 
 // Q4_0 is repacked, in slices of whole 8-row groups. ggml (and llama.cpp) would also repack Q4_K with AVX2 and Q2_K
 // with AVX-512; on a Zen 4 that decoded one row x0.86 / x0.92 of the plain layout's time but took x1.74 / x2.85 of it
-// at 128 rows (python -m bench.ggml_prefill --type Q4_K|Q2_K, docs/quantization.md), so they stay as stored.
+// at 128 rows (python -m bench.tools.ggml_prefill --type Q4_K|Q2_K, docs/quantization.md), so they stay as stored.
 bool repackable(ggml_type type, const std::vector<int64_t>& rows) {
   if (type != GGML_TYPE_Q4_0 || !ggml_cpu_has_avx2() || repack_buffer_type() == nullptr) return false;
   for (int64_t r : rows)

@@ -3,7 +3,7 @@
 A row holds its key, the CPU class and machine it was measured on, the command, the date, the value with its
 interval (95%, over paired runs) or spread (min-max over repetitions), and what the run showed in words. Policy
 code names rows by key and renders them with `cite`, so a figure, its command and its date are written once, here as
-data; `python -m bench.promote` adds a run's rows and `make docs` renders the documents' tables from the same rows.
+data; `python -m bench.tools.promote` adds a run's rows and `make docs` renders the documents' tables from the same rows.
 """
 
 from __future__ import annotations

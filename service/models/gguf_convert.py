@@ -175,7 +175,7 @@ def _write_weights(conversion: GgufConversion, config: Any, out: Path) -> int:
 def weights_map(skeleton: Any, processor: Any) -> dict[str, str]:
     """The file's tensor names -> the model's, from transformers. It builds gguf-py's name map anew in every submodule
     it recurses into, and the map's size grows with the layers: quadratic, 50 s for an 80-layer Llama on a Zen 4
-    (`python -m bench.gguf_names`). The map depends only on (architecture, layers), so one is built per conversion."""
+    (`python -m bench.tools.gguf_names`). The map depends only on (architecture, layers), so one is built per conversion."""
     import gguf
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 

@@ -1,5 +1,5 @@
 """The model dtype: bf16 where the CPU computes it natively, elsewhere what `make bench` measured on that class of
-CPU (bf16 against fp32 decode, side by side: bench/dtype.py), when fp32's weights fit."""
+CPU (bf16 against fp32 decode, side by side: bench/parts/dtype.py), when fp32's weights fit."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def _measured(dtype_class: str) -> Measurement:
     )
 
 
-# One entry per dtype class of the backend registry, from `python -m bench.dtype` (service/measurements/dtype.yaml).
+# One entry per dtype class of the backend registry, from `python -m bench.parts.dtype` (service/measurements/dtype.yaml).
 MEASUREMENTS: dict[str, Measurement] = {c: _measured(c) for c in ("avx2", "avx512")}
 
 
@@ -94,7 +94,7 @@ def choose_dtype(
     if measured is None:
         return _policy(
             "bfloat16",
-            f"no native bf16 on this CPU ({cls}), and no CPU of that class measured yet (bench/dtype.py): bf16 "
+            f"no native bf16 on this CPU ({cls}), and no CPU of that class measured yet (bench/parts/dtype.py): bf16 "
             f"halves the bytes a bandwidth-bound decode reads{declares}",
         )
     if measured.high < 1:

@@ -7,7 +7,7 @@ weights. Where it takes over depends on the GEMM the CPU runs for the engine's d
 an fp32 GEMM needs 64-512. So each backend names, per activation dtype, the table measured on the GEMM closest to its
 own (backends.py), and the policy hands them to every vLLM process in HANDOVER_ENV where a ggml kernel runs.
 
-Each table: `python -m bench.ggml_prefill --type T [--dtype float32]` (one thread, the bench model's four fused
+Each table: `python -m bench.tools.ggml_prefill --type T [--dtype float32]` (one thread, the bench model's four fused
 shapes, rows 1, 8, 16, ..., 512), the first row count where dequantize + GEMM ran faster (docs/quantization.md).
 """
 

@@ -397,7 +397,7 @@ def _kernel_decision(
     return kernel_decision, warnings
 
 
-# The bench's copies (bench/quant_kernels.py builds W8A8 and W4A16) per format key. A GPTQ or AWQ int4 checkpoint is
+# The bench's copies (bench/parts/quant_kernels.py builds W8A8 and W4A16) per format key. A GPTQ or AWQ int4 checkpoint is
 # repacked at load into the layout its kernel also takes a W4A16 copy in, so the kernel's W4A16 figures are its own.
 MEASURED_AS = {"w8a8": "w8a8", "w4a16": "w4a16", "gptq-w4a16": "w4a16", "awq-w4a16": "w4a16"}
 
@@ -405,6 +405,6 @@ MEASURED_AS = {"w8a8": "w8a8", "w4a16": "w4a16", "gptq-w4a16": "w4a16", "awq-w4a
 def _measurement_note(key: str, backend: str, kernels: tuple[str, ...]) -> str:
     fmt = MEASURED_AS.get(key)
     if fmt is None:
-        return f"{key} not measured (bench/quant_kernels.py builds W8A8 and W4A16 only)"
+        return f"{key} not measured (bench/parts/quant_kernels.py builds W8A8 and W4A16 only)"
     note = cite(backend, fmt, (*kernels, "bf16"))
     return note if fmt == key else f"the same kernels on a {fmt.upper()} copy: {note}"

@@ -1,7 +1,7 @@
 """Measured speed of the quantized linear kernels: the data the quantization policy's defaults come from.
 
 The store's quant rows (service/measurements/quant_kernels.yaml), per (machine, format, kernel candidate), from
-`bench/quant_kernels.py` (vLLM's offline `LLM`, one engine per
+`bench/parts/quant_kernels.py` (vLLM's offline `LLM`, one engine per
 candidate, enforce_eager, the ~0.5 B random Llama of harness/models.py quantized by round-to-nearest; decode
 at batch 1 and prefill, median of repetitions with their min-max spread). Add a row set when a new machine is
 measured; the policy cites what it finds here for its backend and says when nothing was measured.
@@ -85,7 +85,7 @@ def cite(backend: str, format: str, kernels: tuple[str, ...]) -> str:
     backend (machines differ: a Zen 4 and a Zen 5 are both `zen`, and only rows of one machine compare)."""
     rows = [m for m in MEASUREMENTS if m.machine.backend == backend and m.format == format and m.kernel in kernels]
     if not rows:
-        return f"not measured on the {backend} backend yet (bench/quant_kernels.py measures it)"
+        return f"not measured on the {backend} backend yet (bench/parts/quant_kernels.py measures it)"
     machines = list(dict.fromkeys(m.machine for m in rows))
     return "; ".join(
         f"measured on {machine.name} ({machine.how}): "

@@ -1,6 +1,6 @@
 """The CPUs of a model table's engines: shared (each engine binds every allowed CPU, as it would alone) or split (each
 engine loaded at once gets cores of its own, a slot), chosen from the measurement of two engines decoding at once
-(`python -m bench.table_cpus`, rows `table-cpus/...` of the measurement store)."""
+(`python -m bench.tools.table_cpus`, rows `table-cpus/...` of the measurement store)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from service.policy.plan.decision import Decision, Source, record
 
 CpuMode = Literal["auto", "shared", "split"]
 # Two engines of one file decoding one stream each at once, then one alone beside the other idle: split against shared
-# (bench/table_cpus.py). The rule rests on the first; the second is what split costs an engine that computes alone.
+# (bench/tools/table_cpus.py). The rule rests on the first; the second is what split costs an engine that computes alone.
 TOGETHER = "table-cpus/xeon-amx/1.5b-q4_0-gguf/together"
 ALONE = "table-cpus/xeon-amx/1.5b-q4_0-gguf/alone"
 

@@ -3,7 +3,7 @@
 Every vLLM protocol model derives from `OpenAIBaseModel`, whose wrap validator `__log_extra_fields__` calls back
 into Python on each construction to log request fields vLLM ignores. The server builds three of these models per
 streamed token (chunk, choice, delta), from its own keyword arguments, so the check can find nothing there; it is
-about a third of the cost of building a chunk (bench/chunk_cost.py). Request models keep it.
+about a third of the cost of building a chunk (bench/tools/chunk_cost.py). Request models keep it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""bench/depth.py: which depths a model's context holds, and the depth table from recorded runs."""
+"""bench/parts/depth.py: which depths a model's context holds, and the depth table from recorded runs."""
 
 from __future__ import annotations
 
 import json
 
-from bench import depth
+from bench.parts import depth
 from bench.servers import SERVED, llama_server
 from bench.stats import extract_metrics
 from harness import models

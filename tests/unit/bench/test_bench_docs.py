@@ -1,4 +1,4 @@
-"""`make docs` and `python -m bench.promote`: the documents' measured tables are what the store renders, a run's rows
+"""`make docs` and `python -m bench.tools.promote`: the documents' measured tables are what the store renders, a run's rows
 reach them, and every link in the docs resolves."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.docs import DOCUMENTS, render, which_to_pick
-from bench.promote import depth_rows, peer_rows, write_rows
+from bench.tools.docs import DOCUMENTS, render, which_to_pick
+from bench.tools.promote import depth_rows, peer_rows, write_rows
 from service.measurements.store import Row, Store, read_store, store
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -117,7 +117,7 @@ def test_a_size_sweep_run_files_its_rows_beside_the_bench_models():
 
 
 def test_a_size_sweep_renders_under_its_own_label_and_stays_out_of_which_to_pick():
-    from bench.docs import peer_tables, which_to_pick
+    from bench.tools.docs import peer_tables, which_to_pick
 
     results = peer_results(peer_run("peer-q8_0"))
     results["peer"]["size"] = "3b"
@@ -127,7 +127,7 @@ def test_a_size_sweep_renders_under_its_own_label_and_stays_out_of_which_to_pick
     assert all("zen4" not in line for line in which_to_pick(swept)), which_to_pick(swept)
 
     # and the README's table of sizes names it, with each concurrency's verdict
-    from bench.docs import sizes
+    from bench.tools.docs import sizes
 
     assert "| AMD EPYC Zen 4 | 8-bit (W8A8 vs Q8_0), a 3B-shaped random model | 1: this service (x2.00) |" in sizes(
         swept
@@ -135,7 +135,7 @@ def test_a_size_sweep_renders_under_its_own_label_and_stays_out_of_which_to_pick
 
 
 def speculative_results(size: str | None = None, suffix: bool = False) -> dict:
-    """A peer run's speculation as bench/speculative.py's `measure` returns it: two repetitions, one concurrency;
+    """A peer run's speculation as bench/parts/speculative.py's `measure` returns it: two repetitions, one concurrency;
     `suffix`: with suffix decoding and llama.cpp's ngram-mod measured too."""
     keys = ("repeated/c1", "free/c1")
     with_suffix = {
@@ -174,8 +174,8 @@ def speculative_results(size: str | None = None, suffix: bool = False) -> dict:
 
 
 def test_promote_files_speculation_as_rows_of_its_own_kind(tmp_path):
-    from bench.docs import speculation
-    from bench.promote import promote
+    from bench.tools.docs import speculation
+    from bench.tools.promote import promote
 
     run = tmp_path / "run"
     run.mkdir()
@@ -199,7 +199,7 @@ def test_promote_files_speculation_as_rows_of_its_own_kind(tmp_path):
 
 
 def test_a_size_sweeps_speculation_keeps_the_default_models_file_under_its_own_name():
-    from bench.promote import speculative_rows
+    from bench.tools.promote import speculative_rows
 
     keys = {r.key for r in speculative_rows(speculative_results("1.5b"), "bench/results/x")}
     assert "speculative/zen4/1.5b-q4_0-gguf/c1/repeated" in keys
@@ -211,9 +211,9 @@ def test_suffix_decoding_rows_keep_their_first_round_apart(tmp_path):
     round, and the table shows them beside each other (the later rounds had seen answers to the same prompts)."""
     import json
 
-    from bench.docs import suffix_speculation
-    from bench.peer import speculation_lines, speculation_table
-    from bench.promote import promote
+    from bench.parts.peer import speculation_lines, speculation_table
+    from bench.tools.docs import suffix_speculation
+    from bench.tools.promote import promote
 
     run = tmp_path / "run"
     run.mkdir()
@@ -274,7 +274,7 @@ def depth_results(repack_off: str = "") -> dict:
 
 
 def test_a_depth_sweep_files_prefill_and_decode_as_speed_ratios(tmp_path):
-    from bench.promote import promote
+    from bench.tools.promote import promote
 
     run = tmp_path / "run"
     run.mkdir()
@@ -305,7 +305,7 @@ def test_a_depth_sweep_files_prefill_and_decode_as_speed_ratios(tmp_path):
 
 
 def test_the_depth_rows_render_with_their_notes_and_give_which_to_pick_its_depth_column():
-    from bench.docs import depth_table, which_to_pick
+    from bench.tools.docs import depth_table, which_to_pick
 
     results = depth_results("llama-server died of SIGILL")
     rows = list(store().rows.values())
@@ -323,7 +323,7 @@ def test_the_depth_rows_render_with_their_notes_and_give_which_to_pick_its_depth
 
 
 def test_a_variants_rows_are_filed_against_the_policys_choice_and_rendered_apart():
-    from bench.docs import depth_table, which_to_pick
+    from bench.tools.docs import depth_table, which_to_pick
     from tests.unit.bench.test_bench_depth import variant_data
 
     results = peer_results([])
@@ -345,7 +345,7 @@ def test_a_variants_rows_are_filed_against_the_policys_choice_and_rendered_apart
 
 def test_two_runs_of_the_same_depth_command_pool_their_repetitions(tmp_path):
     """Each run's restarts numbered apart, the row naming both runs; a run measured otherwise is refused."""
-    from bench.promote import pooled_depth, promote
+    from bench.tools.promote import pooled_depth, promote
 
     for name, results in (("a", depth_results()), ("b", depth_results())):
         (tmp_path / name).mkdir()

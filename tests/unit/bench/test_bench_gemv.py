@@ -1,10 +1,10 @@
-"""bench/gemv.py's pure parts: which kernels each backend can be routed to, and per-round fractions."""
+"""bench/tools/gemv.py's pure parts: which kernels each backend can be routed to, and per-round fractions."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import gemv
+from bench.tools import gemv
 
 
 def test_the_first_kernel_of_each_backend_is_vllms_default_there():

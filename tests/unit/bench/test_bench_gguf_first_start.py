@@ -1,4 +1,4 @@
-"""bench/gguf_first_start.py on a tiny GGUF file: both ways timed and printed, and its "unshared" way really parses
+"""bench/tools/gguf_first_start.py on a tiny GGUF file: both ways timed and printed, and its "unshared" way really parses
 the header once per caller (what the service did before), so the comparison measures what it says."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import sys
 
-from bench import gguf_first_start
+from bench.tools import gguf_first_start
 from tests.support.gguf_models import tiny_gguf
 from tests.support.server import MODELS
 

@@ -1,4 +1,4 @@
-"""bench/parts.py: one entry per part, and what is derived from it (the CLI, --quick, --only-<part>, the report)."""
+"""bench/registry.py: one entry per part, and what is derived from it (the CLI, --quick, --only-<part>, the report)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from bench.__main__ import options, parser
-from bench.parts import PARTS
+from bench.registry import PARTS
 from bench.report import markdown
 from tests.unit.bench.bench_results import results as recorded
 

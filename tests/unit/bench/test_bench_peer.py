@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import peer, servers
+from bench import servers
+from bench.parts import peer
 
 
 def test_llama_server_gets_the_engine_cores_and_one_slot_per_concurrent_request(tmp_path):
@@ -171,7 +172,7 @@ def test_the_decode_profile_runs_a_decode_bound_load():
 def test_speculation_runs_only_on_files_both_servers_load():
     """`--peer-speculative q8_0`: the service's W8A8 copy is not llama.cpp's file, so drafting would be compared on
     different weights."""
-    from bench.peer import PeerOptions, speculation
+    from bench.parts.peer import PeerOptions, speculation
 
     with pytest.raises(SystemExit, match="q8_0: a GGUF file both servers load"):
         speculation(None, PeerOptions(speculative=("q4_0-gguf", "q8_0")), Path("/nonexistent"))  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""bench/quality.py scores the tokens llama-perplexity scores."""
+"""bench/parts/quality.py scores the tokens llama-perplexity scores."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench.quality import chunks_of, second_half
+from bench.parts.quality import chunks_of, second_half
 
 
 def test_chunks_are_llama_perplexitys():
@@ -36,7 +36,7 @@ print("Final estimate: PPL = 12.3456 +/- 0.4321")
 def test_a_llama_perplexity_that_crashes_while_loading_runs_again_with_repacking_off_and_says_so(
     tmp_path, monkeypatch, crash
 ):
-    from bench import quality
+    from bench.parts import quality
 
     fake = tmp_path / "llama-perplexity"
     fake.write_text(FAKE_LLAMA_PERPLEXITY.format(python=sys.executable, signal=crash))
@@ -56,7 +56,7 @@ def test_a_llama_perplexity_that_crashes_while_loading_runs_again_with_repacking
 
 
 def test_a_llama_perplexity_that_loads_keeps_repacking_on(tmp_path, monkeypatch):
-    from bench import quality
+    from bench.parts import quality
 
     fake = tmp_path / "llama-perplexity"
     fake.write_text(f"#!{sys.executable}\nprint('Final estimate: PPL = 9.5 +/- 0.25')\n")

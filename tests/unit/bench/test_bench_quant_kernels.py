@@ -1,4 +1,4 @@
-"""bench/quant_kernels.py: the quantized kernels' table."""
+"""bench/parts/quant_kernels.py: the quantized kernels' table."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def quant_row(fmt, kernel, decode, passes, **kw):
 
 
 def test_quantized_kernel_table_flags_a_corrupted_copy_that_passes_and_an_unconfirmed_kernel():
-    from bench.quant_kernels import heading, markdown_table
+    from bench.parts.quant_kernels import heading, markdown_table
 
     report = {
         "machine": "GenuineIntel Xeon (emeraldrapids), backend avx512",
@@ -47,7 +47,7 @@ def test_quantized_kernel_table_flags_a_corrupted_copy_that_passes_and_an_unconf
 
 
 def test_w4a16_rows_cover_vllms_int4_kernels_and_the_services():
-    from bench.quant_kernels import candidates
+    from bench.parts.quant_kernels import candidates
 
     def w4a16(backend):
         return [c.label for c in candidates(backend, ["w4a16"], False, True)]
@@ -63,7 +63,7 @@ def test_w4a16_rows_cover_vllms_int4_kernels_and_the_services():
 
 
 def test_bf16_rows_cover_the_calibrations_backend_and_prepack_questions():
-    from bench.quant_kernels import candidates
+    from bench.parts.quant_kernels import candidates
 
     def bf16(backend, native_bf16=True):
         return [c.label for c in candidates(backend, ["bf16"], False, native_bf16)]
@@ -79,7 +79,7 @@ def test_bf16_rows_cover_the_calibrations_backend_and_prepack_questions():
 
 
 def test_a_dense_row_runs_the_platform_its_backend_names():
-    from bench.quant_kernels import _dense_plan
+    from bench.parts.quant_kernels import _dense_plan
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software
     from service.in_vllm.contract import PLATFORM_ENV
@@ -98,7 +98,7 @@ def test_a_dense_row_runs_the_platform_its_backend_names():
 
 
 def test_fp32_rows_compare_vllms_fp32_gemm_with_the_services_bf16_weights():
-    from bench.quant_kernels import _dense_plan, candidates
+    from bench.parts.quant_kernels import _dense_plan, candidates
     from service.facts.software import read_software
     from service.in_vllm.contract import KERNELS_ENV
     from service.kernels.registry import KERNELS

@@ -1,8 +1,8 @@
-"""bench/speculative.py: which server each variant is, and what its ratios compare."""
+"""bench/parts/speculative.py: which server each variant is, and what its ratios compare."""
 
 from __future__ import annotations
 
-from bench.speculative import (
+from bench.parts.speculative import (
     DRAFT,
     HEADLINE,
     PEER_VARIANTS,
@@ -40,8 +40,8 @@ def test_llama_cpp_starts_with_the_environment_the_peer_table_ran_it_with(tmp_pa
     from types import SimpleNamespace
 
     import bench.servers
-    from bench import peer, speculative
     from bench.context import REPACK_OFF
+    from bench.parts import peer, speculative
 
     class Started:
         url = "http://127.0.0.1:1"

@@ -1,6 +1,6 @@
-"""bench.warm_start reads what each start did from vLLM 0.32's own log lines."""
+"""bench.parts.warm_start reads what each start did from vLLM 0.32's own log lines."""
 
-from bench.warm_start import read_log
+from bench.parts.warm_start import read_log
 
 COLD = """(Worker pid=1) INFO [decorators.py:743] [backbone] saved AOT compiled function to /c/vllm/x/rank_0_0/model
 (EngineCore pid=2) INFO [core.py:402] init engine (profile, create kv cache, warmup model) took 220.58 s"""

@@ -1,4 +1,4 @@
-"""bench/eagle_head.py: the head it writes is the one vLLM's EAGLE loader reads, and its prompts leave the bench's
+"""bench/tools/eagle_head.py: the head it writes is the one vLLM's EAGLE loader reads, and its prompts leave the bench's
 workloads out."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from bench.eagle_head import Head, agreement, prompts, save
+from bench.tools.eagle_head import Head, agreement, prompts, save
 
 
 def tiny_llama():

@@ -107,7 +107,7 @@ def test_a_head_keeps_its_blocks_only_in_a_type_and_size_ggml_computes(tmp_path)
     plan = plan_model_source(model, "float32", tmp_path, SOFTWARE, frozenset(), blocks=kept)
     assert plan.conversion.heads == ("token_embd.weight",)
     head = plan.result.find("model.gguf_head_blocks")
-    assert head.value == "Q4_0 (token embedding, the tied LM head)" and "bench.lm_head" in head.reason
+    assert head.value == "Q4_0 (token embedding, the tied LM head)" and "bench.tools.lm_head" in head.reason
     # Every float tensor left is an fp32 norm, as the file stores it: an fp32 engine reads what the file holds.
     assert kept_bytes(gguf, per_token=True) == (
         gguf.linear_bytes + embedding.n_bytes,

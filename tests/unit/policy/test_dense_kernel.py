@@ -21,7 +21,7 @@ from tests.unit.policy.test_quant_policy import AMX, AVX2, AVX512, LLAMA, W8A8_D
 
 BUILT = "ggml from llama-cpp-python 0.3.36"
 NO_BF16_VM, ICELAKE = "xeon_emeraldrapids_kvm_nobf16.txt", "xeon_8380_icelake.txt"  # AVX-512 without its bf16
-BF16_ENGINE_MEASURED = "python bench/quant_kernels.py --formats bf16"
+BF16_ENGINE_MEASURED = "python bench/parts/quant_kernels.py --formats bf16"
 FP32_LLAMA = {**LLAMA, "torch_dtype": "bfloat16"}
 
 

@@ -129,7 +129,7 @@ def test_dtype_on_a_class_without_a_measurement_says_so(monkeypatch):
     monkeypatch.delitem(MEASUREMENTS, "avx512")
     d = decision(plan(hw("xeon_8380_icelake.txt")), "engine.dtype")
     assert (d.value, d.source) == ("bfloat16", "policy")
-    assert "avx512" in d.reason and "measured yet" in d.reason and "bench/dtype.py" in d.reason
+    assert "avx512" in d.reason and "measured yet" in d.reason and "bench/parts/dtype.py" in d.reason
 
 
 @pytest.mark.parametrize("cpu", ["epyc_zen1_kvm_avx2.txt", "epyc_7763_zen3.txt", "core_i7_12700k_alderlake.txt"])

@@ -3,7 +3,7 @@ each on a fresh copy of the file and a fresh cache dir, with gguf-py's header pa
 (service/facts/gguf_reader.py, the service) and without (every caller parsing the header itself, as before), in
 alternating order. Imports are done before the clock starts.
 
-  .venv/bin/python -m bench.gguf_first_start [--model FILE.gguf] [--repetitions 3]
+  .venv/bin/python -m bench.tools.gguf_first_start [--model FILE.gguf] [--repetitions 3]
 """
 
 from __future__ import annotations

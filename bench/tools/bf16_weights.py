@@ -2,7 +2,7 @@
 bench model's fused shapes: what the policy's bf16_weights default rests on, and where its GEMV hands batches to
 the widen-then-GEMM path (DENSE_FROM_ROWS).
 
-  .venv/bin/python -m bench.bf16_weights [--threads 1] [--reps 100] [--activations bf16]
+  .venv/bin/python -m bench.tools.bf16_weights [--threads 1] [--reps 100] [--activations bf16]
 
 One process, `--threads` torch threads, random bf16 weights (fp32 copies of the same values for the fp32 side), fp32
 activations. Each row count prints ms per pass over the 4 shapes for the kernel's GEMV, its widen-then-GEMM path and
@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 
-from bench.ggml_prefill import SHAPES, ms_per_call
+from bench.tools.ggml_prefill import SHAPES, ms_per_call
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 

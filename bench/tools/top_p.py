@@ -1,7 +1,7 @@
 """Top-p masking: vLLM 0.32's sort of the vocabulary against the service's nucleus from the top tokens
 (service/in_vllm/top_p.py), the measurement `top_p_mask=partial` rests on (service/policy/engine/top_p.py).
 
-  .venv/bin/python -m bench.top_p [--rounds 20] [--repetitions 3] [--requests 4] [--no-served]
+  .venv/bin/python -m bench.tools.top_p [--rounds 20] [--repetitions 3] [--requests 4] [--no-served]
 
 The op alone: one thread pinned to one CPU, logits of the default model's vocabulary (49 152) and of Qwen's
 (151 936), a batch of 1 and of 4, top_p 0.9 alone and top_k 20 with top_p 0.8 (Qwen's generation config), both

@@ -1,6 +1,6 @@
 """Batch-1 bf16 linear kernels of the live backend, side by side, against the read bandwidth of the same moment.
 
-  .venv/bin/python -m bench.gemv [--rounds 40] [--cpu 0] [--json PATH]
+  .venv/bin/python -m bench.tools.gemv [--rounds 40] [--cpu 0] [--json PATH]
 
 Why: a batch-1 decode step of a bandwidth-bound model is mostly GEMVs (M = 1). This separates the kernels' own
 efficiency from the engine's per-step costs, which the decode profile (`python -m bench --decode --profile`) shows.

@@ -1,7 +1,7 @@
 """`make docs`: the documents' measured tables, rendered from the measurement store (service/measurements/).
 
 Each rendered block sits between `<!-- rendered: NAME (make docs) -->` and `<!-- end NAME -->` in README.md or docs/;
-`python -m bench.docs` rewrites the blocks, `--check` exits 1 naming the files whose blocks differ from the store."""
+`python -m bench.tools.docs` rewrites the blocks, `--check` exits 1 naming the files whose blocks differ from the store."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from service.measurements.store import Row, Store, store
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = (REPO / "README.md", REPO / "docs" / "benchmarks.md")
 
 CPUS = {
@@ -212,7 +212,7 @@ def speculation(s: Store) -> list[str]:
 
 
 def table_cpus(s: Store) -> list[str]:
-    """A model table's two engines on split CPUs / shared ones (bench/table_cpus.py), per CPU class and file."""
+    """A model table's two engines on split CPUs / shared ones (bench/tools/table_cpus.py), per CPU class and file."""
     rows = s.of_kind("table-cpus")
     lines = [
         "| CPU | file | two engines decoding at once, split / shared | one alone, split / shared | run |",

@@ -2,7 +2,7 @@
 dequantize-then-GEMM, per number of rows, on the bench model's fused shapes in Q4_0 (the int4 kernel), Q8_0 (the
 int8 one) or a GGUF block type the service keeps (Q4_1, Q5_0, Q5_1, Q2_K-Q6_K: GgufBlocksLinearMethod).
 
-  .venv/bin/python -m bench.ggml_prefill [--threads 1] [--reps 20] [--type q4_0|q8_0|Q4_1|Q5_0|...|Q6_K]
+  .venv/bin/python -m bench.tools.ggml_prefill [--threads 1] [--reps 20] [--type q4_0|q8_0|Q4_1|Q5_0|...|Q6_K]
                                           [--dtype bfloat16|float32]
 
 Why: ggml's matmul reads the weights once per call, which wins at decode (few rows); torch's bf16 GEMM computes

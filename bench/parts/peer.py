@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 
 from bench import servers as srv
-from bench import speculative
 from bench.context import LOAD_CRASHES, REPACK_OFF, Context, cache_dir, ours_ready, start
 from bench.load import Workload
 from bench.output import Output, log
+from bench.parts import speculative
 from bench.profile import step_line
 from bench.servers import CTX_PER_SLOT, SERVED, llama_server
 from bench.servers import LLAMA_CPP_BIN as BIN
@@ -320,7 +320,7 @@ class PeerOptions:
     input_len: int = 128
     output_len: int = 32
     prompts: dict[int, int] = field(default_factory=lambda: {1: 4, 4: 8, 16: 32})
-    # Speculative decoding (bench/speculative.py) on these files: the service with n-gram drafting against llama.cpp's
+    # Speculative decoding (bench/parts/speculative.py) on these files: the service with n-gram drafting against llama.cpp's
     # server with its prompt lookup, each also without, on repeated text and free generation. A --peer-file run
     # measures the user's file instead. Requests per workload, concurrency and repetition; 0 leaves it out.
     speculative: tuple[str, ...] = SPECULATIVE_FORMATS
@@ -518,7 +518,7 @@ def run(ctx: Context, options: PeerOptions) -> Output:
 def speculation(
     ctx: Context, options: PeerOptions, base: Path, llama_env: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """Per file: bench/speculative.py's four servers (ours with n-gram drafting and without, llama.cpp's with its
+    """Per file: bench/parts/speculative.py's four servers (ours with n-gram drafting and without, llama.cpp's with its
     prompt lookup and without, on the engine's cores), both sides loading the one file; with `speculative_suffix`,
     ours with suffix decoding and llama.cpp's with ngram-mod as well."""
     if options.file:
@@ -658,7 +658,7 @@ def speculation_table(results: dict[str, Any]) -> list[str]:
         return []
     first = next(iter(results.values()))
     lines = [
-        "Speculative decoding (bench/speculative.py): the service with n-gram drafting (`speculative=ngram`) and "
+        "Speculative decoding (bench/parts/speculative.py): the service with n-gram drafting (`speculative=ngram`) and "
         "without, llama.cpp's server with its prompt lookup (`--spec-type ngram-simple`) and without, both loading "
         f"the one file; chat requests, temperature 0, {first['max_tokens']} tokens, {first['requests_per_start']} "
         "request rounds per start; completion tok/s ratios with 95% intervals over repetitions.",

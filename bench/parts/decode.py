@@ -90,7 +90,7 @@ def run_decode(ctx: Context, options: DecodeOptions) -> Output:
 
 def _decode_dtypes(dtypes: tuple[str, ...]) -> list[str]:
     """The dtypes whose decode ceiling is worth a compiled start here: not bf16 where the dtype policy's measurement
-    for this CPU class says fp32 (bf16's compiled warm-up alone took over 10 minutes on AVX2; bench/dtype.py
+    for this CPU class says fp32 (bf16's compiled warm-up alone took over 10 minutes on AVX2; bench/parts/dtype.py
     compares the two eager)."""
     from service.facts.hardware import read_hardware
     from service.facts.software import read_software

@@ -16,7 +16,7 @@ the service's policy sets for that candidate, and measure:
 each over `--reps` repetitions (median, min-max). The kernel each candidate ran is the one the service policy
 predicts for the live backend with that candidate's knobs, confirmed against the engine's log markers.
 
-    .venv/bin/python bench/quant_kernels.py [--formats bf16,fp32,w8a8,w8a8-static,w4a16] [--reps 3] [--corrupt]
+    .venv/bin/python bench/parts/quant_kernels.py [--formats bf16,fp32,w8a8,w8a8-static,w4a16] [--reps 3] [--corrupt]
 
 Writes .cache/bench/quant_kernels.json and prints a table; `python -m bench` (`make bench`) runs the same measurement
 into its results directory and its table.md. CPU time matters here: run on an idle machine.
@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from bench.output import Output
     from bench.stats import Comparison, DecodeResult
 
-REPO = Path(__file__).resolve().parents[1]
-# Run as a script, Python puts bench/ first on sys.path, where bench/profile.py shadows the stdlib's profile.
+REPO = Path(__file__).resolve().parents[2]
+# Run as a script, Python puts its own folder first on sys.path, where a module could shadow the stdlib's.
 sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 DECODE_PROMPT = "hello world, the server thread answers"

@@ -2,7 +2,7 @@
 `weights_map` (the same function, gguf-py's name map built once), on Llama skeletons of growing depth (meta device: no
 weights). Both must give the same map; the time is what a GGUF model's first start spends on it.
 
-  .venv/bin/python -m bench.gguf_names [--layers 30 32 80] [--repetitions 3]
+  .venv/bin/python -m bench.tools.gguf_names [--layers 30 32 80] [--repetitions 3]
 """
 
 from __future__ import annotations

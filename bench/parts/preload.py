@@ -1,6 +1,6 @@
 """Native batch-1 decode with and without the preload the service decides (service/policy/machine/preload.py).
 
-  .venv/bin/python -m bench.preload [--model PATH] [--repetitions 3] [--requests 4] [--max-tokens 128]
+  .venv/bin/python -m bench.parts.preload [--model PATH] [--repetitions 3] [--requests 4] [--max-tokens 128]
 
 "with": the service's own decision (tcmalloc + the backend's OpenMP runtime). "without": what vLLM does on its
 own when nothing is preloaded: it preloads torch's GNU OpenMP and no allocator (vllm/platforms/cpu.py); the
@@ -63,7 +63,7 @@ def section(results: dict[str, Any], comparisons: list[Comparison], decoded: lis
         None,
     )
     return [
-        f"Native preload (`bench/preload.py`): batch-1 decode of `{Path(p['model']).name}` served by the service "
+        f"Native preload (`bench/parts/preload.py`): batch-1 decode of `{Path(p['model']).name}` served by the service "
         f"with its own preload (`LD_PRELOAD={used}`) and with vLLM's (torch's GNU OpenMP, no allocator), "
         f"{len(p['ratios'])} repetitions restarting both (order alternating), "
         f"{p['requests_per_start']} decode rates of {p['max_tokens']} tokens per start: with "

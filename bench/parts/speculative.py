@@ -1,7 +1,7 @@
 """Speculative decoding against none, side by side: the measurement `speculative=auto` rests on
 (service/policy/engine/speculative.py).
 
-  .venv/bin/python -m bench.speculative [--repetitions 2] [--requests 3] [--max-tokens 128] [--concurrency 1 4]
+  .venv/bin/python -m bench.parts.speculative [--repetitions 2] [--requests 3] [--max-tokens 128] [--concurrency 1 4]
                                        [--model FILE.gguf] [--peer] [--suffix] [--draft SETTING]
 
 The default model is served twice at once, with the n-gram proposer and without, and answers the same chat requests
@@ -19,7 +19,7 @@ request), so each round after a start's first sees answers to the same prompts. 
 apart (`first_round`): what either gains before it has seen an answer.
 
 With `--draft SETTING`, a third server of ours drafts with that `speculative` value (a draft model's directory, or
-`eagle:<dir>`, an EAGLE head as `python -m bench.eagle_head` trains one), measured against none (`draft/off`).
+`eagle:<dir>`, an EAGLE head as `python -m bench.tools.eagle_head` trains one), measured against none (`draft/off`).
 """
 
 from __future__ import annotations

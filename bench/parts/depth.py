@@ -18,7 +18,7 @@ from bench import servers as srv
 from bench.context import Context, cache_dir, ours_ready, start
 from bench.load import Workload
 from bench.output import Output, log
-from bench.peer import FORMATS, USER_FILE, available, gguf_models, predicted_tokens, sides, start_llama
+from bench.parts.peer import FORMATS, USER_FILE, available, gguf_models, predicted_tokens, sides, start_llama
 from bench.servers import SERVED
 from bench.stats import PEER_ESTIMATES, Comparison, Estimate, compare
 from harness import ServerProcess

@@ -1,7 +1,7 @@
 """Whether a model ends its answer to an agent's request, under a sampling setting: the measurement the default
 model's sampling default rests on (service/policy/engine/sampling.py).
 
-  .venv/bin/python -m bench.agent_stop [--samples 6] [--cap 1024] [--request bench/requests/claude-code-2.1.332-first.json]
+  .venv/bin/python -m bench.tools.agent_stop [--samples 6] [--cap 1024] [--request bench/requests/claude-code-2.1.332-first.json]
 
 The request is Claude Code's first of a `-p` turn, recorded as it reached the service (its system prompt, its tool
 list, `max_tokens` 32000, no temperature). It is sent to the default model as `make serve` runs it (a server of its

@@ -1,7 +1,7 @@
 """Batch-1 decode in bf16 against fp32, side by side: the measurement the dtype policy rests on where the CPU has
 no native bf16 (service/policy/engine/dtype.py).
 
-  .venv/bin/python -m bench.dtype [--model PATH] [--repetitions 3] [--requests 4] [--max-tokens 64]
+  .venv/bin/python -m bench.parts.dtype [--model PATH] [--repetitions 3] [--requests 4] [--max-tokens 64]
 
 Both dtypes of the same model are served at once and compared in adjacent pairs (bench/paired.py); the report names
 the CPU and the ISA class the policy keys on (native bf16, AVX-512 without it, AVX2).
@@ -61,7 +61,7 @@ def run(ctx: Context, options: DtypeOptions) -> Output:
 def section(results: dict[str, Any], comparisons: list[Comparison], decoded: list[DecodeResult]) -> list[str]:
     d = results["dtype"]
     return [
-        f"dtype (`bench/dtype.py`) on {d['cpu']} ({d['isa_class']}): batch-1 decode of `{Path(d['model']).name}` "
+        f"dtype (`bench/parts/dtype.py`) on {d['cpu']} ({d['isa_class']}): batch-1 decode of `{Path(d['model']).name}` "
         f"served in bf16 and in fp32 side by side, {len(d['ratios'])} repetitions restarting both (order "
         f"alternating), {d['requests_per_start']} decode rates of {d['max_tokens']} tokens per start: bf16 "
         f"{d['median_tok_s']['bfloat16']:.2f} tok/s, fp32 {d['median_tok_s']['float32']:.2f} tok/s; "

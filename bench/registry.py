@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench import decode, depth, dtype, frontend, peer, preload, quality, quant_kernels, warm_start
 from bench.context import Context
 from bench.output import Output
+from bench.parts import decode, depth, dtype, frontend, peer, preload, quality, quant_kernels, warm_start
 from bench.stats import Comparison, DecodeResult
 
 

@@ -3,7 +3,7 @@ matmul on the blocks against the head the engine ran before, the blocks dequanti
 multiplied by torch (F.linear, which vLLM's CPU dispatch calls for an embedding-tied head), per number of rows (the
 sequences of a decode step; vLLM computes logits for the last token of each sequence only).
 
-  .venv/bin/python -m bench.lm_head [--threads 2] [--reps 50] [--type Q8_0] [--vocab 49152] [--hidden 576] [--cold]
+  .venv/bin/python -m bench.tools.lm_head [--threads 2] [--reps 50] [--type Q8_0] [--vocab 49152] [--hidden 576] [--cold]
 
 The defaults are SmolLM2-135M's tied Q8_0 embedding. One process, `--threads` torch threads, one weight slice per
 thread as the engine loads them, random values (the kernels' speed does not depend on them); ms per call, median.
@@ -41,7 +41,7 @@ def main() -> None:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from bench.ggml_prefill import planned_rows
+    from bench.tools.ggml_prefill import planned_rows
     from harness.ggml_blocks import blocks_of
     from service.kernels.ggml_linear import load_library
     from service.policy.gguf.model_source import BLOCK_TYPES

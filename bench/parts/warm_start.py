@@ -1,7 +1,7 @@
 """Start-to-ready with torch.compile, cold (empty compile cache) then warm (the cache the cold start saved), and
 each start's stop: SIGTERM to exit.
 
-  .venv/bin/python -m bench.warm_start [--model PATH | --default-model] [--out DIR]
+  .venv/bin/python -m bench.parts.warm_start [--model PATH | --default-model] [--out DIR]
 
 A fresh cache_dir per measurement: the service decides VLLM_CACHE_ROOT under it, so the first start compiles
 and saves, the second loads. Each start is read back from vLLM's own log lines: did it compile and save, load
@@ -141,7 +141,7 @@ def section(results: dict[str, Any], comparisons: list[Comparison], decoded: lis
             )
         )
     return [
-        "Start to ready with torch.compile (`bench/warm_start.py`): a fresh cache directory, then the same one again;",
+        "Start to ready with torch.compile (`bench/parts/warm_start.py`): a fresh cache directory, then the same one again;",
         "each start's stop from SIGTERM to the exit of the server (after its engine processes).",
         "",
         *lines,

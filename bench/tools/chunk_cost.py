@@ -1,7 +1,7 @@
 """CPU time to build one streamed chat chunk as vLLM's server does, with vLLM's response models as they ship
 against the service's (service/server/openai_compat/response_models.py: without the request-side validator).
 
-`python -m bench.chunk_cost`: each repetition runs both variants in fresh processes, in alternating order, and pairs
+`python -m bench.tools.chunk_cost`: each repetition runs both variants in fresh processes, in alternating order, and pairs
 them; prints the ratio (service / vLLM) with its 95% interval and writes `.cache/bench-chunk/chunk_cost.json`.
 """
 
@@ -81,7 +81,7 @@ def time_variant(variant: str, chunks: int) -> dict[str, tuple[float, str]]:
 
 def _child(variant: str, chunks: int) -> dict[str, tuple[float, str]]:
     code = (
-        "import json, sys; from bench.chunk_cost import time_variant; "
+        "import json, sys; from bench.tools.chunk_cost import time_variant; "
         f"print(json.dumps(time_variant({variant!r}, {chunks})))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=600)

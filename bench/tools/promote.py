@@ -1,7 +1,7 @@
 """Promote a finished run's peer comparisons into the measurement store (service/measurements/peers.yaml,
 speculative.yaml for its speculative-decoding rows, depth.yaml for its depth sweep, table_cpus.yaml for
-bench/table_cpus.py's run):
-`python -m bench.promote bench/results/<stamp> [--cpu zen4]`, then `make docs` puts them everywhere they show.
+bench/tools/table_cpus.py's run):
+`python -m bench.tools.promote bench/results/<stamp> [--cpu zen4]`, then `make docs` puts them everywhere they show.
 
 One row per (CPU class, format, concurrency, metric), ratio ours / llama.cpp with its 95% interval; one per (CPU
 class, file, concurrency, workload) for speculation, ours drafting / llama.cpp's lookup; one per (CPU class, file,
@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from bench import depth
-from bench.peer import DEFAULT_GGUF, FORMATS, USER_FILE, comparisons
-from bench.speculative import HEADLINE, SUFFIX_HEADLINE
+from bench.parts import depth
+from bench.parts.peer import DEFAULT_GGUF, FORMATS, USER_FILE, comparisons
+from bench.parts.speculative import HEADLINE, SUFFIX_HEADLINE
 from bench.stats import Estimate, estimate
 from harness.models import DEFAULT_SIZE
 from service.measurements.store import STORE, Row, read_store
@@ -121,7 +121,7 @@ def depth_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> lis
 
 
 def speculative_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list[Row]:
-    """The peer part's speculation (bench/peer.py `speculation`): ours with n-gram drafting / llama.cpp's server with
+    """The peer part's speculation (bench/parts/peer.py `speculation`): ours with n-gram drafting / llama.cpp's server with
     its prompt lookup, per file, concurrency and workload, with the other ratios and the acceptance as params."""
     cls = _machine(results, cpu)[0]
     size = results.get("peer", {}).get("size") or DEFAULT_SIZE
@@ -161,7 +161,7 @@ def speculative_rows(results: dict[str, Any], run: str, cpu: str | None = None) 
 
 
 def table_cpus_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> list[Row]:
-    """bench/table_cpus.py: a model table's two engines on split CPUs / shared ones, decoding alone and together."""
+    """bench/tools/table_cpus.py: a model table's two engines on split CPUs / shared ones, decoding alone and together."""
     if "table_cpus" not in results:
         return []
     cls, of = _machine(results, cpu)[0], results["table_cpus"]
