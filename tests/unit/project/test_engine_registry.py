@@ -109,7 +109,8 @@ def test_the_phase_budgets_cover_every_phase_make_test_runs_and_fit_the_wall_tim
     streams = (("set-up", "lint", "unit", "integration"), ("set-up", "container", "reliability", "integration-beside"))
     assert {phase for stream in streams for phase in stream} | {"wall"} == set(table), table
     for stream in streams:
-        assert sum(table[phase] for phase in stream) <= table["wall"] <= 45, (stream, table)
+        # the slowest CPU met gets 60 minutes, CI's 90 leave room for a slower one
+        assert sum(table[phase] for phase in stream) <= table["wall"] <= 60, (stream, table)
 
 
 @needs_the_budget_doc
