@@ -16,6 +16,7 @@ answered 2xx, and the prompt tokens they add up to."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -29,6 +30,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness import agent_session
 from tests.integration.conftest import RunningServer, _start
 from tests.support import agent_clients
 from tests.support.agent_clients import ClaudeRun, CodexRun, Scratch, claude_argv, claude_env, codex_config
@@ -202,6 +204,11 @@ def test_claude_code_answers_and_continues_on_a_model_that_renders_its_tools(cli
             )
             assert claude_succeeded(run, clients.versions) == AGENT_ANSWER  # the model's own words, through Claude Code
             assert_served(seen, run.summary())
+        posts = [e for e in proxy.exchanges if e.method == "POST"]
+    # The session as it reached the service, for the bench's replay against both servers (harness/agent_session.py).
+    requests = tuple({"path": e.path, "body": json.loads(e.body)} for e in posts)
+    assert [r["path"] for r in requests] == ["/v1/messages"] * len(requests), [r["path"] for r in requests]
+    agent_session.save(agent_session.Session("claude-code", clients.versions["claude"].split()[0], requests))
 
 
 @pytest.mark.engine

@@ -1,5 +1,5 @@
-"""A loopback proxy in front of a server that records each exchange: the path, the status, the model asked for and
-the prompt tokens the answer reports in its usage (streamed or not). The agent tests read how many requests a client
+"""A loopback proxy in front of a server that records each exchange: the path, the status, the model asked for, the
+prompt tokens the answer reports in its usage (streamed or not) and the request's body. The agent tests read how many requests a client
 turn makes and how long each prompt is; the service reports usage per answer, its metrics only in sum."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class Exchange:
     status: int
     model: str | None  # the request's `model` field
     prompt_tokens: int | None  # from the answer's usage; None when it reports none
+    body: bytes = b""  # the request's body, as the client sent it
 
 
 def prompt_tokens_of(body: bytes) -> int | None:
@@ -139,7 +140,9 @@ class RecordingProxy:
                     yield chunk
             finally:  # recorded first: a client that hangs up cancels what follows
                 status, model = answer.status_code, _model_of(body)
-                self.exchanges.append(Exchange(request.method, request.url.path, status, model, prompt_tokens_of(seen)))
+                self.exchanges.append(
+                    Exchange(request.method, request.url.path, status, model, prompt_tokens_of(seen), body)
+                )
                 self.in_flight -= 1
                 await answer.aclose()
                 await client.aclose()
