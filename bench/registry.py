@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.context import Context
 from bench.output import Output
-from bench.parts import decode, depth, dtype, frontend, peer, preload, quality, quant_kernels, warm_start
+from bench.parts import decode, depth, dtype, frontend, peer, preload, quality, quant_kernels, replay, warm_start
 from bench.stats import Comparison, DecodeResult
 
 
@@ -95,6 +95,14 @@ PARTS: tuple[Part, ...] = (
         depth.section,
         depth.DepthOptions,
         comparisons=depth.comparisons,
+    ),
+    Part(
+        "replay",
+        "agent_replay",
+        "a recorded Claude Code session replayed against llama.cpp's server on the same file (`make bench-tools`)",
+        replay.run,
+        replay.section,
+        replay.ReplayOptions,
     ),
     Part(
         "quality",

@@ -4,7 +4,8 @@
 #                           (builds it first with bench-tools; BENCH_PEER=0 skips both)
 #   make bench-quick        c=4 only, front end only (< 5 min); last line: the front-end throughput ratio
 #   make bench-peer         the llama.cpp peer table alone, then speculative decoding against its lookup, then the
-#                           depth sweep (prefill and decode at 128-32k-token prompts)
+#                           depth sweep (prefill and decode at 128-32k-token prompts), then a recorded Claude Code
+#                           session replayed against llama.cpp (BENCH_PEER_PARTS=--only-replay: that alone)
 #   make bench-tools        llama.cpp (llama-server, llama-quantize, llama-tokenize, llama-perplexity) from the
 #                           llama-cpp-python sdist, built for this CPU (LLAMA_CPP_NO_AMX=1: without its AMX kernels)
 # The `bench` extra (matplotlib, py-spy) is installed by `make setup`; llama.cpp by bench-tools (a build takes minutes).
@@ -45,7 +46,7 @@ bench-quick: setup
 	$(PY) -m bench --quick $(BENCH_ARGS)
 
 # BENCH_PEER_PARTS=--only-depth: the depth sweep alone
-BENCH_PEER_PARTS ?= --only-peer --only-depth
+BENCH_PEER_PARTS ?= --only-peer --only-depth --only-replay
 bench-peer: setup bench-tools
 	$(PY) -m bench $(BENCH_PEER_PARTS) $(BENCH_ARGS)
 
