@@ -12,7 +12,8 @@ context and Claude Code's next request no longer fit ("Prompt is too long").
 
 Each run passes through a recording proxy (tests/support/recording_proxy.py): the requests of each turn and each one's
 prompt tokens are printed at the end of the module; the service's own /metrics must count each of those requests
-answered 2xx, and the prompt tokens they add up to."""
+answered 2xx, and the prompt tokens they add up to. The Claude Code session of turn 1 and `--continue` is written, as
+it reached the service, into .cache/agent-sessions/ (harness/agent_session.py): the session the bench replays."""
 
 from __future__ import annotations
 
