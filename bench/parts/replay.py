@@ -15,6 +15,7 @@ see the same prompt."""
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,12 +161,6 @@ def _server(ctx: Context, out: dict[str, Any], who: str, paired: Any, rep: int) 
     return server
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def table(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Per request and server: the median over repetitions of its times, its prompt and cached tokens."""
     rows = []
@@ -178,8 +173,8 @@ def table(data: dict[str, Any]) -> list[dict[str, Any]]:
                 row[who] = {
                     "prompt_tokens": seen[0]["prompt_tokens"],
                     "cached_tokens": min(s["cached_tokens"] for s in seen),
-                    "ttft_s": _median([s["ttft_s"] for s in seen]),
-                    "total_s": _median([s["total_s"] for s in seen]),
+                    "ttft_s": statistics.median([s["ttft_s"] for s in seen]),
+                    "total_s": statistics.median([s["total_s"] for s in seen]),
                     "repetitions": len(seen),
                 }
         rows.append(row)
