@@ -3,7 +3,9 @@ compute process during batch-1 decode (with native frames), where a decode step'
 
 from __future__ import annotations
 
+import bisect
 import collections
+import re
 import shutil
 import subprocess
 import sys
@@ -244,6 +246,36 @@ def _area(frame: str, areas: tuple[tuple[str, str | None], ...] = AREAS) -> str 
     return None
 
 
+def code_mappings(pid: int) -> list[tuple[int, int, str]]:
+    """`pid`'s executable mappings (/proc/<pid>/maps): start, end and the file's name; "" for anonymous memory (code
+    generated at run time). A library loaded from memory shows as memfd:<name>, which py-spy cannot name a frame by."""
+    out = []
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 5 or "x" not in fields[1]:
+            continue
+        start, end = (int(a, 16) for a in fields[0].split("-"))
+        path = fields[5].removesuffix(" (deleted)") if len(fields) > 5 else ""
+        out.append((start, end, path.rsplit("/", 1)[-1].removeprefix("memfd:") if not path.startswith("[") else ""))
+    return out
+
+
+def name_unnamed(folded: str, mappings: list[tuple[int, int, str]]) -> str:
+    """Each frame py-spy left unnamed ("0x7f... (?)") that lies in a mapped file, named by that file as py-spy names
+    the others ("0x7f... (libggml-cpu.so)"): the service loads ggml and its op from memory (service/cache/verified.py),
+    and their frames would otherwise pass for JIT code. Frames in anonymous memory stay unnamed."""
+    starts = sorted(mappings)
+
+    def name(match: re.Match[str]) -> str:
+        addr = int(match.group(1), 16)
+        i = bisect.bisect_right(starts, (addr, float("inf"), "")) - 1
+        if i >= 0 and starts[i][0] <= addr < starts[i][1] and starts[i][2]:
+            return f"0x{match.group(1)} ({starts[i][2]})"
+        return match.group(0)
+
+    return re.sub(r"0x([0-9a-f]+) \(\?\)", name, folded)
+
+
 def profile_decode(pid: int | None, run_load: Callable[[], object], out: Path) -> dict[str, Any]:
     """py-spy with native frames on `pid` (the process that runs the forward pass, compute_process()) during one more,
     uncounted batch-1 load (`run_load`): the share of the compute threads' samples in the linear layers against the
@@ -260,6 +292,7 @@ def profile_decode(pid: int | None, run_load: Callable[[], object], out: Path) -
         stop_record(rec)
     if not out.exists():
         return {"error": f"py-spy wrote nothing (exit {rec.returncode}); ptrace not permitted?"}
+    out.write_text(name_unnamed(out.read_text(), code_mappings(pid)))
     return summarize(out.read_text(), areas=DECODE_STEP, threads_with=COMPUTE_THREADS) | {
         "pid": pid,
         "folded": str(out),

@@ -150,3 +150,33 @@ def test_in_a_run_on_ggml_unnamed_code_under_a_torch_op_call_is_ggml_and_dispatc
     # Without ggml anywhere in the run, the same unnamed code is oneDNN's JIT, as before.
     alone = dict(profile.summarize(folded[1], areas=profile.DECODE_STEP)["by_area"])
     assert alone == {"linear layers (oneDNN JIT GEMM kernels)": 1.0}
+
+
+def test_frames_in_libraries_loaded_from_memory_are_named_by_their_file_and_jit_code_stays_unnamed():
+    """The service loads ggml from a memfd, whose frames py-spy leaves as "0x... (?)" like JIT code; the recorded
+    process's mappings name them, and the step's time goes to ggml, not to a JIT GEMM."""
+    maps = [(0x1000, 0x2000, "libggml-cpu.so"), (0x3000, 0x4000, "")]
+    graph = "execute_model (/x/vllm/v1/worker/gpu_model_runner.py:2);Runner.call (/tmp/cx2e.py:1676)"
+    op = f"{graph};OpOverload.__call__ (torch/_ops.py:875)"
+    folded = f"{op};0x7 (?);0x1500 (?) 60\n{graph};0x3500 (?) 30\n{graph};0x5000 (?) 10"
+    named = profile.name_unnamed(folded, maps)
+    assert named.splitlines() == [
+        f"{op};0x7 (?);0x1500 (libggml-cpu.so) 60",
+        f"{graph};0x3500 (?) 30",
+        f"{graph};0x5000 (?) 10",
+    ]
+    areas = dict(profile.summarize(named, areas=profile.DECODE_STEP)["by_area"])
+    assert areas == {"linear layers (ggml: the service's kernels)": 0.6, "linear layers (oneDNN JIT GEMM kernels)": 0.4}
+    # Unnamed, the same samples passed for JIT code whole.
+    assert dict(profile.summarize(folded, areas=profile.DECODE_STEP)["by_area"]) == {
+        "linear layers (oneDNN JIT GEMM kernels)": 1.0
+    }
+
+
+def test_the_code_mappings_of_a_live_process_name_its_libraries():
+    import os
+
+    maps = profile.code_mappings(os.getpid())
+    assert maps and all(start < end for start, end, _ in maps)
+    assert any(name.startswith(("libpython", "python")) for _, _, name in maps)
+    assert all("/" not in name and not name.startswith("memfd:") for _, _, name in maps)
