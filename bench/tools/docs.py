@@ -21,6 +21,7 @@ CPUS = {
     "zen4": "AMD EPYC Zen 4",
     "zen3": "AMD EPYC Zen 3 (AVX2 only)",
     "zen2": "AMD EPYC Zen 2 (AVX2 only)",
+    "zen1": "AMD EPYC Zen 1 (AVX2 in 128-bit halves)",
     "emeraldrapids-nobf16": "Intel Xeon, AVX-512 without BF16 or AMX",
     "xeon-amx": "Intel Xeon with AMX",
 }
