@@ -292,7 +292,11 @@ def profile_decode(pid: int | None, run_load: Callable[[], object], out: Path) -
         stop_record(rec)
     if not out.exists():
         return {"error": f"py-spy wrote nothing (exit {rec.returncode}); ptrace not permitted?"}
-    out.write_text(name_unnamed(out.read_text(), code_mappings(pid)))
+    try:
+        mappings = code_mappings(pid)
+    except OSError:  # the process ended with the load: its frames stay as py-spy named them
+        mappings = []
+    out.write_text(name_unnamed(out.read_text(), mappings))
     return summarize(out.read_text(), areas=DECODE_STEP, threads_with=COMPUTE_THREADS) | {
         "pid": pid,
         "folded": str(out),
