@@ -60,6 +60,16 @@ def stop_leftover_engine_processes(known: list, wait_s: float = 3.0) -> None:
             proc.kill()
 
 
+def is_named_worker(proc) -> bool:
+    """A worker vLLM has named (VLLM::Worker...; not an engine core, VLLM::EngineCore...): a process that is surely
+    one of the engine's, unlike a spawned child still importing, whose end the start watch can count as a death."""
+    try:
+        name = proc.name()
+    except Exception:  # psutil.Error: gone already
+        return False
+    return name.startswith("VLLM::") and "EngineCore" not in name
+
+
 def is_vllm_process(proc) -> bool:
     """vLLM's engine core and workers: named "VLLM::..." once they run, and before that (their seconds of imports,
     in which a worker can die too) the children multiprocessing spawned."""

@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import uvicorn
 
 from service.server.supervision.draining_server import CUT_WAIT_S
+from service.server.supervision.engine_death import alive, describe
 from service.server.supervision.engine_probe import HangProbe
-from service.server.supervision.engine_processes import engine_processes
+from service.server.supervision.engine_processes import engine_processes, is_named_worker
 from service.server.supervision.lifecycle import EXIT_ENGINE_DIED, Lifecycle, Phase
 from service.server.supervision.start_watch import StartWatch, process_usage
 
@@ -55,15 +57,27 @@ async def watch_start(lifecycle: Lifecycle, server: uvicorn.Server, stall_s: flo
     progress for `stall_s` is hung. Its processes are killed (a stopped one acts on no other signal), which ends
     vLLM's wait for them, and the service exits 3 to be restarted, as for a hang of a running engine. The engine's
     processes are remembered as they appear: an engine that dies during the start is then told by the one that ended
-    (vLLM's start returns none of them)."""
+    (vLLM's start returns none of them), and a worker vLLM named that ended ends the start at once, exit 3."""
     watch = StartWatch(process_usage, stall_s) if stall_s > 0 else None
+    workers: dict[int, Any] = {}
     while lifecycle.phase in (Phase.STARTING, Phase.WARMING_UP) and not server.should_exit:
         await asyncio.sleep(WATCHDOG_INTERVAL_S)
-        lifecycle.remember_engine_processes(engine_processes())
-        if watch is None or (hung := watch.look()) is None:
+        processes = engine_processes()
+        lifecycle.remember_engine_processes(processes)
+        workers |= {proc.pid: proc for proc in processes if is_named_worker(proc)}
+        if lifecycle.phase not in (Phase.STARTING, Phase.WARMING_UP):  # a stop began while this one slept
+            return
+        # vLLM's engine core notices a dead worker only when its monitor thread runs: 15 s after a SIGKILL on a
+        # loaded Zen 1, while the service's call to it waited. A worker gone from the process table is enough.
+        if ended := [pid for pid, proc in workers.items() if not alive(proc)]:
+            why = f"engine failed to start: {describe({}, ended, lifecycle.oom_kills_since_start())}"
+            lifecycle.set_phase(Phase.DEAD, why)
+            log.error("%s", why)
+        elif watch is None or (hung := watch.look()) is None:
             continue
-        lifecycle.set_phase(Phase.DEAD, hung)
-        log.error("engine is dead (%s): exiting", hung)
+        else:
+            lifecycle.set_phase(Phase.DEAD, hung)
+            log.error("engine is dead (%s): exiting", hung)
         _kill_descendants()
         await asyncio.sleep(DEAD_LINGER_S)
         lifecycle.exit_code = EXIT_ENGINE_DIED

@@ -143,3 +143,58 @@ def test_the_calling_threads_cpu_is_not_the_starts_and_another_threads_is():
     after_thread = process_usage().cpu_s
     assert after_loop - before < 0.1, (before, after_loop)
     assert after_thread - after_loop >= 0.25, (after_loop, after_thread)
+
+
+def _titled(title: str) -> subprocess.Popen:
+    """A real child process titled as vLLM titles its processes (setproctitle, a dependency of vLLM)."""
+    code = f"import setproctitle, time; setproctitle.setproctitle({title!r}); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 10
+    while psutil.Process(child.pid).name() != title:
+        assert time.monotonic() < deadline, f"{child.pid} never titled itself {title}"
+        time.sleep(0.05)
+    return child
+
+
+@pytest.mark.parametrize(("title", "ends_the_start"), [("VLLM::Worker", True), ("VLLM::EngineCore", False)])
+def test_a_named_worker_that_ends_during_the_start_ends_it_with_exit_3(monkeypatch, title, ends_the_start):
+    """A worker killed while vLLM's start waits on its engine core: the watch sees it gone at its next tick, where
+    the engine core's own monitor took 15 s on a loaded CPU. An engine core's end is vLLM's to report (its exit code
+    says how): the watch goes on."""
+    import asyncio
+
+    from service.server.supervision import watchdog
+    from service.server.supervision.lifecycle import EXIT_ENGINE_DIED, Lifecycle, Phase
+
+    monkeypatch.setattr(watchdog, "WATCHDOG_INTERVAL_S", 0.05)
+    monkeypatch.setattr(watchdog, "DEAD_LINGER_S", 0.0)
+    # Only the child stands for the engine's processes: the test process may have other children.
+    child = _titled(title)
+    tracked = psutil.Process(child.pid)
+    monkeypatch.setattr(watchdog, "engine_processes", lambda: [] if child.poll() is not None else [tracked])
+    killed: list[int] = []
+    monkeypatch.setattr(watchdog, "_kill_descendants", lambda: killed.append(child.pid))
+    lifecycle = Lifecycle()
+    server = type("Server", (), {"should_exit": False, "force_exit": False})()
+
+    async def scenario() -> None:
+        watch = asyncio.create_task(watchdog.watch_start(lifecycle, server, 0.0))
+        await asyncio.sleep(0.3)  # seen by several ticks, alive
+        assert lifecycle.phase is Phase.STARTING
+        child.kill()
+        child.wait()
+        await asyncio.wait({watch}, timeout=2.0)
+        if not watch.done():
+            lifecycle.set_phase(Phase.READY, "started")
+            await asyncio.wait_for(watch, 2.0)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        child.kill()
+    if ends_the_start:
+        assert lifecycle.phase is Phase.DEAD and lifecycle.exit_code == EXIT_ENGINE_DIED
+        assert lifecycle.reason == f"engine failed to start: an engine worker process (pid {child.pid}) ended"
+        assert server.should_exit and killed == [child.pid]
+    else:
+        assert lifecycle.phase is Phase.READY and lifecycle.exit_code == 0 and not killed
