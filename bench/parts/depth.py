@@ -45,6 +45,9 @@ class DepthOptions:
     # KV-cache types (`--depth-kv fp8`) and step sizes (`--depth-chunk 8192`, the chunk a long prompt is prefilled in).
     kv: tuple[str, ...] = ()
     chunk: tuple[int, ...] = ()
+    # Model dtypes (`--depth-dtype bfloat16`): under an fp32 engine (AVX2 CPUs) the KV cache is cached in the dtype, so
+    # bf16 halves the bytes a decode step reads at depth, where vLLM's CPU attention stores no smaller type.
+    dtype: tuple[str, ...] = ()
     peer: bool = True  # `--no-depth-peer`: ours and its KV variants only (llama.cpp's deep prefill takes longest)
 
 
@@ -125,8 +128,8 @@ def run(ctx: Context, options: DepthOptions) -> Output:
 
 # What each kind of variant sets, and what the decision resting on it is: service/policy/engine/kv_cache_dtype.py (the KV
 # cache's storage type) and service/policy/engine/prefill_chunk.py (the tokens one engine step takes).
-VARIANT_SETTINGS = {"kv": "SERVICE_KV_CACHE_DTYPE", "chunk": "SERVICE_MAX_NUM_BATCHED_TOKENS"}
-VARIANT_LABELS = {"kv": "KV-cache type", "chunk": "tokens a step takes"}
+VARIANT_SETTINGS = {"kv": "SERVICE_KV_CACHE_DTYPE", "chunk": "SERVICE_MAX_NUM_BATCHED_TOKENS", "dtype": "SERVICE_DTYPE"}
+VARIANT_LABELS = {"kv": "KV-cache type", "chunk": "tokens a step takes", "dtype": "model dtype"}
 VARIANT_PREFIX = "ours-"
 
 
@@ -137,7 +140,7 @@ def variant(kind: str, value: object) -> str:
 
 def variants(options: DepthOptions) -> list[tuple[str, dict[str, str]]]:
     """(server name, settings) of each variant the options ask for."""
-    chosen: dict[str, tuple[object, ...]] = {"kv": options.kv, "chunk": options.chunk}
+    chosen: dict[str, tuple[object, ...]] = {"kv": options.kv, "chunk": options.chunk, "dtype": options.dtype}
     return [(variant(k, v), {VARIANT_SETTINGS[k]: str(v)}) for k, values in chosen.items() for v in values]
 
 
@@ -352,8 +355,8 @@ def section(results: dict[str, Any], comparisons: list[Comparison], _decoded: li
     varied = variant_rows(data, comparisons)
     if varied:
         lines += [
-            "Other settings, each served beside the policy's choice (`--depth-kv`, `--depth-chunk`), as speeds against "
-            "it:",
+            "Other settings, each served beside the policy's choice (`--depth-kv`, `--depth-chunk`, `--depth-dtype`), "
+            "as speeds against it:",
             "",
             "| file | depth | setting | value | prefill ratio | decode ratio |",
             "| --- | --- | --- | --- | --- | --- |",

@@ -149,13 +149,13 @@ def depth_table(s: Store) -> list[str]:
 
 
 def variant_table(s: Store) -> list[str]:
-    """`--depth-kv`, `--depth-chunk`: another setting served beside the policy's choice, as speeds against it."""
+    """`--depth-kv`, `--depth-chunk`, `--depth-dtype`: another setting served beside the policy's choice, as speeds against it."""
     rows = [r for r in s.of_kind("depth") if "against" in r.params]
     if not rows:
         return []
     lines = [
         "",
-        "Another setting against the policy's choice, in the same service (`--depth-kv`, `--depth-chunk`):",
+        "Another setting against the policy's choice, in the same service (`--depth-kv`, `--depth-chunk`, `--depth-dtype`):",
         "",
         "| CPU | file | depth | setting | prefill | decode |",
         "| --- | --- | --- | --- | --- | --- |",

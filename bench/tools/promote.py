@@ -90,7 +90,7 @@ def depth_rows(results: dict[str, Any], run: str, cpu: str | None = None) -> lis
     size = data.get("size") or DEFAULT_SIZE
     compared = depth.comparisons(results)
     out = []
-    # against llama.cpp, and (--depth-kv, --depth-chunk) a variant against the policy's choice, in the same service
+    # against llama.cpp, and (--depth-kv, --depth-chunk, --depth-dtype) a variant against the policy's choice, in the same service
     for r in [*depth.rows(data, compared), *depth.variant_rows(data, compared)]:
         if r["format"] == USER_FILE:
             continue

@@ -139,11 +139,12 @@ def test_a_variant_served_beside_the_policys_choice_is_compared_with_ours_not_wi
 
 
 def test_each_variant_sets_its_own_setting_on_ours():
-    options = depth.DepthOptions(kv=("fp8",), chunk=(512, 8192))
+    options = depth.DepthOptions(kv=("fp8",), chunk=(512, 8192), dtype=("bfloat16",))
     assert depth.variants(options) == [
         ("ours-kv-fp8", {"SERVICE_KV_CACHE_DTYPE": "fp8"}),
         ("ours-chunk-512", {"SERVICE_MAX_NUM_BATCHED_TOKENS": "512"}),
         ("ours-chunk-8192", {"SERVICE_MAX_NUM_BATCHED_TOKENS": "8192"}),
+        ("ours-dtype-bfloat16", {"SERVICE_DTYPE": "bfloat16"}),
     ]
 
 
