@@ -25,6 +25,9 @@ MEASURED_COST = {kernel: cite(f"claim/kv-fp8-cost/{kernel}") for kernel in ("amx
 # What fp8 buys at agent depth, per kernel: decode at 16k tokens of context against the cache in the model dtype, the
 # same service side by side (make bench-peer's depth sweep with --depth-kv fp8, on the 1.5 B bench model's Q4_0 file).
 MEASURED_AT_DEPTH = {"amx": cite("depth/xeon-amx/1.5b-q4_0-gguf/16384/decode-kv-fp8")}
+# Where no fp8 is stored (AVX2 CPUs, whose engines run fp32), the one smaller cache is the model's own dtype: bf16
+# served beside fp32 at 8k tokens (make bench-peer's depth sweep with --depth-dtype bfloat16, SmolLM2's Q4_1 file).
+BF16_AT_DEPTH = tuple(cite(f"depth/zen1/smollm2-q4_1/8000/{m}-dtype-bfloat16") for m in ("decode", "prefill"))
 
 
 def plan_kv_cache_dtype(
@@ -58,6 +61,12 @@ def _auto_reason(isa: Isa, model: ModelFacts, dtype: str) -> str:
     if BYTES[dtype] > 2:
         why += "; twice the bytes of llama.cpp's default f16 cache that a decode step reads at depth"
     refusal = _refusal(isa, model)
+    if refusal and dtype == "float32":
+        decode, prefill = BF16_AT_DEPTH
+        return (
+            f"{why}; no smaller type here: {refusal}; bf16 as the model dtype (dtype=bfloat16) would cache 2 bytes a "
+            f"value, but its decode at depth against this cache, {decode}, does not make up for its prefill, {prefill}"
+        )
     if refusal:
         return f"{why}; no smaller type here: {refusal}"
     kernel = _kernel(isa, dtype)

@@ -83,6 +83,9 @@ def test_the_kv_type_kept_says_what_a_value_takes_and_what_a_smaller_one_would_c
         assert ("16k tokens against this cache: not measured on this kernel" in d.reason) == (not amx)
     else:
         assert "no smaller type here: vLLM's CPU attention stores an fp8 KV cache only on x86 CPUs" in d.reason
+        # the one smaller cache there is bf16 as the model dtype: measured at depth against the fp32 engine's
+        bf16 = "measured: depth/zen1/smollm2-q4_1/8000/decode-dtype-bfloat16" in d.reason
+        assert bf16 == (dtype == "float32"), d.reason
 
 
 @pytest.mark.parametrize(("dtype", "times"), [("bfloat16", 2), ("float32", 4)])
