@@ -67,6 +67,11 @@ BUILT_FILES = (*KERNEL_FILES, LLAMA_FILES[-1])
 # The llama.cpp source the service builds its kernels from at start where this CPU has none (the images set it:
 # they run on CPUs they were not built on); a checkout builds them with `make kernels` instead.
 KERNEL_SOURCE = Path(os.environ["SERVICE_KERNEL_SOURCE"]) if os.environ.get("SERVICE_KERNEL_SOURCE") else None
+# Kernels an image built for its build machine's CPU (one folder per CPU flags key, as GGML_KERNEL_DIR's parent): a
+# start on a CPU with the same flags copies them into its cache instead of building them (Dockerfile.cpu).
+SHIPPED_KERNEL_DIR = (
+    Path(os.environ["SERVICE_SHIPPED_KERNEL_DIR"]) if os.environ.get("SERVICE_SHIPPED_KERNEL_DIR") else None
+)
 # A checkout's llama.cpp source: mk/bench.mk's LLAMA_CPP_TREE, which `make setup` extracts and builds the kernels from.
 LLAMA_CPP_VERSION = "0.3.36"  # mk/bench.mk's LLAMA_CPP_VERSION
 CHECKOUT_SOURCE = (

@@ -1,11 +1,12 @@
 """The compose stack for real, with podman-compose (no Docker daemon, no registry): the api
 service from the built default image (no SERVICE_TARGET chosen) and Prometheus from an image built
 from Debian's package, both through a test-only override file (users' compose.yaml stays as it is). The override
-also mounts the session's cache volume as the stack's cache: the stack's first start builds the service's kernels for
-this CPU and compiles the default model there once, and the image tests' starts reuse both instead of doing it again.
+also mounts the session's cache volume as the stack's cache: the stack's first start copies the service's kernels the
+image was built with (for this CPU: the images are built here) and compiles the default model there once, and the
+image tests' starts reuse both instead of doing it again.
 The api runs the image `docker compose up` runs when the user chooses nothing (no target, no model): it must serve
 the default model it ships and answer a question right, pick the live CPU's backend and its preload by itself, with
-the preloaded libraries mapped by the engine processes, and run the service's kernels it built for this CPU;
+the preloaded libraries mapped by the engine processes, and run the service's kernels the image carries for this CPU;
 Prometheus must see the api target up and scrape `vllm:*` metrics through the compose network; everything is brought
 down (containers, network, its own volumes) afterwards.
 """
@@ -30,7 +31,7 @@ from .test_images import http, kernels_check, passed_on, preload_check
 pytestmark = [pytest.mark.container, pytest.mark.timeout(3600)]
 
 PROM_IMAGE = "localhost/cpu-llm-service-prometheus:debian"
-# Generous: the stack's first start builds the kernels and compiles the model, beside the host's tests (scripts/test.sh).
+# Generous: the stack's first start compiles the model, beside the host's tests (scripts/test.sh).
 TIMEOUT = float(os.environ.get("CONTAINER_READY_TIMEOUT", "900"))
 
 
@@ -203,3 +204,6 @@ def test_compose_stack_prometheus_scrapes_api(stack, host_report):
     assert (hw.get("gguf_check") or {}).get("passed") is True, hw.get("gguf_check")
     log = podman("logs", name, check=False)
     assert "libtcmalloc is not found in LD_PRELOAD" not in log.stdout + log.stderr
+    # The stack's first start on the volume: the image's build for this CPU copied, no build at start.
+    assert "copied the service's kernels the image was built with" in log.stdout + log.stderr
+    assert "building the service's kernels" not in log.stdout + log.stderr

