@@ -3,9 +3,9 @@ source is at hand (SERVICE_KERNEL_SOURCE: the images carry it). The kernels are 
 and an image runs on CPUs it was not built on, so an image builds them once per CPU flags set, into the cache
 (SERVICE_GGML_KERNEL_DIR, on its cache volume), or copies the build the image carries for its build machine's CPU
 where this CPU has the same flags (SERVICE_SHIPPED_KERNEL_DIR). Starts that share the volume take turns on a file
-lock: the second finds the first's build. A build whose libraries are not the ones it recorded (service/cache/verified.py) is said
-loudly, and rebuilt where the source is at hand. A build that fails is logged loudly; the policy then says the kernels
-are not built and names what runs instead."""
+lock: the second finds the first's build. A build whose libraries are not the ones it recorded
+(service/cache/verified.py) is said loudly, and rebuilt where the source is at hand. A build that fails is logged
+loudly; the policy then says the kernels are not built and names what runs instead."""
 
 from __future__ import annotations
 
