@@ -146,7 +146,7 @@ def images(tools):
     )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     # The kernels stage first, tagged: its layers are no final image's ancestors, so remove_leftovers' prune of
-    # untagged images took them at every session's start and each run compiled the kernels again (5 min on a Zen 1).
+    # untagged images took them at every session's start and each run compiled the kernels again.
     for target in ("kernels", *TARGETS):
         times[target] = build(target)
     print(f"\nbuild times (s): {json.dumps({k: round(v) for k, v in times.items()})}", file=sys.stderr)

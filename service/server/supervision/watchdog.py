@@ -67,8 +67,8 @@ async def watch_start(lifecycle: Lifecycle, server: uvicorn.Server, stall_s: flo
         workers |= {proc.pid: proc for proc in processes if is_named_worker(proc)}
         if lifecycle.phase not in (Phase.STARTING, Phase.WARMING_UP):  # a stop began while this one slept
             return
-        # vLLM's engine core notices a dead worker only when its monitor thread runs: 15 s after a SIGKILL on a
-        # loaded Zen 1, while the service's call to it waited. A worker gone from the process table is enough.
+        # vLLM's engine core notices a dead worker only when its monitor thread runs, late on a loaded CPU
+        # (docs/reliability.md), while the service's call to it waits. A worker gone from the process table is enough.
         if ended := [pid for pid, proc in workers.items() if not alive(proc)]:
             why = f"engine failed to start: {describe({}, ended, lifecycle.oom_kills_since_start())}"
             lifecycle.set_phase(Phase.DEAD, why)

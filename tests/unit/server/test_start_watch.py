@@ -159,8 +159,8 @@ def _titled(title: str) -> subprocess.Popen:
 @pytest.mark.parametrize(("title", "ends_the_start"), [("VLLM::Worker", True), ("VLLM::EngineCore", False)])
 def test_a_named_worker_that_ends_during_the_start_ends_it_with_exit_3(monkeypatch, title, ends_the_start):
     """A worker killed while vLLM's start waits on its engine core: the watch sees it gone at its next tick, where
-    the engine core's own monitor took 15 s on a loaded CPU. An engine core's end is vLLM's to report (its exit code
-    says how): the watch goes on."""
+    the engine core's own monitor was late on a loaded CPU (docs/reliability.md). An engine core's end is vLLM's to
+    report (its exit code says how): the watch goes on."""
     import asyncio
 
     from service.server.supervision import watchdog
