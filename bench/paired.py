@@ -98,13 +98,14 @@ def measure(variants: Mapping[str, Mapping[str, str]], run: Run, prefill: bool =
     ratios, prefill_ratios = [], []
     for rep in range(repetitions):
         started: dict[str, ServerProcess] = {}
+        ready_s: dict[str, float] = {}
         try:
             # Both variants up at once, started in alternating order; their engines share the compute CPUs but
             # only one decodes at a time (an idle engine does not spin).
             for variant in names if rep % 2 == 0 else names[::-1]:
                 log_path = log_dir / f"server-{variant}-{rep}.log"
                 started[variant] = ServerProcess(base | dict(variants[variant]), log_path, name=variant).start()
-                started[variant].wait_ready(run.ready_timeout)
+                ready_s[variant] = started[variant].wait_ready(run.ready_timeout)
             decisions = {}
             for variant, server in started.items():
                 report = httpx.get(f"{server.url}/v1/hardware", timeout=30).json()
@@ -137,6 +138,7 @@ def measure(variants: Mapping[str, Mapping[str, str]], run: Run, prefill: bool =
                     "median": statistics.median(tok_s[variant]),
                     **({"prefill_tok_s": prefill_tok_s[variant]} if prefill else {}),
                     "decisions": decisions[variant],
+                    "ready_s": ready_s[variant],  # from start to ready, while no other variant computed
                     "loadavg_1m": [load_before, load_after],
                 }
             )

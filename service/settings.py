@@ -182,6 +182,11 @@ class Settings(BaseSettings):
         description="How the sampler finds a request's top-p tokens: partial (the service's, from the top tokens), sort "
         "(vLLM's sort of the whole vocabulary); auto: policy (partial on the vLLM it is written for)",
     )
+    worker_start: Literal["auto", "fork", "spawn"] = Field(
+        "auto",
+        description="How vLLM's engine core starts its workers: fork (from its own imports) or spawn (a fresh "
+        "interpreter, vLLM's CPU default); auto: policy (fork)",
+    )
     memory_headroom_gib: float | None = Field(
         None, ge=0, description="Memory kept free; default: policy", json_schema_extra={"shown": "policy"}
     )

@@ -22,6 +22,7 @@ SAMPLER_ENV = "SERVICE_REJECTION_SAMPLER"
 TOP_P_ENV = "SERVICE_TOP_P"
 KERNELS_ENV = "SERVICE_LINEAR_KERNELS"
 HANDOVER_ENV = "SERVICE_GGML_HANDOVER"
+WORKER_START_ENV = "SERVICE_WORKER_START_METHOD"
 # Read by vLLM itself (vllm/envs.py and its CPU worker), by zentorch's vLLM code, or by the dynamic loader.
 THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 PREPACK_ENV = "VLLM_ZENTORCH_WEIGHT_PREPACK"
@@ -70,6 +71,12 @@ VARIABLES: tuple[Variable, ...] = (
         "JSON {dtype: {ggml type: rows}}: ggml below the rows, dequantize + GEMM from them",
         "service/kernels/ggml_linear.py",
         "ggml_handover",
+    ),
+    Variable(
+        WORKER_START_ENV,
+        '"fork": the engine core forks its workers',
+        "service/in_vllm/worker_start.py",
+        "worker_start",
     ),
     Variable(THREADS_BIND_ENV, "CPU lists per rank, '|'-separated", "vLLM's CPU worker", "threads"),
     Variable("VLLM_CPU_NUM_OF_RESERVED_CPU", "a count of CPUs", "vLLM's CPU platform", "threads"),

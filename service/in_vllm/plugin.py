@@ -7,7 +7,8 @@ process does.
   torch patch as decided at startup, leaves base-model tokens out of vLLM's CPU LoRA ops where adapters are
   served (service/in_vllm/lora_rows.py), registers the service's linear kernels the policy chose (vLLM's
   `register_linear_kernel`), ends the engine's processes with the process that started them
-  (service/in_vllm/parent_watch.py), leaves its heap out of the interpreter's collection at exit (service/in_vllm/exit_gc.py), and
+  (service/in_vllm/parent_watch.py), has the engine core fork its workers where decided
+  (service/in_vllm/worker_start.py, which also brings a forked worker back here), leaves its heap out of the interpreter's collection at exit (service/in_vllm/exit_gc.py), and
   logs one line saying which platform that process runs, what became of the patch and the kernels, and where their
   ggml op hands batches to the GEMM.
 
@@ -33,6 +34,7 @@ from service.in_vllm.contract import (
     PLATFORM_IMPORTS_ENV,
     SAMPLER_ENV,
     TOP_P_ENV,
+    WORKER_START_ENV,
 )
 from service.in_vllm.exit_gc import skip_exit_collection
 from service.in_vllm.fx_graph_cache_patch import apply_fxgraph_pickle_patch
@@ -40,6 +42,7 @@ from service.in_vllm.lora_rows import apply_lora_rows_fix
 from service.in_vllm.parent_watch import watch_parent
 from service.in_vllm.rejection_sampler import use_torch_expand
 from service.in_vllm.top_p import use_partial_top_p
+from service.in_vllm.worker_start import fork_workers
 from service.kernels import register_kernels
 from service.kernels.ggml_linear import planned_handover
 
@@ -73,7 +76,16 @@ def platform() -> str | None:
 
 def every_process() -> None:
     if (
-        not {FXGRAPH_PATCH_ENV, PLATFORM_ENV, KERNELS_ENV, AMX_STATE_ENV, LORA_ROWS_ENV, SAMPLER_ENV, TOP_P_ENV}
+        not {
+            FXGRAPH_PATCH_ENV,
+            PLATFORM_ENV,
+            KERNELS_ENV,
+            AMX_STATE_ENV,
+            LORA_ROWS_ENV,
+            SAMPLER_ENV,
+            TOP_P_ENV,
+            WORKER_START_ENV,
+        }
         & os.environ.keys()
     ):
         return
@@ -84,6 +96,7 @@ def every_process() -> None:
     top_p = use_partial_top_p(os.environ.get(TOP_P_ENV) == "partial")
     kernels = register_kernels(os.environ.get(KERNELS_ENV, ""))
     parent = watch_parent()
+    workers = fork_workers(os.environ.get(WORKER_START_ENV) == "fork")
     skip_exit_collection()
     from vllm.platforms import current_platform
     from vllm.usage.usage_lib import is_usage_stats_enabled
@@ -105,6 +118,7 @@ def every_process() -> None:
         "top_p": top_p,
         "amx_tile_state": amx,
         "watched_parent": parent,
+        "workers_start": workers,
         "usage_stats": is_usage_stats_enabled(),  # vLLM's own verdict: would this process report usage
     }
     healthy = decided in (None, running) and amx != "refused" and all(v == "registered" for v in kernels.values())

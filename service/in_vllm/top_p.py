@@ -73,10 +73,13 @@ def use_partial_top_p(wanted: bool) -> str:
     from vllm.v1.sample.ops import topk_topp_sampler
 
     sort = topk_topp_sampler.apply_top_k_top_p
+    if getattr(sort, "partial_top_p", False):  # a forked worker inherits the engine core's
+        return "partial top-p"
 
     def masked(logits: Any, k: Any, p: Any) -> Any:
         return top_k_top_p(logits, k, p, sort)
 
+    masked.partial_top_p = True  # type: ignore[attr-defined]
     topk_topp_sampler.apply_top_k_top_p = masked
     rejection_sampler.apply_top_k_top_p = masked
     return "partial top-p"

@@ -19,7 +19,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.facts.software import read_software
-from service.in_vllm.contract import PLATFORM_ENV
+from service.in_vllm.contract import PLATFORM_ENV, WORKER_START_ENV
 from service.in_vllm.fx_graph_cache_patch import PatchStatus
 from service.policy.in_vllm.patches import needs_fxgraph_pickle_patch
 from service.policy.machine.backends import GENERIC_PLATFORM, ZEN_PLATFORM
@@ -53,6 +53,16 @@ def check_running_platform(server, platform: str) -> None:
     assert {(s["platform"], s["decided_platform"]) for s in states} == {(platform, platform)}, states
     engine_core = next(s for s in states if s["process"] == "EngineCore")
     assert engine_core["title"] == "VLLM::EngineCore"
+    check_worker_start(states, decided[f"env.{WORKER_START_ENV}"])
+
+
+def check_worker_start(states: list[dict], decided: str) -> None:
+    """The engine core starts its workers as the plan decided, and each worker, forked or spawned, ran the plugin
+    itself: its own line, watching the engine core that started it."""
+    engine_core = next(s for s in states if s["process"] == "EngineCore")
+    workers = [s for s in states if s["process"].startswith("VllmWorker")]
+    assert engine_core["workers_start"] == ("fork" if decided == "fork" else "not asked"), states
+    assert workers and {w["watched_parent"] for w in workers} == {engine_core["pid"]}, states
 
 
 def test_the_engine_runs_the_platform_the_report_chose(chat_server):
@@ -182,5 +192,10 @@ def test_a_forced_patch_is_applied_in_every_process_vllm_starts(tmp_path):
     assert {"MainProcess", "EngineCore"} <= names and any(n.startswith("VllmWorker") for n in names), states
     # On torch 2.10 itself vLLM's env_override wraps dumps at import, before the plugin runs: one wrapper.
     expected = PatchStatus.PATCHED_BY_VLLM if needs_fxgraph_pickle_patch(torch.__version__) else PatchStatus.APPLIED
-    assert {s["fxgraph_patch"] for s in states} == {expected.value}, states
+    # A forked worker holds the engine core's patched torch, and its plugin finds the patch in place.
+    forked = PatchStatus.ALREADY_APPLIED if expected is PatchStatus.APPLIED else expected
+    for s in states:
+        inherited = s["process"].startswith("VllmWorker") and s["workers_start"] == "fork"
+        assert s["fxgraph_patch"] == (forked if inherited else expected).value, states
+    check_worker_start(states, "fork")
     assert {s["platform"] for s in states} == {expected_platform()}, states

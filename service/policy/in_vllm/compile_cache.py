@@ -11,9 +11,10 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from service.in_vllm.contract import ADDITIONAL_CONFIG_KEY, AOT_CACHE_PATCH_ENV, CACHE_ROOT_ENV
+from service.in_vllm.contract import ADDITIONAL_CONFIG_KEY, AOT_CACHE_PATCH_ENV, CACHE_ROOT_ENV, WORKER_START_ENV
 from service.policy.plan.decision import PolicyResult, engine, env, record
 
+OUTSIDE_THE_GRAPH = {WORKER_START_ENV}  # how a worker process starts changes nothing it compiles
 _AFFECTED_MINOR = (0, 32)  # the release whose loader calls finalize_loading (service/in_vllm/compile_cache_patch.py)
 
 
@@ -53,7 +54,11 @@ def plan_compile_cache(cache_dir: Path, vllm_version: str | None, environ: Mappi
 def compile_key(planned_env: Mapping[str, str]) -> PolicyResult:
     """The service's variables (SERVICE_*: the platform and the linear kernels its vLLM plugin registers) in vLLM's
     torch.compile cache key, through additional_config, which the key hashes."""
-    service = {name: value for name, value in sorted(planned_env.items()) if name.startswith("SERVICE_")}
+    service = {
+        name: value
+        for name, value in sorted(planned_env.items())
+        if name.startswith("SERVICE_") and name not in OUTSIDE_THE_GRAPH
+    }
     if not service:
         return PolicyResult()
     why = (

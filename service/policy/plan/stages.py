@@ -32,6 +32,7 @@ from service.policy.gguf.model_source import choose_blocks, converted_bytes, pla
 from service.policy.in_vllm.amx_state import amx_state
 from service.policy.in_vllm.compile_cache import compile_key, plan_compile_cache
 from service.policy.in_vllm.patches import fxgraph_patch
+from service.policy.in_vllm.worker_start import plan_worker_start
 from service.policy.linear.dense_kernel import FP32_ENGINE_BF16, plan_dense_kernel
 from service.policy.linear.ggml_handover import plan_handover
 from service.policy.linear.quant import plan_quant
@@ -294,13 +295,15 @@ def general(inputs: PlanInputs, draft: Draft) -> Step:
 
 
 def version_patches(inputs: PlanInputs, draft: Draft) -> Step:
-    """The version-gated patches every vLLM process applies, and the AMX tile state it asks for."""
+    """The version-gated patches every vLLM process applies, the AMX tile state it asks for, and how the engine core
+    starts its workers."""
     software = inputs.software
     return Step.of_result(
         plan_compile_cache(inputs.settings.cache_dir, software.vllm, inputs.environ)
         + fxgraph_patch(software.torch)
         + plan_top_p(inputs.settings.top_p_mask, "top_p_mask" in inputs.user, software.vllm)
         + amx_state(inputs.hardware.cpu.isa)
+        + plan_worker_start(inputs.settings.worker_start, "worker_start" in inputs.user)
     )
 
 

@@ -71,8 +71,9 @@ def is_named_worker(proc) -> bool:
 
 
 def is_vllm_process(proc) -> bool:
-    """vLLM's engine core and workers: named "VLLM::..." once they run, and before that (their seconds of imports,
-    in which a worker can die too) the children multiprocessing spawned."""
+    """vLLM's engine core and workers: named "VLLM::..." once they run (a forked worker from its start, with its engine
+    core's name until vLLM renames it), and before that (their seconds of imports, in which a worker can die too) the
+    children multiprocessing spawned."""
     try:
         return proc.name().startswith("VLLM::") or "multiprocessing.spawn" in " ".join(proc.cmdline())
     except Exception:  # psutil.Error: gone already
