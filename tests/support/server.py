@@ -104,3 +104,8 @@ def watch_until_exit(process: ServerProcess, since: float, deadline_s: float) ->
 def process_states(log: str) -> list[dict]:
     """The state line each vLLM process logs from the service's general plugin (service/in_vllm/plugin.py)."""
     return [json.loads(line.split(STATE_PREFIX, 1)[1]) for line in log.splitlines() if STATE_PREFIX in line]
+
+
+def forked_worker(state: dict) -> bool:
+    """A worker its engine core forked (service/in_vllm/worker_start.py): it inherits what the plugin did there."""
+    return state["process"].startswith("VllmWorker") and state["workers_start"] == "fork"
