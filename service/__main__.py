@@ -148,6 +148,9 @@ def serve(
     ] = None,
 ) -> None:
     """Run the OpenAI-compatible server (API key: SERVICE_API_KEY or --api-key-file, never a flag)."""
+    from service.in_vllm.worker_start import keep_process_titles
+
+    keep_process_titles()
     from service.server.run import run
 
     settings = _settings(

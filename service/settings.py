@@ -184,8 +184,8 @@ class Settings(BaseSettings):
     )
     worker_start: Literal["auto", "fork", "spawn"] = Field(
         "auto",
-        description="How vLLM's engine core starts its workers: fork (from its own imports) or spawn (a fresh "
-        "interpreter, vLLM's CPU default); auto: policy (fork)",
+        description="How vLLM starts its engine core and workers: fork (the engine core from the API process, each "
+        "worker from its engine core) or spawn (a fresh interpreter each, vLLM's CPU default); auto: policy (fork)",
     )
     memory_headroom_gib: float | None = Field(
         None, ge=0, description="Memory kept free; default: policy", json_schema_extra={"shown": "policy"}

@@ -1,12 +1,13 @@
-"""Workers forked by the engine core against spawned ones (service/in_vllm/worker_start.py): the measurement
-`worker_start=fork` rests on (service/policy/in_vllm/worker_start.py).
+"""vLLM's processes forked (the engine core from the API process, each worker from its engine core) against spawned
+ones (service/in_vllm/worker_start.py): the measurement `worker_start=fork` rests on
+(service/policy/in_vllm/worker_start.py).
 
   .venv/bin/python -m bench.tools.worker_start [--repetitions 3] [--requests 4]
 
 The default model twice side by side (bench/paired.py), with `SERVICE_WORKER_START=spawn` and with the policy's
 choice: each start's time to ready (the two starts of a repetition one after the other, alternating order, neither
 computing while the other starts), and batch-1 decode rates in adjacent pairs, since a forked worker must decode as
-fast as a spawned one (its threads bound the same way). Ratios fork/spawn with their 95% intervals.
+fast as a spawned one (its threads bound the same way, its engine core on the same CPUs). Ratios fork/spawn with their 95% intervals.
 """
 
 from __future__ import annotations

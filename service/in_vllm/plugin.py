@@ -8,7 +8,8 @@ process does.
   served (service/in_vllm/lora_rows.py), registers the service's linear kernels the policy chose (vLLM's
   `register_linear_kernel`), ends the engine's processes with the process that started them
   (service/in_vllm/parent_watch.py), has the engine core fork its workers where decided
-  (service/in_vllm/worker_start.py, which also brings a forked worker back here), leaves its heap out of the interpreter's collection at exit (service/in_vllm/exit_gc.py), and
+  (service/in_vllm/worker_start.py, which also brings a forked process back here), leaves its heap out of the
+  interpreter's collection at exit (service/in_vllm/exit_gc.py), and
   logs one line saying which platform that process runs, what became of the patch and the kernels, and where their
   ggml op hands batches to the GEMM.
 
@@ -24,6 +25,7 @@ import logging
 import multiprocessing
 import os
 
+from service.in_vllm import worker_start
 from service.in_vllm.amx_request import request_amx_state
 from service.in_vllm.contract import (
     AMX_STATE_ENV,
@@ -119,6 +121,7 @@ def every_process() -> None:
         "amx_tile_state": amx,
         "watched_parent": parent,
         "workers_start": workers,
+        "forked": worker_start.forked,  # from a parent where the service set fork (it holds what was done there)
         "usage_stats": is_usage_stats_enabled(),  # vLLM's own verdict: would this process report usage
     }
     healthy = decided in (None, running) and amx != "refused" and all(v == "registered" for v in kernels.values())

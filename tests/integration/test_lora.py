@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from tests.integration.conftest import _start
 from tests.support.lora import make_adapter
 from tests.support.release import release
-from tests.support.server import forked_worker, process_states
+from tests.support.server import forked, process_states
 
 pytestmark = pytest.mark.engine
 
@@ -92,8 +92,8 @@ def test_the_decisions_and_every_vllm_process_show_the_lora_set_up(lora_server):
     assert [m["name"] for m in decided["engine.lora_modules"]["value"]] == list(ADAPTERS)
     # Every vLLM process carried the fix out, read back from the running engine's log.
     states = process_states(server.process.log_path.read_text(errors="replace"))
-    # A forked worker holds its engine core's fixed ops, and its plugin finds them in place.
-    fixed = {s["pid"]: "already applied" if forked_worker(s) else "applied" for s in states}
+    # A forked process holds its parent's fixed ops, and its plugin finds them in place.
+    fixed = {s["pid"]: "already applied" if forked(s) else "applied" for s in states}
     assert len(states) >= 3 and {s["pid"]: s["lora_rows_fix"] for s in states} == fixed, states
     metrics = httpx.get(f"{server.url}/metrics").text
     assert 'vllm:lora_requests_info{max_lora="3"' in metrics

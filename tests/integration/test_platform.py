@@ -7,6 +7,7 @@ machine comes from the raw facts vLLM's own Zen detection reads (vendor, AVX-512
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -26,7 +27,7 @@ from service.policy.machine.backends import GENERIC_PLATFORM, ZEN_PLATFORM
 from tests.integration.conftest import _start
 from tests.support import engines
 from tests.support.live_cpu import expected_platform
-from tests.support.server import MODELS, REPO, forked_worker, process_states, service_env
+from tests.support.server import MODELS, REPO, forked, process_states, service_env
 
 pytestmark = pytest.mark.engine
 
@@ -54,15 +55,42 @@ def check_running_platform(server, platform: str) -> None:
     engine_core = next(s for s in states if s["process"] == "EngineCore")
     assert engine_core["title"] == "VLLM::EngineCore"
     check_worker_start(states, decided[f"env.{WORKER_START_ENV}"])
+    check_port_left_to_the_api_process(server, states)
 
 
-def check_worker_start(states: list[dict], decided: str) -> None:
-    """The engine core starts its workers as the plan decided, and each worker, forked or spawned, ran the plugin
-    itself: its own line, watching the engine core that started it."""
+def check_worker_start(states: list[dict], decided: str, by_the_service: bool = True) -> None:
+    """vLLM's processes start as the plan decided: the engine core forked from the API process where the service's
+    engine start ran (`by_the_service`; vLLM's offline LLM spawns it), each worker from its engine core; each forked or
+    spawned process ran the plugin itself: its own line, watching the process that started it."""
+    fork = decided == "fork"
+    api = next(s for s in states if s["process"] == "MainProcess")
     engine_core = next(s for s in states if s["process"] == "EngineCore")
     workers = [s for s in states if s["process"].startswith("VllmWorker")]
-    assert engine_core["workers_start"] == ("fork" if decided == "fork" else "not asked"), states
-    assert workers and {w["watched_parent"] for w in workers} == {engine_core["pid"]}, states
+    assert engine_core["workers_start"] == ("fork" if fork else "not asked"), states
+    assert (api["forked"], engine_core["forked"]) == (False, fork and by_the_service), states
+    assert workers and {w["forked"] for w in workers} == {fork}, states
+    assert engine_core["watched_parent"] == api["pid"], states
+    assert {w["watched_parent"] for w in workers} == {engine_core["pid"]}, states
+
+
+def check_port_left_to_the_api_process(server, states: list[dict]) -> None:
+    """A forked engine core and its workers hold none of the service's listening sockets, which the API process
+    keeps: after its SIGKILL the port is free again for the restarted service. The engine core runs on the API
+    process's CPUs, as a spawned one does, whatever the thread that forked it was bound to."""
+    import psutil
+
+    api = next(s for s in states if s["process"] == "MainProcess")
+    engine_core = next(s for s in states if s["process"] == "EngineCore")
+    cpus = [psutil.Process(s["pid"]).cpu_affinity() for s in (api, engine_core)]
+    assert cpus[0] == cpus[1], cpus
+
+    holders = set()
+    for s in states:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for c in psutil.Process(s["pid"]).net_connections(kind="inet"):
+                if c.status == psutil.CONN_LISTEN and c.laddr.port == server.process.port:
+                    holders.add(s["process"])
+    assert holders == {"MainProcess"}, holders
 
 
 def test_the_engine_runs_the_platform_the_report_chose(chat_server):
@@ -195,8 +223,8 @@ def test_a_forced_patch_is_applied_in_every_process_vllm_starts(tmp_path):
     # On torch 2.10 itself vLLM's env_override wraps dumps at import, before the plugin runs: one wrapper.
     expected = PatchStatus.PATCHED_BY_VLLM if needs_fxgraph_pickle_patch(torch.__version__) else PatchStatus.APPLIED
     # A forked worker holds the engine core's patched torch, and its plugin finds the patch in place.
-    forked = PatchStatus.ALREADY_APPLIED if expected is PatchStatus.APPLIED else expected
+    in_place = PatchStatus.ALREADY_APPLIED if expected is PatchStatus.APPLIED else expected
     for s in states:
-        assert s["fxgraph_patch"] == (forked if forked_worker(s) else expected).value, states
-    check_worker_start(states, "fork")
+        assert s["fxgraph_patch"] == (in_place if forked(s) else expected).value, states
+    check_worker_start(states, "fork", by_the_service=False)  # vLLM's offline engine spawns its engine core
     assert {s["platform"] for s in states} == {expected_platform()}, states

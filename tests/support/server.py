@@ -106,6 +106,6 @@ def process_states(log: str) -> list[dict]:
     return [json.loads(line.split(STATE_PREFIX, 1)[1]) for line in log.splitlines() if STATE_PREFIX in line]
 
 
-def forked_worker(state: dict) -> bool:
-    """A worker its engine core forked (service/in_vllm/worker_start.py): it inherits what the plugin did there."""
-    return state["process"].startswith("VllmWorker") and state["workers_start"] == "fork"
+def forked(state: dict) -> bool:
+    """A vLLM process forked from its parent (service/in_vllm/worker_start.py): it inherits what the plugin did there."""
+    return state["forked"]

@@ -1,8 +1,8 @@
-"""How vLLM's engine core starts its workers: forked from its own imports, or spawned (service/in_vllm/worker_start.py).
+"""How vLLM starts its engine core and workers: forked from their parent's imports, or spawned
+(service/in_vllm/worker_start.py).
 
-vLLM's CPU platform spawns every process it starts, so a worker imports torch, vLLM and the model code again after
-the engine core has; each engine start waits for it. The engine core itself stays spawned: the process that starts
-it holds the service's threads and sockets.
+vLLM's CPU platform spawns every process it starts, so the engine core imports torch and vLLM again after the API
+process has, and a worker after its engine core has; each engine start waits for both.
 """
 
 from __future__ import annotations
@@ -11,18 +11,20 @@ from service.in_vllm.contract import WORKER_START_ENV
 from service.measurements.store import cite
 from service.policy.plan.decision import PolicyResult, env
 
-MEASURED = "claim/worker-start-fork"
+MEASURED = "claim/process-start-fork"
 
 
 def plan_worker_start(setting: str, user: bool) -> PolicyResult:
     """`setting`: worker_start; `user`: the user set it."""
     if setting == "spawn":
-        why = "vLLM's CPU default: each worker a fresh interpreter that imports torch and vLLM again, set by the user"
+        why = (
+            "vLLM's CPU default: the engine core and each worker a fresh interpreter that imports torch and vLLM "
+            "again, set by the user"
+        )
         return PolicyResult.of(env(WORKER_START_ENV, "spawn", why, "user" if user else "default"))
     why = (
-        "the engine core forks its workers from its own imports (vLLM's GPU default) instead of spawning them, so a "
-        f"worker does not import torch and vLLM again: {cite(MEASURED)}; the engine core stays spawned, as vLLM's "
-        "CPU platform has it, away from the API process's threads and sockets; set by the service's plugin in the "
-        "engine core"
+        "vLLM's processes forked from their parent's imports instead of spawned (vLLM's GPU default): the engine core "
+        "from the API process, which leaves the child none of its listening sockets, and each worker from its engine "
+        f"core, so neither imports torch and vLLM again: {cite(MEASURED)}"
     )
     return PolicyResult.of(env(WORKER_START_ENV, "fork", why, "user" if user else "policy"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 
 from service.server.supervision.engine_death import alive
@@ -72,9 +73,17 @@ def is_named_worker(proc) -> bool:
 
 def is_vllm_process(proc) -> bool:
     """vLLM's engine core and workers: named "VLLM::..." once they run (a forked worker from its start, with its engine
-    core's name until vLLM renames it), and before that (their seconds of imports, in which a worker can die too) the
-    children multiprocessing spawned."""
+    core's name until vLLM renames it), and before that the children multiprocessing started: a spawned one (its
+    seconds of imports, in which a worker can die too) by its command line, a forked engine core (service/in_vllm/
+    worker_start.py) by this process's command line, which it holds until vLLM names it."""
+    import psutil
+
     try:
-        return proc.name().startswith("VLLM::") or "multiprocessing.spawn" in " ".join(proc.cmdline())
+        cmdline = proc.cmdline()
+        return (
+            proc.name().startswith("VLLM::")
+            or "multiprocessing.spawn" in " ".join(cmdline)
+            or (proc.ppid() == os.getpid() and cmdline == psutil.Process().cmdline())
+        )
     except Exception:  # psutil.Error: gone already
         return False

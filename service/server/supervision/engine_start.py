@@ -6,12 +6,16 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from argparse import Namespace
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+
+from service.in_vllm.contract import WORKER_START_ENV
+from service.in_vllm.worker_start import fork_engine_core
 
 log = logging.getLogger("service.engine")
 T = TypeVar("T")
@@ -135,6 +139,8 @@ async def start_engine(args: Namespace, state: Any, stack: contextlib.AsyncExitS
                 "(a model directory needs its tokenizer files: tokenizer.json or the files its tokenizer_config.json "
                 "names)"
             ) from exc
+        if (started := fork_engine_core(os.environ.get(WORKER_START_ENV) == "fork")).startswith("spawn"):
+            log.warning("the engine core is spawned, not forked as decided: %s", started)
         return AsyncLLM.from_vllm_config(
             vllm_config=config,
             usage_context=UsageContext.OPENAI_API_SERVER,

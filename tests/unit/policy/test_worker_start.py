@@ -1,4 +1,4 @@
-"""How the engine core starts its workers (service/policy/in_vllm/worker_start.py)."""
+"""How vLLM starts its engine core and workers (service/policy/in_vllm/worker_start.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from service.startup import build_report
 from tests.unit.conftest import CPUINFO
 
 
-def test_workers_are_forked_citing_the_measurement():
+def test_the_engine_core_and_workers_are_forked_citing_the_measurement():
     (decision,) = plan_worker_start("auto", False).decisions
     assert (decision.name, decision.value, decision.source) == (WORKER_START_ENV, "fork", "policy")
-    assert MEASURED in decision.reason and "engine core stays spawned" in decision.reason
+    assert MEASURED in decision.reason and "the engine core from the API process" in decision.reason
 
 
 def test_the_user_may_keep_vllms_spawn():

@@ -183,23 +183,24 @@ def test_a_worker_seen_during_the_start_is_named_once_it_ended():
             proc.wait()
 
 
-def test_a_spawned_child_counts_as_an_engine_process_before_vllm_names_it():
-    """vLLM's processes are spawned by multiprocessing and named "VLLM::..." only after seconds of imports; a
-    child that is neither is not one of them."""
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_a_child_multiprocessing_started_counts_as_an_engine_process_before_vllm_names_it(method):
+    """vLLM's processes are started by multiprocessing (spawned, or forked: service/in_vllm/worker_start.py) and named
+    "VLLM::..." only later; a child that is neither is not one of them."""
     from service.server.supervision.engine_processes import is_vllm_process as _is_vllm_process
 
-    spawned = multiprocessing.get_context("spawn").Process(target=_sleep)
-    spawned.start()
+    started = multiprocessing.get_context(method).Process(target=_sleep)
+    started.start()
     other = subprocess.Popen(["sleep", "60"])
     try:
-        # start() returns once forked; the exec that names the child comes after (seconds later in a busy image).
+        # start() returns once forked; the exec that names a spawned child comes after (seconds later in a busy image).
         deadline = time.monotonic() + 30
-        while not _is_vllm_process(psutil.Process(spawned.pid)) and time.monotonic() < deadline:
+        while not _is_vllm_process(psutil.Process(started.pid)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _is_vllm_process(psutil.Process(spawned.pid))
+        assert _is_vllm_process(psutil.Process(started.pid))
         assert not _is_vllm_process(psutil.Process(other.pid))
     finally:
-        spawned.kill()
-        spawned.join()
+        started.kill()
+        started.join()
         other.kill()
         other.wait()
