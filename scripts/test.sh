@@ -14,7 +14,7 @@ py="${1:?usage: test.sh PYTHON PHASES_FILE STARTED_EPOCH}"; phases="${2:?}"; sta
 cd "$(dirname "$0")/.."
 export TEST_PHASES="${phases}"
 beside=(tests/container/ tests/reliability/)
-moved=(tests/integration/test_gguf_llama_cpp.py tests/integration/test_embeddings.py tests/integration/test_chat_template.py
+moved=(tests/integration/test_gguf_llama_cpp.py tests/integration/test_gguf_file.py tests/integration/test_embeddings.py tests/integration/test_chat_template.py
   tests/integration/test_model_sources.py tests/integration/test_model_table.py)
 unit_done=".cache/test-unit-done"; beside_log=".cache/test-beside.log"
 rm -f "${unit_done}"
